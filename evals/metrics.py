@@ -1,0 +1,165 @@
+"""Dependent variables of the study that are pure functions of counts or weights
+(PROTOCOL.md §4): coverage (pass@k) and update sparsity (S_τ).
+
+    >>> round(pass_at_k(n=10, c=3, k=1), 12)
+    0.3
+    >>> mean_pass_at_k([0, 10], n=10, k=10)
+    0.5
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+
+def _check_count(name: str, value: int) -> int:
+    """``value`` as a Python int (numpy/torch integer scalars accepted), >= 0."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got bool")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased estimator of pass@k from ``n`` samples of which ``c`` are correct.
+
+        pass@k = 1 − C(n−c, k) / C(n, k)
+
+    Chen et al. 2021, "Evaluating Large Language Models Trained on Code" (arXiv
+    2107.03374), eq. 1 — the probability that a uniformly drawn k-subset of the n
+    samples holds at least one correct sample. Computed in the numerically stable
+    product form of that paper's Figure 3,
+
+        C(n−c, k) / C(n, k) = Π_{i=n−c+1}^{n} (1 − k/i),
+
+    which never forms the (huge) binomial coefficients. It is exactly 1.0 when
+    n − c < k (every k-subset contains a correct sample).
+
+    Args:
+        n: samples drawn for the prompt, >= 1.
+        c: correct samples among them, 0 <= c <= n.
+        k: subset size, 1 <= k <= n.
+
+    Returns:
+        pass@k in [0, 1] as a Python float.
+
+    Raises:
+        TypeError: an argument is not an integer (bools are rejected; numpy and
+            torch integer scalars are accepted).
+        ValueError: a negative argument, n = 0, k = 0, k > n or c > n; the message
+            names the argument.
+    """
+    n = _check_count("n", n)
+    c = _check_count("c", c)
+    k = _check_count("k", k)
+    if n == 0:
+        raise ValueError("n must be >= 1, got 0")
+    if k == 0:
+        raise ValueError("k must be >= 1, got 0")
+    if k > n:
+        raise ValueError(f"k must be <= n, got k={k} > n={n}")
+    if c > n:
+        raise ValueError(f"c must be <= n, got c={c} > n={n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def mean_pass_at_k(correct_counts: Sequence[int], n: int, k: int) -> float:
+    """Mean of :func:`pass_at_k` over prompts, each with ``n`` samples.
+
+    Args:
+        correct_counts: correct samples per prompt, one int in [0, n] per prompt.
+        n: samples drawn per prompt (the same for every prompt).
+        k: subset size, 1 <= k <= n.
+
+    Returns:
+        The mean pass@k over prompts as a Python float.
+
+    Raises:
+        TypeError, ValueError: ``correct_counts`` is empty (ValueError), or any
+            argument is invalid as for :func:`pass_at_k`; the message names it (a
+            bad count as ``correct_counts[i]``).
+    """
+    if len(correct_counts) == 0:
+        raise ValueError("correct_counts must be non-empty")
+    pass_at_k(n, 0, k)  # validates n and k once
+    total = 0.0
+    for i, c in enumerate(correct_counts):
+        c = _check_count(f"correct_counts[{i}]", c)
+        if c > n:
+            raise ValueError(f"correct_counts[{i}] must be <= n, got {c} > n={n}")
+        total += pass_at_k(n, c, k)
+    return total / len(correct_counts)
+
+
+def update_sparsity(
+    initial: Mapping[str, Tensor], final: Mapping[str, Tensor], tau: float
+) -> tuple[float, dict[str, float]]:
+    """Update sparsity S_τ: the fraction of parameters that did not move by τ.
+
+        S_τ = |{ j : |θ_final[j] − θ_init[j]| < τ }| / |θ|
+
+    PROTOCOL.md §4 (the paper reports τ = 1e-6 and 1e-8). ``tau`` here is the
+    sparsity threshold on the absolute parameter change — not a softmax
+    temperature. The comparison is strict (a change of exactly τ counts as an
+    update) and is made in float64 on CPU, so bf16/fp16/fp32 weights are compared
+    at their stored values without rounding the difference. Non-finite
+    differences (NaN, inf) count as updates.
+
+    Args:
+        initial: name → tensor of the weights before training (any shape, any
+            floating or integer dtype, any device).
+        final: name → tensor after training; the same names and shapes.
+        tau: threshold, > 0.
+
+    Returns:
+        ``(overall, per_tensor)``: ``overall`` is over ALL parameters, i.e. each
+        tensor weighted by its element count; ``per_tensor`` maps each name to its
+        own fraction (NaN for a tensor with zero elements, which adds nothing to
+        ``overall``).
+
+    Raises:
+        ValueError: ``tau`` <= 0 or not finite; the key sets differ (the message
+            names the missing/extra tensors); a tensor's shapes differ (named);
+            there are no parameter elements at all.
+    """
+    if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
+        raise ValueError(f"tau (sparsity threshold) must be a finite number > 0, got {tau!r}")
+    missing = sorted(set(initial) - set(final))
+    extra = sorted(set(final) - set(initial))
+    if missing or extra:
+        raise ValueError(
+            f"state dict keys differ: missing from final: {missing}, not in initial: {extra}"
+        )
+    per_tensor: dict[str, float] = {}
+    unchanged_total = 0
+    numel_total = 0
+    for name, a in initial.items():
+        b = final[name]
+        if a.shape != b.shape:
+            raise ValueError(
+                f"tensor {name!r}: shape mismatch, initial {tuple(a.shape)} vs final {tuple(b.shape)}"
+            )
+        numel = a.numel()
+        if numel == 0:
+            per_tensor[name] = math.nan
+            continue
+        diff = b.detach().to("cpu", torch.float64) - a.detach().to("cpu", torch.float64)
+        unchanged = int((diff.abs() < tau).sum().item())
+        per_tensor[name] = unchanged / numel
+        unchanged_total += unchanged
+        numel_total += numel
+    if numel_total == 0:
+        raise ValueError("no parameter elements to compare (all tensors empty or no tensors)")
+    return unchanged_total / numel_total, per_tensor

@@ -1,0 +1,117 @@
+"""The evaluation suite run on every checkpoint (PROTOCOL.md §4), micro scale:
+
+- in-distribution accuracy: one sample per test prompt at τ = ``id_temperature``
+  on the first ``id_items`` Countdown-3 test items, and the same on Countdown-4E
+  (harder-task generalisation, same checkpoint, no further training);
+- coverage: pass@1 and pass@k from ``pass_n`` samples per prompt at the task's
+  ``pass_temperature`` (unbiased estimator, `distillab.evals.metrics.pass_at_k`);
+- OOD suite: exact-match accuracy on each prior-skill task and their unweighted
+  mean (``ood_mean``; forgetting = after − before).
+
+Each result is a row ``{task, metric, value, n}`` for the `evals` table.
+Test splits come from ``tasks.test_seed``, the same for every trial; training
+prompts are drawn from other seeds and exclude the test items.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from distillab.config import EvaluationConfig, TasksConfig
+from distillab.evals.metrics import mean_pass_at_k
+from distillab.rollout import SamplingParams, TransformersEngine
+from distillab.tasks import (
+    CountdownProblem,
+    CountdownSpec,
+    SkillItem,
+    countdown_user_text,
+    generate_problems,
+    generate_skill_items,
+    render_prompt,
+    score_countdown,
+    score_skill,
+)
+
+EVAL_TASKS = ("countdown3", "countdown4e")
+
+
+def countdown_spec(tasks: TasksConfig, name: str) -> CountdownSpec:
+    """The `CountdownSpec` of task ``name`` in ``tasks``."""
+    c = getattr(tasks, name)
+    return CountdownSpec(name, tuple(c.pool), c.n_operands, c.target_min, c.target_max)
+
+
+def countdown_test_split(tasks: TasksConfig, name: str, n: int) -> list[CountdownProblem]:
+    """The fixed test split of a Countdown task (seeded by ``tasks.test_seed``)."""
+    offset = EVAL_TASKS.index(name) if name in EVAL_TASKS else 7
+    return generate_problems(countdown_spec(tasks, name), n, tasks.test_seed + offset)
+
+
+def test_keys(tasks: TasksConfig, n: int) -> set[tuple[tuple[int, ...], int]]:
+    """(sorted operands, target) of every test item, to keep them out of training."""
+    return {
+        (tuple(sorted(p.operands)), p.target) for name in EVAL_TASKS for p in countdown_test_split(tasks, name, n)
+    }
+
+
+def ood_items(tasks: TasksConfig, n: int) -> dict[str, list[SkillItem]]:
+    """The OOD test items per prior-skill task (seeded by ``tasks.test_seed``)."""
+    return {t: generate_skill_items(t, n, tasks.test_seed) for t in tasks.ood_skills}
+
+
+@dataclass
+class Evaluator:
+    """Scores a model on the suite. ``batch_size`` is prompts × samples per generate call."""
+
+    tokenizer: PreTrainedTokenizerBase
+    tasks: TasksConfig
+    cfg: EvaluationConfig
+    batch_size: int = 512
+
+    def _prompts(self, problems: list[CountdownProblem]) -> list[list[int]]:
+        t = self.tasks
+        return [
+            render_prompt(self.tokenizer, t.system_prompt, countdown_user_text(p, t.user_template, t.sort_operands))
+            for p in problems
+        ]
+
+    def _countdown_correct(
+        self, engine: TransformersEngine, problems: list[CountdownProblem], sampling: SamplingParams
+    ) -> list[int]:
+        roll = engine.generate(self._prompts(problems), sampling)
+        texts = self.tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=False)
+        counts = [0] * len(problems)
+        for k, text in enumerate(texts):
+            counts[k // sampling.n] += int(score_countdown(text, problems[k // sampling.n]))
+        return counts
+
+    def evaluate(self, model: PreTrainedModel, seed: int) -> list[dict]:
+        """All rows of the suite for ``model`` (sampling seeded by ``seed``)."""
+        cfg, tok = self.cfg, self.tokenizer
+        engine = TransformersEngine(model, tok.eos_token_id, tok.pad_token_id, batch_size=self.batch_size)
+        rows: list[dict] = []
+        for i, name in enumerate(EVAL_TASKS):
+            problems = countdown_test_split(self.tasks, name, max(cfg.id_items, cfg.pass_items))
+            sp = SamplingParams(cfg.id_temperature, cfg.top_p, cfg.max_tokens, 1, seed + 101 * i)
+            correct = self._countdown_correct(engine, problems[: cfg.id_items], sp)
+            rows.append({"task": name, "metric": "accuracy", "value": sum(correct) / len(correct), "n": len(correct)})
+            temp = cfg.pass_temperature.get(name, 1.0)
+            sp = SamplingParams(temp, cfg.top_p, cfg.max_tokens, cfg.pass_n, seed + 101 * i + 1)
+            counts = self._countdown_correct(engine, problems[: cfg.pass_items], sp)
+            for k in cfg.pass_k:
+                rows.append(
+                    {"task": name, "metric": f"pass@{k}", "value": mean_pass_at_k(counts, cfg.pass_n, k), "n": len(counts)}
+                )
+        scores = []
+        for j, (skill, items) in enumerate(ood_items(self.tasks, cfg.ood_items).items()):
+            prompts = [render_prompt(tok, "", it.prompt) for it in items]
+            roll = engine.generate(prompts, SamplingParams(cfg.ood_temperature, 1.0, 16, 1, seed + 7 * j + 3))
+            texts = tok.batch_decode(roll.completion_ids, skip_special_tokens=False)
+            acc = sum(score_skill(t, it) for t, it in zip(texts, items)) / len(items)
+            scores.append(acc)
+            rows.append({"task": f"ood/{skill}", "metric": "accuracy", "value": acc, "n": len(items)})
+        if scores:
+            rows.append({"task": "ood", "metric": "ood_mean", "value": sum(scores) / len(scores), "n": len(scores)})
+        return rows

@@ -1,0 +1,106 @@
+"""The ``distillab`` command.
+
+    distillab prepare search_spaces/micro.yaml      # train + cache the micro teacher/student
+    distillab sweep   search_spaces/micro.yaml      # prepare (cached) + Ray Tune sweep + report
+    distillab report  runs/micro                    # final metrics per configuration, mean ± SEM
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def _env_defaults() -> None:
+    cache = Path(os.environ.get("DISTILLAB_CACHE", ".cache")).resolve()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache / "torch_extensions"))
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+
+
+def _overrides(pairs: list[str]) -> dict:
+    import yaml
+
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise SystemExit(f"--set expects KEY=VALUE, got {p!r}")
+        k, v = p.split("=", 1)
+        out[k] = yaml.safe_load(v)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``distillab`` console script."""
+    parser = argparse.ArgumentParser(prog="distillab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for name in ("prepare", "sweep"):
+        p = sub.add_parser(name)
+        p.add_argument("config", help="sweep YAML")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field (dotted)")
+        p.add_argument("--threads", type=int, default=None, help="torch threads for prepare (default: all cores)")
+        p.add_argument("--force", action="store_true", help="retrain the micro models even if cached")
+    sw = sub.choices["sweep"]
+    sw.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
+    sw.add_argument("--no-dashboard", action="store_true", help="local Ray without the dashboard")
+    rp = sub.add_parser("report")
+    rp.add_argument("path", nargs="+", help="sweep directories (<storage_path>/<name>)")
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    _env_defaults()
+    from distillab.config import ConfigError, load_sweep
+
+    if args.cmd == "report":
+        from distillab.results import final_table, format_table, load
+
+        res = load(args.path if len(args.path) > 1 else args.path[0])
+        print(format_table(final_table(res, group_by=default_group_by(res))))
+        return 0
+
+    try:
+        sweep = load_sweep(args.config, _overrides(args.set))
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"distillab: {e}", file=sys.stderr)
+        return 2
+    from distillab.prepare import prepare
+
+    t0 = time.perf_counter()
+    teacher, student = prepare(sweep, threads=args.threads, force=args.force)
+    print(f"[time] prepare: {time.perf_counter() - t0:.0f} s", flush=True)
+    if args.cmd == "prepare":
+        print(f"teacher: {teacher}\nstudent: {student}")
+        return 0
+
+    import ray
+
+    from distillab.results import final_table, format_table, load
+    from distillab.sweep import init_ray, run_sweep
+
+    t1 = time.perf_counter()
+    init_ray(args.address, dashboard=not args.no_dashboard)
+    try:
+        root = run_sweep(sweep, teacher, student)
+    finally:
+        ray.shutdown()
+    print(f"[time] sweep: {time.perf_counter() - t1:.0f} s", flush=True)
+    res = load(root)
+    print(format_table(final_table(res, group_by=default_group_by(res))))
+    print(f"[time] total: {time.perf_counter() - t0:.0f} s; results: {root}", flush=True)
+    return 0
+
+
+def default_group_by(res) -> list[str]:
+    """The swept config columns other than the seed (what a row of the report is)."""
+    cols = res.trials.collect_schema().names()
+    keys = ["rollout.policy", "loss.kind", "loss.estimator", "optimizer.lr", "optimizer.clip"]
+    return [c for c in keys if c in cols]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,360 @@
+"""Config: a sweep YAML validated into frozen pydantic models before any compute.
+
+Every number of PROTOCOL.md that the platform uses is a field here, with the
+paper's value as its default where one makes sense; the micro study overrides
+some in ``search_spaces/micro.yaml`` and says why there. Unknown keys and
+out-of-range values are errors that name the field.
+
+    >>> cfg = load_sweep("search_spaces/micro.yaml")
+    >>> [t.trial_id for t in expand_trials(cfg)][:1]
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CountdownTaskConfig(_Strict):
+    """A Countdown variant (PROTOCOL.md §5): operands drawn with replacement from
+    ``pool``, ``n_operands`` of them, targets in ``[target_min, target_max]``."""
+
+    pool: tuple[int, ...]
+    n_operands: int = Field(ge=2, le=6)
+    target_min: int = Field(default=1, ge=1)
+    target_max: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "CountdownTaskConfig":
+        if not self.pool or min(self.pool) < 1:
+            raise ValueError("pool must be a non-empty list of positive integers")
+        if self.target_min > self.target_max:
+            raise ValueError(f"target_min {self.target_min} > target_max {self.target_max}")
+        return self
+
+
+_PAPER_POOL = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 25, 50, 75)
+
+
+class TasksConfig(_Strict):
+    """The task suite: the in-distribution task, the harder generalisation task,
+    and the prior-skill tasks that form the micro OOD suite."""
+
+    countdown3: CountdownTaskConfig = CountdownTaskConfig(pool=_PAPER_POOL, n_operands=3, target_max=1000)
+    countdown4e: CountdownTaskConfig = CountdownTaskConfig(pool=tuple(range(1, 11)), n_operands=4, target_max=1000)
+    countdown4: CountdownTaskConfig = CountdownTaskConfig(pool=_PAPER_POOL, n_operands=4, target_max=10_000)
+    ood_skills: tuple[Literal["add", "mul", "reverse", "sort"], ...] = ("add", "mul", "reverse", "sort")
+    #: seed of the test splits (fixed across trials so every trial sees the same items)
+    test_seed: int = 1_000_003
+    #: system prompt and task prompt (``{nums}``, ``{target}``) of Countdown
+    system_prompt: str = "Countdown."
+    user_template: str = "{nums} -> {target}"
+    #: show the operands largest-first in the prompt (the instance is a multiset)
+    sort_operands: bool = True
+
+    @field_validator("user_template")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        for key in ("{nums}", "{target}"):
+            if key not in v:
+                raise ValueError(f"user_template must contain {key}")
+        return v
+
+
+class MicroModelConfig(_Strict):
+    """A micro Llama built from config and trained by `distillab prepare`."""
+
+    hidden_size: int = Field(ge=32)
+    num_layers: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    intermediate_size: int = Field(ge=1)
+    max_position_embeddings: int = Field(default=256, ge=16)
+    #: SFT optimizer steps, batch (sequences) and peak LR (cosine, warm-up)
+    sft_steps: int = Field(ge=1)
+    sft_batch_size: int = Field(default=64, ge=1)
+    sft_lr: float = Field(default=3e-3, gt=0)
+    sft_warmup: int = Field(default=50, ge=0)
+    #: SFT data: Countdown demonstrations per task name, and examples per prior skill
+    countdown_examples: dict[Literal["countdown3", "countdown4e", "countdown4"], int] = {}
+    skill_examples: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _heads(self) -> "MicroModelConfig":
+        if self.hidden_size % self.num_heads or self.hidden_size // self.num_heads < 32:
+            raise ValueError(
+                f"hidden_size/num_heads must be an integer >= 32 (vLLM CPU head_dim); got "
+                f"{self.hidden_size}/{self.num_heads}"
+            )
+        return self
+
+
+class ModelsConfig(_Strict):
+    """Teacher and student: a checkpoint directory (Llama/Qwen, loaded with
+    ``from_pretrained``) or, when the path is null, the micro model that
+    `distillab prepare` builds and caches under ``cache_dir/<config hash>``."""
+
+    teacher_path: str | None = None
+    student_path: str | None = None
+    cache_dir: str = ".cache/models"
+    micro_teacher: MicroModelConfig = MicroModelConfig(
+        hidden_size=128, num_layers=4, num_heads=4, intermediate_size=256, sft_steps=3000,
+        countdown_examples={"countdown3": 40_000, "countdown4e": 20_000},
+    )
+    micro_student: MicroModelConfig = MicroModelConfig(
+        hidden_size=128, num_layers=3, num_heads=4, intermediate_size=256, sft_steps=800,
+        countdown_examples={"countdown3": 500}, skill_examples=20_000,
+    )
+    prepare_seed: int = 0
+
+
+class RolloutConfig(_Strict):
+    """Rollout policy ρ and its sampling (PROTOCOL.md §1, §2).
+
+    ``offpd``: teacher samples at ``tau_t``; ``onpd``: student samples at ``tau_s``.
+    """
+
+    policy: Literal["offpd", "onpd"] = "offpd"
+    tau_t: float = Field(default=0.5, gt=0)
+    tau_s: float = Field(default=1.0, gt=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_tokens: int = Field(default=48, ge=1)
+    engine: Literal["transformers"] = "transformers"
+
+
+class LossConfig(_Strict):
+    """Token-level divergence (PROTOCOL.md §2). Loss temperatures are separate
+    from the sampling temperatures of `RolloutConfig`."""
+
+    kind: Literal["forward", "reverse"] = "forward"
+    estimator: Literal["full", "sampled"] = "full"
+    tau_t: float = Field(default=0.5, gt=0)
+    tau_s: float = Field(default=1.0, gt=0)
+    reduction: Literal["seq_mean", "token_mean", "sum"] = "seq_mean"
+
+
+class OptimizerConfig(_Strict):
+    """AdamW (no weight decay), linear warm-up then constant LR, global-norm
+    clipping (``clip: null`` turns it off; the unclipped norm is logged either way)."""
+
+    lr: float = Field(default=1e-5, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(default=1e-8, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    warmup_steps: int = Field(default=10, ge=0)
+    clip: float | None = Field(default=1.0, gt=0)
+    steps: int = Field(default=150, ge=1)
+    prompts_per_step: int = Field(default=32, ge=1)
+    rollouts_per_prompt: int = Field(default=1, ge=1)
+    train_prompts: int = Field(default=20_000, ge=1)
+    #: DeepSpeed ZeRO stage (0-2; stage 3 needs collective evaluation, not built yet)
+    zero_stage: int = Field(default=0, ge=0, le=2)
+    checkpoint_every: int = Field(default=0, ge=0)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0 <= b < 1 for b in v):
+            raise ValueError(f"betas must be in [0, 1), got {v}")
+        return v
+
+
+class EvaluationConfig(_Strict):
+    """What every trial reports before and after (PROTOCOL.md §4)."""
+
+    id_items: int = Field(default=200, ge=1)
+    id_temperature: float = Field(default=0.5, gt=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    pass_items: int = Field(default=100, ge=1)
+    pass_n: int = Field(default=10, ge=1)
+    pass_k: tuple[int, ...] = (1, 10)
+    pass_temperature: dict[str, float] = {"countdown3": 1.0, "countdown4e": 0.5}
+    ood_items: int = Field(default=100, ge=1)
+    ood_temperature: float = Field(default=0.5, gt=0)
+    sparsity_taus: tuple[float, ...] = (1e-6, 1e-8)
+    max_tokens: int = Field(default=48, ge=1)
+
+    @model_validator(mode="after")
+    def _k(self) -> "EvaluationConfig":
+        bad = [k for k in self.pass_k if not 1 <= k <= self.pass_n]
+        if bad:
+            raise ValueError(f"pass_k values must be in 1..pass_n={self.pass_n}, got {bad}")
+        if any(t <= 0 for t in self.sparsity_taus):
+            raise ValueError("sparsity_taus must be > 0")
+        return self
+
+
+class ResourcesConfig(_Strict):
+    """Ray resources: per trial (the Tune function trainable) and per Train worker."""
+
+    num_workers: int = Field(default=1, ge=1)
+    cpus_per_worker: float = Field(default=0.99, gt=0)
+    gpus_per_worker: float = Field(default=0.0, ge=0)
+    trial_cpus: float = Field(default=0.01, ge=0)
+    max_concurrent_trials: int = Field(default=2, ge=1)
+    torch_threads: int = Field(default=1, ge=1)
+
+
+#: Paths a grid may sweep (dotted into `TrialConfig`).
+SEARCHABLE = (
+    "seed",
+    "rollout.policy", "rollout.tau_t", "rollout.tau_s", "rollout.top_p",
+    "loss.kind", "loss.estimator", "loss.tau_t", "loss.tau_s",
+    "optimizer.lr", "optimizer.clip", "optimizer.steps", "optimizer.warmup_steps", "optimizer.zero_stage",
+)
+
+
+class SearchConfig(_Strict):
+    """The search space: a grid over dotted trial fields (full cross product)."""
+
+    kind: Literal["grid"] = "grid"
+    grid: dict[str, list[Any]] = {"rollout.policy": ["offpd", "onpd"], "loss.kind": ["forward", "reverse"]}
+
+    @field_validator("grid")
+    @classmethod
+    def _grid(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for key, values in v.items():
+            if key not in SEARCHABLE:
+                raise ValueError(f"search.grid key {key!r} is not searchable; allowed: {list(SEARCHABLE)}")
+            if not isinstance(values, list) or not values:
+                raise ValueError(f"search.grid[{key!r}] must be a non-empty list")
+        return v
+
+
+class TrialConfig(_Strict):
+    """Everything one trial needs; the grid point is applied before validation."""
+
+    seed: int = 42
+    rollout: RolloutConfig = RolloutConfig()
+    loss: LossConfig = LossConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
+    tasks: TasksConfig = TasksConfig()
+
+    @property
+    def trial_id(self) -> str:
+        """Readable and deterministic: policy, KL, LR, seed and a config hash."""
+        return (
+            f"{self.rollout.policy}-{self.loss.kind}-lr{self.optimizer.lr:g}-s{self.seed}-"
+            f"{config_hash(self.model_dump(mode='json'))[:8]}"
+        )
+
+    def flat(self) -> dict[str, Any]:
+        """Every field as a dotted-key column (lists and dicts as JSON text)."""
+        return flatten(self.model_dump(mode="json"))
+
+
+class SweepConfig(_Strict):
+    """A sweep YAML, validated."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    storage_path: str = "runs"
+    models: ModelsConfig = ModelsConfig()
+    trial: TrialConfig = TrialConfig()
+    search: SearchConfig = SearchConfig()
+    resources: ResourcesConfig = ResourcesConfig()
+
+    @model_validator(mode="after")
+    def _validate_grid(self) -> "SweepConfig":
+        expand_trials(self)  # every grid point must validate before any compute
+        return self
+
+    def sweep_dir(self) -> Path:
+        """``<storage_path>/<name>``, absolute."""
+        return (Path(self.storage_path).expanduser() / self.name).resolve()
+
+
+def config_hash(data: Any) -> str:
+    """sha256 of the canonical JSON of ``data`` (hex)."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict → dotted keys; lists/tuples/dicts of non-scalar leaves become JSON text."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and all(isinstance(x, str) for x in v) and not _is_leaf_map(key):
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, (list, tuple, dict)):
+            out[key] = json.dumps(v)
+        else:
+            out[key] = v
+    return out
+
+
+def _is_leaf_map(key: str) -> bool:
+    return key.endswith(("pass_temperature", "countdown_examples", "grid"))
+
+
+def set_dotted(d: dict[str, Any], path: str, value: Any) -> None:
+    """Set ``d[a][b][c] = value`` for ``path = "a.b.c"`` (creating dicts)."""
+    parts = path.split(".")
+    for p in parts[:-1]:
+        d = d.setdefault(p, {})
+    d[parts[-1]] = value
+
+
+def expand_trials(sweep: SweepConfig) -> list[TrialConfig]:
+    """The grid's cross product applied to ``sweep.trial``, each point validated.
+
+    Raises:
+        ValueError: a grid point gives an invalid trial (the message names the field).
+    """
+    base = sweep.trial.model_dump(mode="json")
+    keys = list(sweep.search.grid)
+    trials = []
+    for values in itertools.product(*(sweep.search.grid[k] for k in keys)):
+        d = copy.deepcopy(base)
+        for k, v in zip(keys, values):
+            set_dotted(d, k, v)
+        try:
+            trials.append(TrialConfig.model_validate(d))
+        except ValidationError as e:
+            point = dict(zip(keys, values))
+            raise ValueError(f"search.grid point {point} is invalid: {_errors(e)}") from None
+    return trials
+
+
+def _errors(e: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+
+
+class ConfigError(ValueError):
+    """A sweep file that does not validate; the message names each bad field."""
+
+
+def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None) -> SweepConfig:
+    """Read a sweep YAML (safe loader) and validate it.
+
+    Args:
+        path: the YAML file.
+        overrides: dotted-key values applied on top (e.g. ``{"storage_path": "/tmp/x"}``).
+
+    Raises:
+        ConfigError: unreadable YAML or any invalid field (named in the message).
+        FileNotFoundError: no such file.
+    """
+    text = Path(path).read_text()
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    for k, v in (overrides or {}).items():
+        set_dotted(data, k, v)
+    try:
+        return SweepConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"{path}: {_errors(e)}") from None

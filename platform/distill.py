@@ -1,0 +1,263 @@
+"""The distillation trial: a Ray Train ``TorchTrainer`` whose workers wrap the
+student in a DeepSpeed engine and run, per optimizer step,
+
+    prompts ─▶ rollouts (OffPD: teacher at τ_T; OnPD: student at τ_S)
+            ─▶ teacher + student forward on prompt+rollout
+            ─▶ token-level KL over completion tokens (ops.kl, both loss τ)
+            ─▶ backward, unclipped grad norm logged, clip (or not), step
+            ─▶ metrics (ray.train.report)
+
+with the evaluation suite before (stage ``pre``) and after (stage ``distill``)
+on rank 0, update sparsity against the initial weights, and the final student
+saved as a safetensors checkpoint. PROTOCOL.md §1, §2, §4.
+
+Stages are functions, read top to bottom: `setup_models`, `setup_engine`,
+`sample_rollouts`, `loss_step`, `train_loop_per_worker`, `run_trial`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from distillab.config import TrialConfig
+from distillab.evals.metrics import update_sparsity
+from distillab.evals.suite import Evaluator, countdown_spec, test_keys
+from distillab.models import check_same_vocab, load_model, load_tokenizer
+from distillab.ops.kl import distill_loss, entropy_and_cross_entropy, sampled_token_loss, token_divergence
+from distillab.results import write_rows
+from distillab.rollout import Rollouts, SamplingParams, TransformersEngine, pack_rollouts, position_ids
+from distillab.sft import lr_lambda
+from distillab.tasks import countdown_user_text, generate_problems, render_prompt
+
+log = logging.getLogger(__name__)
+
+WORKER_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def train_prompts(trial: TrialConfig, tokenizer, rank: int) -> list[list[int]]:
+    """Training prompts (Countdown-3), test items excluded; each rank its own draw."""
+    tasks, ev = trial.tasks, trial.evaluation
+    exclude = test_keys(tasks, max(ev.id_items, ev.pass_items))
+    problems = generate_problems(countdown_spec(tasks, "countdown3"), trial.optimizer.train_prompts, 7919 + trial.seed)
+    problems = [p for p in problems if (tuple(sorted(p.operands)), p.target) not in exclude]
+    rng = random.Random(trial.seed * 1000 + rank)
+    rng.shuffle(problems)
+    return [
+        render_prompt(tokenizer, tasks.system_prompt, countdown_user_text(p, tasks.user_template, tasks.sort_operands))
+        for p in problems
+    ]
+
+
+def setup_models(ctx: dict) -> tuple[Any, Any, Any]:
+    """Tokenizer (shared, checked), frozen teacher, trainable student."""
+    tok_t, tok_s = load_tokenizer(ctx["teacher_path"]), load_tokenizer(ctx["student_path"])
+    check_same_vocab(tok_t, tok_s)
+    teacher = load_model(ctx["teacher_path"]).eval()
+    teacher.requires_grad_(False)
+    student = load_model(ctx["student_path"])
+    return tok_s, teacher, student
+
+
+def setup_engine(student, trial: TrialConfig, world_size: int):
+    """DeepSpeed engine around the student: torch AdamW as client optimizer, LR
+    linear warm-up then constant, ZeRO stage from the config. With ZeRO 0 the
+    clipping is done here (so the unclipped norm is known); with ZeRO ≥ 1 by
+    DeepSpeed, whose global norm is read back."""
+    import deepspeed
+
+    o = trial.optimizer
+    per_worker = max(1, o.prompts_per_step // world_size) * o.rollouts_per_prompt
+    opt = torch.optim.AdamW(student.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(max(1, o.warmup_steps), o.steps, "constant"))
+    ds_config = {
+        "train_micro_batch_size_per_gpu": per_worker,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": per_worker * world_size,
+        "gradient_clipping": (o.clip or 0.0) if o.zero_stage > 0 else 0.0,
+        "zero_optimization": {"stage": o.zero_stage, "stage3_gather_16bit_weights_on_model_save": True},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=student, optimizer=opt, lr_scheduler=sched, config=ds_config)
+    return engine, opt, per_worker
+
+
+def sample_rollouts(
+    trial: TrialConfig, teacher, student, tokenizer, prompts: list[list[int]], seed: int
+) -> Rollouts:
+    """The rollout policy ρ: OffPD samples from the teacher at ``rollout.tau_t``,
+    OnPD from the current student at ``rollout.tau_s``. No gradients."""
+    r = trial.rollout
+    policy, tau = (teacher, r.tau_t) if r.policy == "offpd" else (student, r.tau_s)
+    engine = TransformersEngine(policy, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    sp = SamplingParams(tau, r.top_p, r.max_tokens, trial.optimizer.rollouts_per_prompt, seed)
+    return engine.generate(prompts, sp)
+
+
+def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: int, gen: torch.Generator):
+    """Teacher and student forward on the rollouts and the configured divergence
+    over completion tokens. Returns ``(loss, diagnostics)``."""
+    L = trial.loss
+    ids, attn, cmask = pack_rollouts(rollouts.prompt_ids, rollouts.completion_ids, pad_id)  # (B, T)
+    pos = position_ids(attn)
+    with torch.no_grad():
+        t_logits = teacher(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # (B, T, V)
+    s_logits = engine(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # (B, T, V)
+    if L.estimator == "full":
+        loss = distill_loss(s_logits, t_logits, cmask, kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, reduction=L.reduction)
+    else:
+        loss = sampled_token_loss(
+            s_logits, t_logits, cmask, kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, generator=gen, reduction=L.reduction
+        )
+    with torch.no_grad():
+        s_d, t_d = s_logits.detach()[cmask], t_logits[cmask]  # (N, V)
+        fkl = token_divergence(s_d, t_d, kind="forward", tau_s=L.tau_s, tau_t=L.tau_t).mean()
+        rkl = token_divergence(s_d, t_d, kind="reverse", tau_s=L.tau_s, tau_t=L.tau_t).mean()
+        h_t, ce = entropy_and_cross_entropy(s_logits.detach(), t_logits, cmask, L.tau_s, L.tau_t)
+    diag = {"kl/forward": float(fkl), "kl/reverse": float(rkl), "teacher/entropy": float(h_t), "teacher/cross_entropy": float(ce)}
+    return loss, diag
+
+
+def _grad_norm_and_clip(engine, trial: TrialConfig) -> float:
+    if trial.optimizer.zero_stage == 0:
+        clip = trial.optimizer.clip
+        params = [p for p in engine.module.parameters() if p.grad is not None]
+        return float(torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf")))
+    return float("nan")  # read after step from DeepSpeed
+
+
+def _save_checkpoint(engine, trial: TrialConfig, tokenizer, step: int, directory: Path) -> None:
+    if trial.optimizer.zero_stage == 3:
+        state = engine._zero3_consolidated_16bit_state_dict()
+        engine.module.save_pretrained(directory, state_dict=state, safe_serialization=True)
+    else:
+        engine.module.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    (directory / "trainer_state.json").write_text(json.dumps({"step": step}))
+
+
+def _evaluate(evaluator: Evaluator, model, trial: TrialConfig, trial_id: str, stage: str, step: int, root: Path,
+              init_state: dict | None = None) -> dict[str, float]:
+    t0 = time.perf_counter()
+    rows = evaluator.evaluate(model, seed=trial.seed)
+    if init_state is not None:
+        final = {k: v.detach().float() for k, v in model.state_dict().items()}
+        for tau in trial.evaluation.sparsity_taus:
+            overall, _ = update_sparsity(init_state, final, tau)
+            rows.append({"task": "params", "metric": f"sparsity@{tau:g}", "value": overall, "n": len(final)})
+    for r in rows:
+        r.update(trial_id=trial_id, stage=stage, step=step)
+    write_rows(root, "evals", rows, key=f"{trial_id}__{stage}__{step}")
+    log.info("%s eval %s step %d in %.1f s", trial_id, stage, step, time.perf_counter() - t0)
+    return {f"eval/{stage}/{r['task']}/{r['metric']}": r["value"] for r in rows}
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """Ray Train worker function. ``config``: ``trial`` (TrialConfig as JSON dict),
+    ``trial_id``, ``teacher_path``, ``student_path``, ``results_root``, ``torch_threads``."""
+    import ray.train
+
+    for k, v in WORKER_ENV.items():
+        os.environ.setdefault(k, v)
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    torch.set_num_threads(int(config.get("torch_threads", 1)))
+    trial = TrialConfig.model_validate(config["trial"])
+    trial_id, root = config["trial_id"], Path(config["results_root"])
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    o = trial.optimizer
+    torch.manual_seed(trial.seed)
+
+    # --- setup: models, resume, evaluation before training
+    tok, teacher, student = setup_models(config)
+    init_state = {k: v.detach().float().clone() for k, v in student.state_dict().items()}
+    start_step = 0
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is not None:
+        with ckpt.as_directory() as d:
+            start_step = json.loads((Path(d) / "trainer_state.json").read_text())["step"]
+            student = load_model(d)
+    evaluator = Evaluator(tok, trial.tasks, trial.evaluation)
+    pre = {}
+    if rank == 0 and start_step == 0:
+        pre = _evaluate(evaluator, student, trial, trial_id, "pre", 0, root)
+
+    engine, opt, per_worker = setup_engine(student, trial, world)
+    for _ in range(start_step):  # LR schedule position after a resume
+        engine.lr_scheduler.step()
+    prompts = train_prompts(trial, tok, rank)
+    gen = torch.Generator().manual_seed(trial.seed * 7 + rank)
+    pending: list[dict] = []
+    t_train = time.perf_counter()
+    log_every = 10
+
+    # --- distillation steps
+    for step in range(start_step, o.steps):
+        t0 = time.perf_counter()
+        lo = (step * per_worker) % max(1, len(prompts) - per_worker)
+        batch = prompts[lo : lo + per_worker // o.rollouts_per_prompt]
+        rollouts = sample_rollouts(trial, teacher, engine.module, tok, batch, seed=trial.seed * 100003 + step * 97 + rank)
+        t_gen = time.perf_counter() - t0
+        engine.module.train()
+        loss, diag = loss_step(trial, engine, teacher, rollouts, tok.pad_token_id, gen)
+        engine.backward(loss)
+        grad_norm = _grad_norm_and_clip(engine, trial)
+        lr = engine.get_lr()[0]
+        engine.step()
+        if o.zero_stage > 0:
+            gn = engine.get_global_grad_norm()
+            grad_norm = float(gn) if gn is not None else float("nan")
+        n_tok = sum(rollouts.lengths)
+        metrics = {
+            "loss": float(loss.detach()),
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "rollout/length": n_tok / max(1, len(rollouts.lengths)),
+            "rollout/tokens_per_s": n_tok / max(1e-9, t_gen),
+            "time/step_s": time.perf_counter() - t0,
+            **diag,
+        }
+        pending += [
+            {"trial_id": trial_id, "stage": "distill", "step": step + 1, "name": k, "value": float(v)}
+            for k, v in metrics.items()
+        ]
+        last = step + 1 == o.steps
+        if (step + 1) % log_every == 0 or last:
+            if rank == 0:
+                write_rows(root, "metrics", pending, key=f"{trial_id}__distill__{step + 1:07d}")
+            pending = []
+            checkpoint = None
+            if o.checkpoint_every and (step + 1) % o.checkpoint_every == 0 and not last:
+                checkpoint = _make_checkpoint(engine, trial, tok, step + 1, rank)
+            ray.train.report({"step": step + 1, **metrics}, checkpoint=checkpoint)
+
+    # --- after: evaluation, sparsity, final checkpoint
+    train_s = time.perf_counter() - t_train
+    final = {"step": o.steps, "time/train_s": train_s}
+    if rank == 0:
+        post = _evaluate(evaluator, engine.module, trial, trial_id, "distill", o.steps, root, init_state)
+        final.update(pre)
+        final.update(post)
+    ray.train.report(final, checkpoint=_make_checkpoint(engine, trial, tok, o.steps, rank))
+
+
+def _make_checkpoint(engine, trial: TrialConfig, tok, step: int, rank: int):
+    import ray.train
+
+    d = Path(tempfile.mkdtemp(prefix="distillab-ckpt-"))
+    if rank == 0 or trial.optimizer.zero_stage == 3:
+        _save_checkpoint(engine, trial, tok, step, d)
+    return ray.train.Checkpoint.from_directory(str(d)) if rank == 0 else None

@@ -1,0 +1,155 @@
+"""`distillab prepare`: build and train the micro teacher and student.
+
+- teacher: SFT on solver-written Countdown demonstrations (PROTOCOL.md §6, micro);
+- student: SFT on the prior-skill mix (the micro OOD suite) plus a little
+  Countdown, so it knows the answer format but not the task.
+
+Both are saved with ``save_pretrained`` (safetensors) together with the shared
+character-level tokenizer under ``<models.cache_dir>/<hash>/{teacher,student}``,
+where ``hash`` covers every setting that changes them; trials then load them with
+``from_pretrained`` exactly as they would a Llama/Qwen checkpoint directory.
+A directory appears only once complete (trained in a temp dir, then renamed).
+
+    distillab prepare search_spaces/micro.yaml
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaForCausalLM
+
+from distillab.config import MicroModelConfig, SweepConfig, config_hash
+from distillab.evals.suite import EVAL_TASKS, Evaluator, countdown_spec, test_keys
+from distillab.models import build_char_tokenizer, micro_llama_config
+from distillab.sft import Example, sft_train
+from distillab.tasks import (
+    countdown_user_text,
+    generate_problems,
+    generate_skill_items,
+    render_prompt,
+    render_solution,
+    solve,
+)
+
+log = logging.getLogger(__name__)
+
+
+def prepare_key(sweep: SweepConfig) -> str:
+    """Hash of everything that determines the micro models (12 hex chars)."""
+    m = sweep.models
+    data = {
+        "teacher": m.micro_teacher.model_dump(mode="json"),
+        "student": m.micro_student.model_dump(mode="json"),
+        "seed": m.prepare_seed,
+        "tasks": sweep.trial.tasks.model_dump(mode="json"),
+        "test_items": max(sweep.trial.evaluation.id_items, sweep.trial.evaluation.pass_items),
+        "version": 1,
+    }
+    return config_hash(data)[:12]
+
+
+def _examples(tok, sweep: SweepConfig, mcfg: MicroModelConfig, seed: int) -> list[Example]:
+    tasks = sweep.trial.tasks
+    exclude = test_keys(tasks, max(sweep.trial.evaluation.id_items, sweep.trial.evaluation.pass_items))
+    eos = "</s>"
+    out: list[Example] = []
+    for i, (name, n) in enumerate(sorted(mcfg.countdown_examples.items())):
+        if n == 0:
+            continue
+        problems = generate_problems(countdown_spec(tasks, name), n, seed * 1000 + i)
+        for p in problems:
+            if (tuple(sorted(p.operands)), p.target) in exclude:
+                continue
+            steps = solve(p.operands, p.target)
+            prompt = render_prompt(tok, tasks.system_prompt, countdown_user_text(p, tasks.user_template, tasks.sort_operands))
+            completion = tok(f"<answer>{render_solution(steps)}</answer>{eos}", add_special_tokens=False)["input_ids"]
+            out.append(Example(tuple(prompt), tuple(completion)))
+    for skill in tasks.ood_skills if mcfg.skill_examples else ():
+        for it in generate_skill_items(skill, mcfg.skill_examples, seed * 1000 + 17):
+            prompt = render_prompt(tok, "", it.prompt)
+            completion = tok(f"<answer>{it.answer}</answer>{eos}", add_special_tokens=False)["input_ids"]
+            out.append(Example(tuple(prompt), tuple(completion)))
+    return out
+
+
+def _train_one(role: str, sweep: SweepConfig, mcfg: MicroModelConfig, out_dir: Path, threads: int) -> dict:
+    torch.set_num_threads(threads)
+    tok = build_char_tokenizer()
+    seed = sweep.models.prepare_seed + (0 if role == "teacher" else 1)
+    examples = _examples(tok, sweep, mcfg, seed)
+    cfg = micro_llama_config(
+        len(tok), mcfg.hidden_size, mcfg.num_layers, mcfg.num_heads, mcfg.intermediate_size,
+        mcfg.max_position_embeddings, tok,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    t0 = time.perf_counter()
+    losses = sft_train(
+        model, examples, steps=mcfg.sft_steps, batch_size=mcfg.sft_batch_size, lr=mcfg.sft_lr,
+        warmup=mcfg.sft_warmup, pad_id=tok.pad_token_id, seed=seed,
+    )
+    train_s = time.perf_counter() - t0
+    rows = Evaluator(tok, sweep.trial.tasks, sweep.trial.evaluation).evaluate(model, seed=sweep.trial.seed)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{role}-", dir=out_dir.parent))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    info = {
+        "role": role,
+        "params": sum(p.numel() for p in model.parameters()),
+        "examples": len(examples),
+        "train_seconds": round(train_s, 1),
+        "final_loss": sum(losses[-50:]) / min(50, len(losses)),
+        "evals": rows,
+    }
+    (tmp / "prepare.json").write_text(json.dumps(info, indent=1))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return info
+
+
+def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = False) -> tuple[Path, Path]:
+    """Return ``(teacher_dir, student_dir)``, training the micro models if they are
+    not cached (or ``force``). Explicit ``models.teacher_path``/``student_path``
+    are returned as they are (nothing is trained for them).
+
+    Raises:
+        FileNotFoundError: an explicit model path that does not exist.
+    """
+    m = sweep.models
+    root = Path(m.cache_dir).expanduser().resolve() / prepare_key(sweep)
+    root.mkdir(parents=True, exist_ok=True)
+    threads = threads or max(1, os.cpu_count() or 1)
+    paths = []
+    for role, explicit, mcfg in (
+        ("teacher", m.teacher_path, m.micro_teacher),
+        ("student", m.student_path, m.micro_student),
+    ):
+        if explicit is not None:
+            p = Path(explicit).expanduser()
+            if not p.exists():
+                raise FileNotFoundError(f"models.{role}_path: {p} does not exist")
+            paths.append(p)
+            continue
+        out = root / role
+        if force or not (out / "prepare.json").exists():
+            t0 = time.perf_counter()
+            info = _train_one(role, sweep, mcfg, out, threads)
+            summary = {r["task"] + ":" + r["metric"]: round(r["value"], 3) for r in info["evals"]}
+            log.info("prepared %s in %.0f s: %s", role, time.perf_counter() - t0, summary)
+            print(f"[prepare] {role}: {info['params']/1e6:.2f}M params, {info['train_seconds']:.0f} s SFT, {summary}", flush=True)
+        else:
+            print(f"[prepare] {role}: cached at {out}", flush=True)
+        paths.append(out)
+    return paths[0], paths[1]
+
+
+__all__ = ["prepare", "prepare_key", "EVAL_TASKS"]

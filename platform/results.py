@@ -1,0 +1,503 @@
+"""Results of a sweep: long, tidy Parquet tables written atomically, read as
+Polars LazyFrames, aggregated as mean ± SEM over seeds (DESIGN.md "Results
+schema", PROTOCOL.md §4).
+
+Layout under a sweep's storage path (local filesystem)::
+
+    <root>/trials/<key>.parquet     one row per trial: status, times, config columns
+    <root>/metrics/<key>.parquet    training diagnostics per step
+    <root>/evals/<key>.parquet      evaluation results per (stage, step)
+    <root>/samples/<key>.parquet    generated texts with rewards, for inspection
+
+Each writer unit (a trial's eval at one step, a trial's row, ...) owns one file
+named by its ``key``; rewriting a key replaces the file, so a retried or resumed
+trial never duplicates rows, and a crash never leaves a half-written file.
+
+    >>> import tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> _ = write_rows(root, "evals", [dict(trial_id="t0", stage="pre", step=0,
+    ...     task="countdown3", metric="accuracy", value=0.25, n=200)], key="t0__pre__0")
+    >>> load(root).evals.select("metric", "value").collect().rows()
+    [('accuracy', 0.25)]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = [
+    "TABLES",
+    "STAGES",
+    "SCHEMAS",
+    "Results",
+    "write_rows",
+    "load",
+    "config_columns",
+    "joined_evals",
+    "aggregate",
+    "final_table",
+    "format_table",
+]
+
+TABLES: tuple[str, ...] = ("trials", "metrics", "evals", "samples")
+
+#: Allowed ``stage`` values per table (``samples`` takes any string).
+STAGES: dict[str, tuple[str, ...]] = {
+    "metrics": ("distill", "rlvr"),
+    "evals": ("pre", "distill", "rlvr"),
+}
+
+_STR, _INT, _FLOAT = "str", "int", "float"
+_ARROW = {_STR: pa.string(), _INT: pa.int64(), _FLOAT: pa.float64()}
+_POLARS = {_STR: pl.String, _INT: pl.Int64, _FLOAT: pl.Float64}
+
+
+@dataclass(frozen=True)
+class _Column:
+    name: str
+    kind: str  # _STR | _INT | _FLOAT
+    nullable: bool = False
+
+
+#: Fixed columns of each table. ``trials`` also holds one column per config field.
+SCHEMAS: dict[str, tuple[_Column, ...]] = {
+    "trials": (
+        _Column("trial_id", _STR),
+        _Column("status", _STR),
+        _Column("error", _STR, nullable=True),
+        _Column("start_time", _FLOAT),  # unix seconds
+        _Column("end_time", _FLOAT),
+        _Column("checkpoint", _STR, nullable=True),
+    ),
+    "metrics": (
+        _Column("trial_id", _STR),
+        _Column("stage", _STR),
+        _Column("step", _INT),
+        _Column("name", _STR),
+        _Column("value", _FLOAT),
+    ),
+    "evals": (
+        _Column("trial_id", _STR),
+        _Column("stage", _STR),
+        _Column("step", _INT),
+        _Column("task", _STR),
+        _Column("metric", _STR),
+        _Column("value", _FLOAT),
+        _Column("n", _INT),
+    ),
+    "samples": (
+        _Column("trial_id", _STR),
+        _Column("stage", _STR),
+        _Column("step", _INT),
+        _Column("task", _STR),
+        _Column("prompt", _STR),
+        _Column("completion", _STR),
+        _Column("reward", _FLOAT),
+    ),
+}
+
+_TRIAL_FIXED = tuple(c.name for c in SCHEMAS["trials"])
+_EVAL_COLUMNS = tuple(c.name for c in SCHEMAS["evals"])
+_KEY_RE = re.compile(r"[A-Za-z0-9_.+@-]+")
+_STAGE_ORDER = {"pre": 0, "distill": 1, "rlvr": 2}
+
+
+def _polars_schema(table: str) -> pl.Schema:
+    return pl.Schema({c.name: _POLARS[c.kind] for c in SCHEMAS[table]})
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _check_table(table: str) -> None:
+    if table not in TABLES:
+        raise ValueError(f"table must be one of {list(TABLES)}, got {table!r}")
+
+
+def _check_key(key: str) -> None:
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"key must be a non-empty string, got {key!r}")
+    if "/" in key or "\\" in key or os.sep in key or (os.altsep and os.altsep in key):
+        raise ValueError(f"key must not contain path separators, got {key!r}")
+    if ".." in key:
+        raise ValueError(f"key must not contain '..', got {key!r}")
+    if key.startswith(".") or not _KEY_RE.fullmatch(key):
+        raise ValueError(
+            f"key must match [A-Za-z0-9_.+@-]+ and not start with '.', got {key!r}"
+        )
+
+
+def _check_value(table: str, col: str, kind: str, value: Any, row: int) -> None:
+    where = f"{table}.{col} (row {row})"
+    if kind == _STR:
+        ok = isinstance(value, str)
+    elif kind == _INT:
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not ok:
+        raise ValueError(f"{where}: expected {kind}, got {type(value).__name__} {value!r}")
+
+
+def _config_array(col: str, values: list[Any]) -> pa.Array:
+    """One config column of ``trials``: str, int, float or bool (None allowed)."""
+    for i, v in enumerate(values):
+        if v is not None and not isinstance(v, (str, numbers.Real)):  # bool is Real
+            raise ValueError(
+                f"trials.{col} (row {i}): config values must be str/int/float/bool/None, got "
+                f"{type(v).__name__}; flatten nested config first (TrialConfig.flat())"
+            )
+    try:
+        return pa.array(values)  # ints and floats mixed → float64
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise ValueError(f"trials.{col}: values of mixed types across rows: {e}") from None
+
+
+def _to_arrow(table: str, rows: list[dict[str, Any]]) -> pa.Table:
+    """Validate ``rows`` against the table's schema and build the Arrow table."""
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise ValueError(f"rows must be a list of dicts for table {table!r}")
+    fixed = SCHEMAS[table]
+    fixed_names = {c.name for c in fixed}
+    for i, row in enumerate(rows):
+        for c in fixed:
+            if c.name not in row and not c.nullable:
+                raise ValueError(f"{table}: row {i} is missing required column {c.name!r}")
+    extra: list[str] = []
+    for row in rows:
+        extra.extend(k for k in row if k not in fixed_names and k not in extra)
+    if extra and table != "trials":
+        raise ValueError(
+            f"{table}: unknown column(s) {extra}; allowed: {[c.name for c in fixed]}"
+        )
+    for k in extra:
+        if not isinstance(k, str) or not k:
+            raise ValueError(f"trials: config column names must be non-empty strings, got {k!r}")
+
+    arrays: list[pa.Array] = []
+    fields: list[pa.Field] = []
+    for c in fixed:
+        values = [row.get(c.name) for row in rows]
+        for i, v in enumerate(values):
+            if v is None:
+                if not c.nullable:
+                    raise ValueError(f"{table}.{c.name} (row {i}): must not be None")
+            else:
+                _check_value(table, c.name, c.kind, v, i)
+        if c.name == "stage" and table in STAGES:
+            bad = sorted({v for v in values if v not in STAGES[table]})
+            if bad:
+                raise ValueError(f"{table}.stage must be one of {list(STAGES[table])}, got {bad}")
+        arrays.append(pa.array(values, type=_ARROW[c.kind]))
+        fields.append(pa.field(c.name, _ARROW[c.kind], nullable=c.nullable))
+    for k in extra:
+        arr = _config_array(k, [row.get(k) for row in rows])
+        arrays.append(arr)
+        fields.append(pa.field(k, arr.type))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Persist a rename (POSIX); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_rows(root: str | Path, table: str, rows: list[dict[str, Any]], *, key: str) -> Path:
+    """Write ``rows`` as ``<root>/<table>/<key>.parquet``, atomically, replacing
+    any file of the same key.
+
+    Validation happens before anything touches the disk. The bytes are then
+    written to a hidden temporary file in the same directory, fsynced, and moved
+    over the target with ``os.replace`` (atomic on POSIX and Windows), so readers
+    see the old file or the new one, never a partial one, and an error leaves the
+    old file intact and no temporary file behind.
+
+    Args:
+        root: the sweep's storage path (a local directory; created if needed).
+        table: one of :data:`TABLES`.
+        rows: dicts, one per row. Fixed columns per :data:`SCHEMAS` (str columns take
+            ``str``; int columns integers, not bools; float columns ints or floats).
+            ``trials`` rows also carry every config field as a flattened dotted key
+            (``"loss.kind"``) with a str/int/float/bool/None value (see
+            ``TrialConfig.flat()``); ``error`` and ``checkpoint`` may be omitted
+            (null). May be empty (an empty file replaces the key's rows).
+        key: the writer's unit, e.g. ``f"{trial_id}__{stage}__{step}"``: characters
+            ``[A-Za-z0-9_.+@-]``, no path separators, no ``..``, no leading dot.
+
+    Returns:
+        The path of the written file.
+
+    Raises:
+        ValueError: unknown table (names the allowed ones), bad key, a missing
+            required column or an unknown column (named), a None or wrongly typed
+            value (column and row named), a ``stage`` not allowed for the table.
+    """
+    _check_table(table)
+    _check_key(key)
+    arrow = _to_arrow(table, rows)
+    buf = pa.BufferOutputStream()
+    pq.write_table(arrow, buf)
+    data = buf.getvalue()
+
+    directory = Path(root) / table
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"{key}.parquet"
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{key}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(memoryview(data))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(directory)
+    return target
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class Results:
+    """The four tables of one sweep (or several, with a ``sweep`` column)."""
+
+    trials: pl.LazyFrame
+    metrics: pl.LazyFrame
+    evals: pl.LazyFrame
+    samples: pl.LazyFrame
+
+
+def _files(root: Path, table: str) -> list[Path]:
+    directory = root / table
+    if not directory.is_dir():
+        return []
+    return sorted(
+        p for p in directory.glob("*.parquet") if p.is_file() and not p.name.startswith(".")
+    )
+
+
+def _scan(root: Path, table: str) -> pl.LazyFrame:
+    files = _files(root, table)
+    if not files:
+        return pl.LazyFrame(schema=_polars_schema(table))
+    if table != "trials":
+        return pl.scan_parquet(files, schema=_polars_schema(table), hive_partitioning=False)
+    # Config columns may differ between trials (and ints vs floats): per-file scans.
+    frames = [pl.scan_parquet(f, hive_partitioning=False) for f in files]
+    return pl.concat(frames, how="diagonal_relaxed")
+
+
+def _load_one(root: Path) -> Results:
+    if not root.is_dir():
+        raise FileNotFoundError(f"results path {str(root)!r} is not a directory")
+    return Results(*(_scan(root, t) for t in TABLES))
+
+
+def load(path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> Results:
+    """Read a sweep's tables lazily.
+
+    Args:
+        path: a sweep's storage path, or a list/tuple of them.
+
+    Returns:
+        :class:`Results` of ``polars.LazyFrame``s. A missing table is an empty frame
+        with the table's fixed schema. For a list of paths the sweeps are
+        concatenated (``trials`` with ``how="diagonal_relaxed"``, since config
+        columns may differ) and every frame gets a leading ``sweep`` column holding
+        the path's final component; join on ``(sweep, trial_id)`` then.
+
+    Raises:
+        FileNotFoundError: a path is not a directory.
+        ValueError: an empty list, or two paths with the same final component.
+    """
+    if isinstance(path, (str, os.PathLike)):
+        return _load_one(Path(path))
+    roots = [Path(p) for p in path]
+    if not roots:
+        raise ValueError("load() needs at least one path")
+    names = [Path(os.path.abspath(r)).name for r in roots]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"sweep names (final path components) must be unique, repeated: {dupes}")
+    parts = [_load_one(r) for r in roots]
+
+    def tagged(table: str) -> Iterable[pl.LazyFrame]:
+        for name, res in zip(names, parts):
+            yield getattr(res, table).select(pl.lit(name, dtype=pl.String).alias("sweep"), pl.all())
+
+    return Results(
+        *(
+            pl.concat(list(tagged(t)), how="diagonal_relaxed" if t == "trials" else "vertical")
+            for t in TABLES
+        )
+    )
+
+
+def _names(frame: pl.LazyFrame) -> list[str]:
+    return frame.collect_schema().names()
+
+
+def _trial_keys(res: Results) -> list[str]:
+    return ["sweep", "trial_id"] if "sweep" in _names(res.evals) else ["trial_id"]
+
+
+def config_columns(res: Results) -> list[str]:
+    """The config columns of ``res.trials``: all but the fixed ones and ``sweep``."""
+    return [c for c in _names(res.trials) if c not in _TRIAL_FIXED and c != "sweep"]
+
+
+def joined_evals(res: Results) -> pl.LazyFrame:
+    """``evals`` left-joined with their trial's row (status, times, config columns).
+
+    Joined on ``trial_id`` (``(sweep, trial_id)`` for several sweeps). A trials
+    column whose name clashes with an evals column gets the suffix ``_trial``.
+    Evals of a trial without a trials row keep null trial columns. A trial_id
+    repeated in ``trials`` raises at collect time (``validate="m:1"``).
+    """
+    return res.evals.join(
+        res.trials, on=_trial_keys(res), how="left", suffix="_trial", validate="m:1"
+    )
+
+
+def aggregate(
+    frame: pl.LazyFrame | pl.DataFrame, by: list[str], value: str = "value"
+) -> pl.DataFrame:
+    """Mean, standard error and count of ``value`` within each group of ``by``.
+
+    ``sem`` = sample standard deviation (ddof = 1) / sqrt(n), null when n < 2;
+    ``n`` counts the non-null values. Typically the rows of a group are seeds.
+
+    Returns:
+        A DataFrame with columns ``by + ["mean", "sem", "n"]`` (n: Int64), sorted
+        by ``by`` (nulls last). With ``by = []`` one row over the whole frame.
+
+    Raises:
+        ValueError: a column of ``by`` or ``value`` is not in the frame.
+    """
+    lf = frame.lazy()
+    names = _names(lf)
+    for col in [*by, value]:
+        if col not in names:
+            raise ValueError(f"aggregate: column {col!r} not in frame (columns: {names})")
+    v = pl.col(value)
+    aggs = [v.mean().alias("mean"), v.std(ddof=1).alias("_std"), v.count().cast(pl.Int64).alias("n")]
+    out = lf.group_by(by).agg(aggs) if by else lf.select(aggs)
+    out = out.select(
+        *by,
+        pl.col("mean").cast(pl.Float64),
+        pl.when(pl.col("n") >= 2).then(pl.col("_std") / pl.col("n").sqrt()).alias("sem"),
+        "n",
+    )
+    if by:
+        out = out.sort(by, nulls_last=True)
+    return out.collect()
+
+
+def final_table(res: Results, group_by: list[str]) -> pl.DataFrame:
+    """The table ``distillab report`` prints: final evals, mean ± SEM over seeds.
+
+    For every configuration (the values of ``group_by``: config columns, usually
+    all but ``seed``) and every ``(stage, task, metric)``, the evals each trial
+    wrote at the last step it reached in that stage are averaged over the trials
+    whose status is ``"completed"``; other trials are excluded and counted.
+
+    Returns:
+        A long DataFrame with columns ``group_by + [stage, task, metric, mean, sem,
+        n, n_failed]``, where ``n`` counts the completed trials averaged and
+        ``n_failed`` the trials of the configuration whose status is not
+        ``"completed"`` (errored, stopped, still running). A configuration with no
+        completed evals keeps one row with null stage/task/metric/mean/sem and
+        ``n = 0``, so failures stay visible. Sorted by configuration, then stage
+        (pre, distill, rlvr), task, metric.
+
+    Raises:
+        ValueError: a ``group_by`` column is not a trials column, or clashes with
+            an evals column.
+    """
+    trial_cols = _names(res.trials)
+    for col in group_by:
+        if col not in trial_cols:
+            raise ValueError(f"final_table: group_by column {col!r} is not a trials column")
+        if col in _EVAL_COLUMNS:
+            raise ValueError(f"final_table: group_by column {col!r} clashes with an evals column")
+    group = list(group_by) or ["__all__"]
+    lit_all = [pl.lit(0).alias("__all__")] if not group_by else []
+    keys = _trial_keys(res)
+
+    ev = joined_evals(res).with_columns(*lit_all)
+    last = pl.col("step") == pl.col("step").max().over([*keys, "stage"])
+    done = ev.filter(last & (pl.col("status") == "completed"))
+    table = aggregate(done, [*group, "stage", "task", "metric"])
+
+    failed = (
+        res.trials.with_columns(*lit_all)
+        .group_by(group)
+        .agg((pl.col("status") != "completed").sum().cast(pl.Int64).alias("n_failed"))
+        .collect()
+    )
+    out = (
+        table.join(failed, on=group, how="full", coalesce=True, nulls_equal=True)
+        .with_columns(pl.col("n").fill_null(0), pl.col("n_failed").fill_null(0))
+        .with_columns(
+            pl.col("stage").replace_strict(_STAGE_ORDER, default=len(_STAGE_ORDER),
+                                           return_dtype=pl.Int64).alias("__stage__")
+        )
+        .sort([*group, "__stage__", "task", "metric"], nulls_last=True)
+        .select(*group_by, "stage", "task", "metric", "mean", "sem", "n", "n_failed")
+    )
+    return out
+
+
+def _mean_sem(mean: float | None, sem: float | None) -> str:
+    if mean is None:
+        return "–"
+    if sem is None or math.isnan(sem):
+        return f"{mean:.4g}"
+    return f"{mean:.4g} ± {sem:.2g}"
+
+
+def format_table(df: pl.DataFrame) -> str:
+    """A text table (Markdown-style) of ``df`` with all rows and columns shown.
+
+    When ``df`` has ``mean`` and ``sem`` columns they are merged into one
+    ``mean ± sem`` column of strings (4 and 2 significant digits; the SEM is
+    omitted when null, a dash stands for a null mean).
+    """
+    if "mean" in df.columns and "sem" in df.columns:
+        cells = [_mean_sem(m, s) for m, s in zip(df["mean"].to_list(), df["sem"].to_list())]
+        at = df.columns.index("mean")
+        df = df.drop("mean", "sem").insert_column(at, pl.Series("mean ± sem", cells, pl.String))
+    with pl.Config(
+        tbl_rows=-1,
+        tbl_cols=-1,
+        tbl_width_chars=65_535,
+        fmt_str_lengths=1_000,
+        tbl_hide_dataframe_shape=True,
+        tbl_hide_column_data_types=True,
+        tbl_formatting="ASCII_MARKDOWN",
+    ):
+        return str(df)
