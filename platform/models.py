@@ -39,7 +39,8 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     chars = [c for c in string.printable if c not in "\r\x0b\x0c"]
     vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + TAG_TOKENS + chars)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    # "[\s\S]", not ".": Oniguruma's "." skips "\n", so "\n\n" became one piece and then <unk>
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,

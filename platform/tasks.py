@@ -94,7 +94,7 @@ def apply_op(a: int, op: str, b: int) -> int | None:
 
 
 def generate_problems(spec: CountdownSpec, n: int, seed: int) -> list[CountdownProblem]:
-    """Draw ``n`` distinct-by-construction random problems of ``spec``.
+    """Draw ``n`` random problems of ``spec`` (repeats possible, rare).
 
     Operands are drawn with replacement from ``spec.pool``; the target is the value
     of a random expression that combines all operands with +, −, ×, exact ÷

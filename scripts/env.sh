@@ -1,0 +1,11 @@
+# Sourced by scripts/*: keep caches and temp files inside the project (.cache/).
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export DISTILLAB_CACHE="$here/.cache"
+mkdir -p "$here/.cache/tmp" "$here/.cache/torch_extensions" "$here/.cache/vllm" "$here/.cache/inductor"
+export TMPDIR="$here/.cache/tmp"
+export TORCH_EXTENSIONS_DIR="$here/.cache/torch_extensions"
+export VLLM_CACHE_ROOT="$here/.cache/vllm"
+export TORCHINDUCTOR_CACHE_DIR="$here/.cache/inductor"
+export HF_HUB_OFFLINE=1
+export TOKENIZERS_PARALLELISM=false
+export RAY_TRAIN_V2_ENABLED=1

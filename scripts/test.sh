@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Install, then run the whole test suite (fast and slow tests).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh
+. scripts/env.sh
+exec .venv/bin/python -m pytest -q -m "slow or not slow" -p no:cacheprovider "$@"

@@ -1,0 +1,208 @@
+"""Sweep YAML validation (platform/config.py): the repo's search spaces, errors that
+name the field, the paper's defaults (PROTOCOL.md), frozen configs, overrides."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from distillab.config import ConfigError, SweepConfig, TrialConfig, expand_trials, load_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+MICRO = REPO / "search_spaces" / "micro.yaml"
+SMOKE = REPO / "search_spaces" / "smoke.yaml"
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "sweep.yaml"
+    p.write_text(text)
+    return p
+
+
+def _error(tmp_path: Path, text: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_sweep(_write(tmp_path, text))
+    return str(e.value)
+
+
+# --------------------------------------------------------------------------------------
+# the repo's search spaces
+# --------------------------------------------------------------------------------------
+
+
+def test_micro_yaml_expands_to_eight_trials() -> None:
+    cfg = load_sweep(MICRO)
+    assert cfg.name == "micro"
+    trials = expand_trials(cfg)
+    assert len(trials) == 8  # 2 policies x 2 KL x 2 LRs x 1 seed
+    points = {(t.rollout.policy, t.loss.kind, t.optimizer.lr, t.seed) for t in trials}
+    assert len(points) == 8
+    assert {p[0] for p in points} == {"offpd", "onpd"}
+    assert {p[1] for p in points} == {"forward", "reverse"}
+    lrs = {p[2] for p in points}
+    assert len(lrs) == 2 and all(lr > 0 for lr in lrs)
+    assert len({p[3] for p in points}) == 1
+    assert set(itertools.product(["offpd", "onpd"], ["forward", "reverse"], sorted(lrs), [trials[0].seed])) == points
+    ids = [t.trial_id for t in trials]
+    assert len(set(ids)) == 8
+    assert ids == [t.trial_id for t in expand_trials(load_sweep(MICRO))]  # deterministic
+
+
+def test_trial_id_is_readable(tmp_path: Path) -> None:
+    text = (
+        "name: t\nsearch:\n  grid:\n    rollout.policy: [onpd]\n    loss.kind: [reverse]\n"
+        "    optimizer.lr: [3.0e-4]\n    seed: [7]\n"
+    )
+    (t,) = expand_trials(load_sweep(_write(tmp_path, text)))
+    assert t.trial_id.startswith("onpd-reverse-lr0.0003-s7-")
+    assert len(t.trial_id) == len("onpd-reverse-lr0.0003-s7-") + 8
+
+
+def test_smoke_yaml_loads() -> None:
+    cfg = load_sweep(SMOKE)
+    assert cfg.name == "smoke"
+    trials = expand_trials(cfg)
+    assert [t.rollout.policy for t in trials] == ["offpd", "onpd"]
+    assert len({t.trial_id for t in trials}) == 2
+
+
+# --------------------------------------------------------------------------------------
+# errors name the field
+# --------------------------------------------------------------------------------------
+
+
+def test_unknown_top_level_key(tmp_path: Path) -> None:
+    msg = _error(tmp_path, "name: t\nbogus_key: 1\n")
+    assert "bogus_key" in msg
+
+
+def test_unknown_nested_key(tmp_path: Path) -> None:
+    msg = _error(tmp_path, "name: t\ntrial:\n  optimizer:\n    lrr: 0.001\n")
+    assert "lrr" in msg and "optimizer" in msg
+
+
+@pytest.mark.parametrize("lr", ["0", "-1.0e-5"])
+def test_non_positive_lr(tmp_path: Path, lr: str) -> None:
+    msg = _error(tmp_path, f"name: t\ntrial:\n  optimizer:\n    lr: {lr}\n")
+    assert "optimizer.lr" in msg
+
+
+def test_unknown_policy(tmp_path: Path) -> None:
+    msg = _error(tmp_path, "name: t\ntrial:\n  rollout:\n    policy: sideways\n")
+    assert "rollout.policy" in msg
+    assert "'offpd'" in msg and "'onpd'" in msg
+
+
+def test_invalid_grid_value(tmp_path: Path) -> None:
+    msg = _error(tmp_path, "name: t\nsearch:\n  grid:\n    optimizer.lr: [1.0e-3, -1]\n")
+    assert "optimizer.lr" in msg
+    assert "-1" in msg
+
+
+def test_unsearchable_grid_key(tmp_path: Path) -> None:
+    msg = _error(tmp_path, "name: t\nsearch:\n  grid:\n    tasks.system_prompt: [a, b]\n")
+    assert "tasks.system_prompt" in msg and "not searchable" in msg
+
+
+def test_empty_grid_list(tmp_path: Path) -> None:
+    msg = _error(tmp_path, "name: t\nsearch:\n  grid:\n    optimizer.lr: []\n")
+    assert "optimizer.lr" in msg
+
+
+def test_micro_model_head_dim_below_32(tmp_path: Path) -> None:
+    text = (
+        "name: t\nmodels:\n  micro_student:\n    hidden_size: 64\n    num_layers: 1\n"
+        "    num_heads: 4\n    intermediate_size: 64\n    sft_steps: 1\n"
+    )
+    msg = _error(tmp_path, text)  # head_dim 64/4 = 16
+    assert "micro_student" in msg and "32" in msg
+
+
+def test_invalid_yaml(tmp_path: Path) -> None:
+    msg = _error(tmp_path, "name: [unclosed\ntrial: {\n")
+    assert "YAML" in msg
+
+
+def test_top_level_not_a_mapping(tmp_path: Path) -> None:
+    _error(tmp_path, "- a\n- b\n")
+
+
+def test_bad_name(tmp_path: Path) -> None:
+    assert "name" in _error(tmp_path, "name: has space\n")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        load_sweep(tmp_path / "nope.yaml")
+
+
+# --------------------------------------------------------------------------------------
+# the paper's defaults (PROTOCOL.md)
+# --------------------------------------------------------------------------------------
+
+
+def test_defaults_are_the_papers(tmp_path: Path) -> None:
+    cfg = load_sweep(_write(tmp_path, "name: t\n"))
+    t = cfg.trial
+    assert t == TrialConfig()
+    assert t.rollout.tau_t == 0.5 and t.rollout.tau_s == 1.0
+    assert t.loss.tau_t == 0.5 and t.loss.tau_s == 1.0
+    o = t.optimizer
+    assert o.lr == 1e-5
+    assert o.warmup_steps == 10
+    assert o.clip == 1.0
+    assert o.steps == 150
+    assert o.prompts_per_step == 32
+    assert o.betas == (0.9, 0.999)
+    assert o.eps == 1e-8
+    assert o.weight_decay == 0.0
+    e = t.evaluation
+    assert e.sparsity_taus == (1e-6, 1e-8)
+    assert e.pass_n == 10
+    assert e.pass_k == (1, 10)
+    assert e.id_items == 200
+    assert e.id_temperature == 0.5
+    assert e.pass_temperature == {"countdown3": 1.0, "countdown4e": 0.5}
+    tasks = t.tasks
+    assert tasks.countdown3.pool == (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 25, 50, 75)
+    assert tasks.countdown3.n_operands == 3
+    assert tasks.countdown4e.pool == tuple(range(1, 11)) and tasks.countdown4e.n_operands == 4
+    assert tasks.countdown4.n_operands == 4 and tasks.countdown4.target_max == 10_000
+    # the default grid: 2 policies x 2 KL directions
+    assert len(expand_trials(cfg)) == 4
+
+
+# --------------------------------------------------------------------------------------
+# frozen configs and overrides
+# --------------------------------------------------------------------------------------
+
+
+def test_configs_are_frozen() -> None:
+    cfg = load_sweep(SMOKE, overrides={"trial.optimizer.lr": 1e-3})
+    with pytest.raises(ValidationError):
+        cfg.name = "other"  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        cfg.trial.optimizer.lr = 1.0  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        cfg.models.micro_teacher.hidden_size = 256  # type: ignore[misc]
+    assert cfg.trial.optimizer.lr == 1e-3
+
+
+def test_overrides(tmp_path: Path) -> None:
+    path = _write(tmp_path, "name: t\ntrial:\n  optimizer:\n    lr: 1.0e-3\n")
+    cfg = load_sweep(path, overrides={"trial.optimizer.lr": 2e-5, "storage_path": "elsewhere"})
+    assert cfg.trial.optimizer.lr == 2e-5
+    assert cfg.storage_path == "elsewhere"
+    assert load_sweep(path).trial.optimizer.lr == 1e-3  # the file is unchanged
+    assert load_sweep(MICRO, overrides={"trial.optimizer.lr": 2e-5}).trial.optimizer.lr == 2e-5
+    with pytest.raises(ConfigError, match="optimizer.lr"):
+        load_sweep(MICRO, overrides={"trial.optimizer.lr": -2e-5})
+
+
+def test_sweep_dir_is_absolute(tmp_path: Path) -> None:
+    cfg = load_sweep(_write(tmp_path, f"name: t\nstorage_path: {tmp_path}/runs\n"))
+    assert cfg.sweep_dir() == (tmp_path / "runs" / "t").resolve()
+    assert isinstance(cfg, SweepConfig)
