@@ -43,6 +43,21 @@ jsd      M = β π_T + (1 − β) π_S,
     ≈ (1−β)·KL(π_S‖π_T) near 1), so the family is discontinuous at its
     endpoints; the endpoints are a naming convenience, not a limit.
 
+Gradient with the log-probability floor (what autograd of the code below gives)
+------------------------------------------------------------------------------
+With ℓ_S = max(log π_S, F), ℓ_T = max(log π_T, F), F = LOGPROB_FLOOR and
+k_v = 1[log π_S(v) > F] (the floor has zero gradient):
+
+    forward   ∂D_F/∂z_S(v) = (π_S(v) Σ_u π_T(u) k_u − π_T(v) k_v) / τ_S
+    reverse   ∂D_R/∂z_S(v) = π_S(v) (r_v − D_R) / τ_S,   r_v = ℓ_S(v) − ℓ_T(v)
+    jsd       ∂D_β/∂z_S(v) = (1 − β) π_S(v) (g_v − Σ_u π_S(u) g_u) / τ_S,  g_v = ℓ_S(v) − log M(v)
+
+The forward form equals (π_S − π_T)/τ_S unless the student puts (numerically) zero
+mass where the teacher does not (then the floor cuts that entry's pull). In the
+other two the floor only touches entries with π_S(v) = 0 exactly, which multiply
+by π_S(v). ``token_divergence_and_grad`` evaluates these closed forms without
+autograd: it is the per-row math of the chunked and Triton ops.
+
 Sequence objective (PROTOCOL.md §2)
 -----------------------------------
     L(θ) = mean over examples of (1/L_y) Σ_n D(π_S(·|x,y<n), π_T(·|x,y<n))
@@ -96,6 +111,8 @@ __all__ = [
     "REDUCTIONS",
     "LOGPROB_FLOOR",
     "token_divergence",
+    "token_divergence_and_grad",
+    "STAT_NAMES",
     "reduce_loss",
     "distill_loss",
     "sampled_token_loss",
@@ -245,6 +262,93 @@ def token_divergence(
     lt = logp_t.clamp_min(LOGPROB_FLOOR)
     log_m = torch.logsumexp(torch.stack([lt + math.log(beta), ls + math.log1p(-beta)]), dim=0)
     return beta * _xlogratio(logp_t.exp(), lt, log_m) + (1.0 - beta) * _xlogratio(logp_s.exp(), ls, log_m)
+
+
+STAT_NAMES = ("forward_kl", "reverse_kl", "teacher_entropy", "cross_entropy")
+"""Column order of the ``stats`` returned by ``token_divergence_and_grad`` (nats)."""
+
+
+def _rowdot(a: Tensor, b: Tensor) -> Tensor:
+    """Σ_v a·b over the last dim, (..., V) x (..., V) -> (...), with pairwise-accurate
+    summation (a batched ``a @ b`` accumulates sequentially: ~20x the rounding error)."""
+    return torch.linalg.vecdot(a, b)
+
+
+def token_divergence_and_grad(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    *,
+    kind: str,
+    tau_s: float = 1.0,
+    tau_t: float = 0.5,
+    beta: float = 0.5,
+    compute_dtype: torch.dtype = torch.float32,
+    need_grad: bool = True,
+    with_stats: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    r"""``token_divergence`` and its gradient w.r.t. the student logits, in closed form.
+
+    The per-row math of the chunked and Triton ops (no autograd graph, so the
+    memory is a few (..., V) temporaries). Values equal ``token_divergence``
+    (same log-softmax, floor and endpoint conventions) and the gradient equals
+    autograd of it (module docstring, "Gradient with the log-probability floor").
+
+    Args:
+        student_logits, teacher_logits: (..., V) float tensors of equal shape.
+        kind, tau_s, tau_t, beta, compute_dtype: as in ``token_divergence``.
+        need_grad: compute the gradient (else it is returned as None).
+        with_stats: also return the diagnostics of ``STAT_NAMES`` per position.
+
+    Returns:
+        ``(div, grad, stats)``: ``div`` (...) the divergence in nats; ``grad``
+        (..., V) = ∂div/∂z_S per position, or None; ``stats`` (..., 4) detached
+        [forward KL, reverse KL, H(π_T), H(π_T, π_S)] or None. All in
+        ``compute_dtype``; nothing requires grad.
+
+    Raises:
+        As ``token_divergence``.
+    """
+    _check_logits_pair(student_logits, teacher_logits)
+    tau_s = _check_tau("tau_s", tau_s)
+    tau_t = _check_tau("tau_t", tau_t)
+    _check_kind(kind, KINDS)
+    beta = _check_beta(beta)
+    _check_compute_dtype(compute_dtype)
+    if kind == "jsd" and beta in (0.0, 1.0):
+        kind = "forward" if beta == 0.0 else "reverse"
+
+    with torch.no_grad():
+        ls = torch.log_softmax(student_logits.detach().to(compute_dtype) / tau_s, dim=-1)  # (..., V)
+        lt = torch.log_softmax(teacher_logits.detach().to(compute_dtype) / tau_t, dim=-1)  # (..., V)
+        ps, pt = ls.exp(), lt.exp()
+        keep = ls > LOGPROB_FLOOR if (need_grad and kind == "forward") else None
+        ls.clamp_min_(LOGPROB_FLOOR)
+        lt.clamp_min_(LOGPROB_FLOOR)
+        stats = None
+        if with_stats or kind != "jsd":
+            diff = lt - ls  # (..., V)
+            fwd, rev = _rowdot(pt, diff), -_rowdot(ps, diff)
+            if with_stats:
+                stats = torch.stack([fwd, rev, -_rowdot(pt, lt), -_rowdot(pt, ls)], dim=-1)
+        grad = None
+        if kind == "forward":
+            div = fwd
+            if need_grad:
+                pt.masked_fill_(~keep, 0.0)
+                grad = ps.mul_(pt.sum(-1, keepdim=True)).sub_(pt).div_(tau_s)
+        elif kind == "reverse":
+            div = rev
+            if need_grad:  # π_S (r − D) = −π_S (diff + D)
+                grad = diff.add_(div.unsqueeze(-1)).mul_(ps).neg_().div_(tau_s)
+        else:
+            log_m = torch.logaddexp(lt + math.log(beta), ls + math.log1p(-beta))  # (..., V)
+            g_t = _rowdot(pt, lt - log_m)
+            g = ls.sub_(log_m)  # ℓ_S − log M, in place
+            g_s = _rowdot(ps, g)
+            div = beta * g_t + (1.0 - beta) * g_s
+            if need_grad:
+                grad = g.sub_(g_s.unsqueeze(-1)).mul_(ps).mul_((1.0 - beta) / tau_s)
+    return div, grad, stats
 
 
 # ------------------------------------------------------------------------ reductions

@@ -3,6 +3,7 @@
     distillab prepare search_spaces/micro.yaml      # train + cache the micro teacher/student
     distillab sweep   search_spaces/micro.yaml      # prepare (cached) + Ray Tune sweep + report
     distillab report  runs/micro                    # final metrics per configuration, mean ± SEM
+    distillab report  runs/micro --plots docs/figures   # + figures (PNG) and summary.md
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--no-dashboard", action="store_true", help="local Ray without the dashboard")
     rp = sub.add_parser("report")
     rp.add_argument("path", nargs="+", help="sweep directories (<storage_path>/<name>)")
+    rp.add_argument("--plots", metavar="DIR", default=None,
+                    help="also write the figures (PNG) and summary.md into DIR")
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -60,7 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         from distillab.results import final_table, format_table, load
 
         res = load(args.path if len(args.path) > 1 else args.path[0])
-        print(format_table(final_table(res, group_by=default_group_by(res))))
+        group_by = default_group_by(res)
+        print(format_table(final_table(res, group_by=group_by)))
+        if args.plots:
+            from distillab.plots import write_report
+
+            written = write_report(res, args.plots)  # grouped by the swept config fields
+            print(f"figures: {', '.join(str(p) for k, p in written.items() if k != 'summary')}")
+            print(f"summary: {written['summary']}")
         return 0
 
     try:

@@ -141,6 +141,18 @@ class LossConfig(_Strict):
     tau_t: float = Field(default=0.5, gt=0)
     tau_s: float = Field(default=1.0, gt=0)
     reduction: Literal["seq_mean", "token_mean", "sum"] = "seq_mean"
+    #: How the full-vocabulary loss is computed (all give the same numbers; tests pin it):
+    #: ``reference`` full (B, T, V) logits from the models and ``ops.kl`` (the float64-safe
+    #: ground truth; memory O(tokens × vocab)); ``chunked`` (default) fused lm_head + divergence
+    #: over row chunks from the final hidden states (``ops.chunked``; never more than
+    #: chunk × vocab logits; its row math runs the Triton kernels automatically on CUDA);
+    #: ``triton`` the same with the Triton kernels required (error where triton cannot run).
+    #: The sampled estimator always uses the reference path.
+    impl: Literal["reference", "chunked", "triton"] = "chunked"
+    #: Pad the smaller lm_head with -inf rows up to the larger vocab size when teacher and
+    #: student differ only by unused padding rows (Qwen2.5: 151,936 vs 152,064); otherwise a
+    #: vocab-size mismatch is an error naming both sizes. See ``ops.chunked.pad_vocab``.
+    pad_vocab: bool = False
 
 
 class OptimizerConfig(_Strict):

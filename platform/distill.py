@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -108,25 +109,76 @@ def sample_rollouts(
 
 def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: int, gen: torch.Generator):
     """Teacher and student forward on the rollouts and the configured divergence
-    over completion tokens. Returns ``(loss, diagnostics)``."""
+    over completion tokens. Returns ``(loss, diagnostics)``.
+
+    ``loss.impl`` ``chunked``/``triton`` (full-vocabulary estimator): the models return
+    their final hidden states (``hidden_states[-1]``, after the final norm for
+    Llama/Qwen) and only the last position's logits (``logits_to_keep=1``); the lm_head
+    and the divergence are fused over row chunks (``ops.chunked``), and the
+    diagnostics come from the same pass. ``reference`` (and the sampled estimator):
+    full (B, T, V) logits and ``ops.kl``."""
+    import inspect
+
+    import torch.nn.functional as F
+
+    from distillab.ops.chunked import chunked_distill_loss, pad_vocab
+
     L = trial.loss
     ids, attn, cmask = pack_rollouts(rollouts.prompt_ids, rollouts.completion_ids, pad_id)  # (B, T)
     pos = position_ids(attn)
+    inputs = dict(input_ids=ids, attention_mask=attn, position_ids=pos)
+
+    if L.estimator == "sampled" or L.impl == "reference":
+        with torch.no_grad():
+            t_logits = teacher(**inputs).logits  # (B, T, V_T)
+        s_logits = engine(**inputs).logits  # (B, T, V_S)
+        if L.pad_vocab and s_logits.shape[-1] != t_logits.shape[-1]:  # -inf columns for the missing rows
+            V = max(s_logits.shape[-1], t_logits.shape[-1])
+            s_logits = F.pad(s_logits, (0, V - s_logits.shape[-1]), value=float("-inf"))
+            t_logits = F.pad(t_logits, (0, V - t_logits.shape[-1]), value=float("-inf"))
+        if L.estimator == "full":
+            loss = distill_loss(
+                s_logits, t_logits, cmask, kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, reduction=L.reduction
+            )
+        else:
+            loss = sampled_token_loss(
+                s_logits, t_logits, cmask, kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, generator=gen,
+                reduction=L.reduction,
+            )
+        with torch.no_grad():
+            s_d, t_d = s_logits.detach()[cmask], t_logits[cmask]  # (N, V)
+            fkl = token_divergence(s_d, t_d, kind="forward", tau_s=L.tau_s, tau_t=L.tau_t).mean()
+            rkl = token_divergence(s_d, t_d, kind="reverse", tau_s=L.tau_s, tau_t=L.tau_t).mean()
+            h_t, ce = entropy_and_cross_entropy(s_logits.detach(), t_logits, cmask, L.tau_s, L.tau_t)
+        diag = {"kl/forward": float(fkl), "kl/reverse": float(rkl), "teacher/entropy": float(h_t),
+                "teacher/cross_entropy": float(ce)}
+        return loss, diag
+
+    # chunked / triton: hidden states + lm_head weights; no (B, T, V) logits
+    def lm_head(model):
+        head = model.get_output_embeddings()
+        return head.weight, getattr(head, "bias", None)
+
+    def forward_kwargs(model):
+        keep = "logits_to_keep" in inspect.signature(model.forward).parameters
+        return {**inputs, "output_hidden_states": True, **({"logits_to_keep": 1} if keep else {})}
+
     with torch.no_grad():
-        t_logits = teacher(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # (B, T, V)
-    s_logits = engine(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # (B, T, V)
-    if L.estimator == "full":
-        loss = distill_loss(s_logits, t_logits, cmask, kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, reduction=L.reduction)
-    else:
-        loss = sampled_token_loss(
-            s_logits, t_logits, cmask, kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, generator=gen, reduction=L.reduction
-        )
-    with torch.no_grad():
-        s_d, t_d = s_logits.detach()[cmask], t_logits[cmask]  # (N, V)
-        fkl = token_divergence(s_d, t_d, kind="forward", tau_s=L.tau_s, tau_t=L.tau_t).mean()
-        rkl = token_divergence(s_d, t_d, kind="reverse", tau_s=L.tau_s, tau_t=L.tau_t).mean()
-        h_t, ce = entropy_and_cross_entropy(s_logits.detach(), t_logits, cmask, L.tau_s, L.tau_t)
-    diag = {"kl/forward": float(fkl), "kl/reverse": float(rkl), "teacher/entropy": float(h_t), "teacher/cross_entropy": float(ce)}
+        h_t = teacher(**forward_kwargs(teacher)).hidden_states[-1]  # (B, T, H_T), final norm applied
+    h_s = engine(**forward_kwargs(engine.module)).hidden_states[-1]  # (B, T, H_S); engine() runs DeepSpeed's hooks
+    w_s, b_s = lm_head(engine.module)  # (V_S, H_S)
+    w_t, b_t = lm_head(teacher)  # (V_T, H_T)
+    if L.pad_vocab and w_s.shape[0] < w_t.shape[0]:
+        w_s, b_s = pad_vocab(w_s, w_t.shape[0], b_s)
+    elif L.pad_vocab and w_t.shape[0] < w_s.shape[0]:
+        w_t, b_t = pad_vocab(w_t, w_s.shape[0], b_t)
+    loss, stats = chunked_distill_loss(
+        h_s, w_s, h_t, w_t, cmask, student_bias=b_s, teacher_bias=b_t, kind=L.kind, tau_s=L.tau_s,
+        tau_t=L.tau_t, reduction=L.reduction, backend="triton" if L.impl == "triton" else "auto",
+        return_stats=True,
+    )  # stats: (N, 4) forward KL, reverse KL, H(π_T), H(π_T, π_S) per completion token
+    means = stats.double().mean(0).tolist() if stats.shape[0] else [0.0] * 4
+    diag = dict(zip(("kl/forward", "kl/reverse", "teacher/entropy", "teacher/cross_entropy"), means))
     return loss, diag
 
 
@@ -193,7 +245,7 @@ def train_loop_per_worker(config: dict) -> None:
     evaluator = Evaluator(tok, trial.tasks, trial.evaluation)
     pre = {}
     if rank == 0 and start_step == 0:
-        pre = _evaluate(evaluator, student, trial, trial_id, "pre", 0, root)
+        pre = _evaluate(evaluator, student, trial, trial_id, "pre", 0, root, init_state)  # S_τ = 1 by definition
 
     engine, opt, per_worker = setup_engine(student, trial, world)
     for _ in range(start_step):  # LR schedule position after a resume
@@ -243,6 +295,8 @@ def train_loop_per_worker(config: dict) -> None:
             if o.checkpoint_every and (step + 1) % o.checkpoint_every == 0 and not last:
                 checkpoint = _make_checkpoint(engine, trial, tok, step + 1, rank)
             ray.train.report({"step": step + 1, **metrics}, checkpoint=checkpoint)
+            if checkpoint is not None:
+                shutil.rmtree(checkpoint.path, ignore_errors=True)
 
     # --- after: evaluation, sparsity, final checkpoint
     train_s = time.perf_counter() - t_train
@@ -251,7 +305,10 @@ def train_loop_per_worker(config: dict) -> None:
         post = _evaluate(evaluator, engine.module, trial, trial_id, "distill", o.steps, root, init_state)
         final.update(pre)
         final.update(post)
-    ray.train.report(final, checkpoint=_make_checkpoint(engine, trial, tok, o.steps, rank))
+    checkpoint = _make_checkpoint(engine, trial, tok, o.steps, rank)
+    ray.train.report(final, checkpoint=checkpoint)
+    if checkpoint is not None:  # Ray has copied it to the run's storage
+        shutil.rmtree(checkpoint.path, ignore_errors=True)
 
 
 def _make_checkpoint(engine, trial: TrialConfig, tok, step: int, rank: int):

@@ -49,6 +49,13 @@ __all__ = [
     "aggregate",
     "final_table",
     "format_table",
+    "final_evals",
+    "filter_trials",
+    "trial_counts",
+    "stage_delta",
+    "forgetting",
+    "generalisation_gain",
+    "rlvr_gain",
 ]
 
 TABLES: tuple[str, ...] = ("trials", "metrics", "evals", "samples")
@@ -446,11 +453,8 @@ def final_table(res: Results, group_by: list[str]) -> pl.DataFrame:
             raise ValueError(f"final_table: group_by column {col!r} clashes with an evals column")
     group = list(group_by) or ["__all__"]
     lit_all = [pl.lit(0).alias("__all__")] if not group_by else []
-    keys = _trial_keys(res)
 
-    ev = joined_evals(res).with_columns(*lit_all)
-    last = pl.col("step") == pl.col("step").max().over([*keys, "stage"])
-    done = ev.filter(last & (pl.col("status") == "completed"))
+    done = final_evals(res).with_columns(*lit_all)
     table = aggregate(done, [*group, "stage", "task", "metric"])
 
     failed = (
@@ -501,3 +505,150 @@ def format_table(df: pl.DataFrame) -> str:
         tbl_formatting="ASCII_MARKDOWN",
     ):
         return str(df)
+
+
+# --------------------------------------------------------------------------- selections
+
+
+def final_evals(res: Results, *, completed_only: bool = True) -> pl.LazyFrame:
+    """The evals each trial wrote at the last step it reached in each stage, joined
+    with the trial's row (status, config columns; see :func:`joined_evals`).
+
+    Args:
+        completed_only: keep only trials whose status is ``"completed"`` (what every
+            aggregate of the report uses); ``False`` keeps failed and running trials.
+    """
+    last = pl.col("step") == pl.col("step").max().over([*_trial_keys(res), "stage"])
+    ev = joined_evals(res).filter(last)
+    return ev.filter(pl.col("status") == "completed") if completed_only else ev
+
+
+def filter_trials(res: Results, *predicates: pl.Expr, **fields: Any) -> Results:
+    """The trials matching every condition, with only their metrics, evals and samples.
+
+    Args:
+        *predicates: Polars expressions over ``res.trials``, e.g.
+            ``pl.col("optimizer.lr") <= 1e-4``.
+        **fields: ``column=value`` tests on trials columns (config fields are dotted,
+            so pass them as ``**{"loss.kind": "forward"}``): a list/tuple/set means
+            "any of these", ``None`` means null.
+
+    Returns:
+        A :class:`Results` whose ``trials`` are filtered and whose other frames are
+        semi-joined on the trial id (``(sweep, trial_id)`` for several sweeps).
+
+        >>> import tempfile
+        >>> root = tempfile.mkdtemp()
+        >>> for i, kind in enumerate(["forward", "reverse"]):
+        ...     _ = write_rows(root, "trials", [{"trial_id": f"t{i}", "status": "completed",
+        ...         "start_time": 0.0, "end_time": 1.0, "loss.kind": kind}], key=f"t{i}")
+        >>> filter_trials(load(root), **{"loss.kind": "reverse"}).trials.select("trial_id").collect().rows()
+        [('t1',)]
+
+    Raises:
+        ValueError: a field that is not a trials column (the columns are named).
+    """
+    names = _names(res.trials)
+    conds = list(predicates)
+    for col, want in fields.items():
+        if col not in names:
+            raise ValueError(f"filter_trials: {col!r} is not a trials column (columns: {names})")
+        c = pl.col(col)
+        if want is None:
+            conds.append(c.is_null())
+        elif isinstance(want, (list, tuple, set, frozenset)):
+            values = list(want)
+            cond = c.is_in([v for v in values if v is not None])
+            conds.append(cond | c.is_null() if None in values else cond)
+        else:
+            conds.append(c == want)
+    if not conds:
+        return res
+    keys = _trial_keys(res)
+    trials = res.trials.filter(*conds)
+    ids = trials.select(keys)
+    return Results(
+        trials,
+        *(getattr(res, t).join(ids, on=keys, how="semi") for t in ("metrics", "evals", "samples")),
+    )
+
+
+def trial_counts(res: Results, group_by: list[str]) -> pl.DataFrame:
+    """Trials per configuration: ``group_by + [n_trials, n_completed, n_failed]``,
+    where ``n_failed`` counts every status but ``"completed"`` (errored, stopped,
+    running). Sorted by ``group_by`` (nulls last); one row when ``group_by = []``.
+
+    Raises:
+        ValueError: a ``group_by`` column is not a trials column.
+    """
+    names = _names(res.trials)
+    for col in group_by:
+        if col not in names:
+            raise ValueError(f"trial_counts: group_by column {col!r} is not a trials column")
+    done = pl.col("status") == "completed"
+    aggs = [
+        pl.len().cast(pl.Int64).alias("n_trials"),
+        done.sum().cast(pl.Int64).alias("n_completed"),
+        (~done).sum().cast(pl.Int64).alias("n_failed"),
+    ]
+    if not group_by:
+        return res.trials.select(aggs).collect()
+    return res.trials.group_by(group_by).agg(aggs).sort(group_by, nulls_last=True).collect()
+
+
+# --------------------------------------------------------------------------- before/after
+
+
+def stage_delta(
+    res: Results, task: str, metric: str, *, before: str = "pre", after: str = "distill"
+) -> pl.LazyFrame:
+    """Per completed trial: the final ``(task, metric)`` eval of stage ``after`` minus
+    that of stage ``before`` (each at the last step the trial reached in the stage).
+
+    Returns:
+        A LazyFrame, one row per completed trial that has both values: the trial
+        keys, the trial's other columns (status, config columns, ...), ``before``,
+        ``after`` and ``value`` = after − before, ready for :func:`aggregate`
+        (mean, SEM and n over seeds). Failed trials are excluded; count them with
+        :func:`trial_counts`.
+
+    Raises:
+        ValueError: a stage that is not an evals stage.
+    """
+    for stage in (before, after):
+        if stage not in STAGES["evals"]:
+            raise ValueError(f"stage_delta: stage must be one of {list(STAGES['evals'])}, got {stage!r}")
+    keys = _trial_keys(res)
+    fe = final_evals(res).filter((pl.col("task") == task) & (pl.col("metric") == metric))
+
+    def side(stage: str, name: str) -> pl.LazyFrame:
+        return fe.filter(pl.col("stage") == stage).select(*keys, pl.col("value").alias(name))
+
+    delta = side(after, "after").join(side(before, "before"), on=keys, how="inner", validate="1:1")
+    trial_cols = [c for c in _names(res.trials) if c not in keys]
+    return delta.join(res.trials, on=keys, how="left", suffix="_trial", validate="m:1").select(
+        *keys,
+        *trial_cols,
+        "before",
+        "after",
+        (pl.col("after") - pl.col("before")).alias("value"),
+    )
+
+
+def forgetting(res: Results) -> pl.LazyFrame:
+    """ΔOOD per trial: mean OOD score after distillation − before (PROTOCOL.md §4;
+    negative = forgotten). ``stage_delta(res, "ood", "ood_mean")``."""
+    return stage_delta(res, "ood", "ood_mean", before="pre", after="distill")
+
+
+def generalisation_gain(
+    res: Results, task: str = "countdown4e", metric: str = "accuracy"
+) -> pl.LazyFrame:
+    """Harder-task gain per trial: Countdown-4E accuracy after distillation − before."""
+    return stage_delta(res, task, metric, before="pre", after="distill")
+
+
+def rlvr_gain(res: Results, task: str = "countdown4e", metric: str = "accuracy") -> pl.LazyFrame:
+    """RLVR gain per trial: accuracy after RLVR − after distillation (empty when no
+    trial has ``rlvr`` evals)."""
+    return stage_delta(res, task, metric, before="distill", after="rlvr")

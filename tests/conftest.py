@@ -30,3 +30,34 @@ for _var, _sub in (
 
 # tempfile caches its directory on first use; make it re-read TMPDIR.
 tempfile.tempdir = None
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def smoke_sweep(tmp_path_factory) -> Path:
+    """A REAL small sweep, run once per test session: ``search_spaces/smoke.yaml`` (2
+    trials, offpd and onpd) through ``prepare`` (micro models cached under
+    ``<repo>/.cache/models``) and Ray Tune on a local 2-CPU Ray. Returns the sweep
+    directory (``distillab.results.load`` reads it). Use only from slow tests."""
+    import ray
+
+    from distillab.config import load_sweep
+    from distillab.prepare import prepare
+    from distillab.sweep import run_sweep
+
+    sweep = load_sweep(
+        REPO / "search_spaces" / "smoke.yaml",
+        {
+            "storage_path": str(tmp_path_factory.mktemp("smoke_sweep")),
+            "models.cache_dir": str(CACHE / "models"),
+        },
+    )
+    teacher, student = prepare(sweep, threads=1)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        root = run_sweep(sweep, teacher, student, verbose=0)
+    finally:
+        ray.shutdown()
+    return root

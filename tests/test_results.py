@@ -217,3 +217,143 @@ def test_load_list_of_sweeps(tmp_path: Path) -> None:
         == [6, 4]
     with pytest.raises(ValueError, match="unique"):
         load([one, tmp_path / "x" / "sweep1"])
+
+
+# --------------------------------------------------------------------------- before/after,
+# filters and counts on a hand-made set: 3 seeds (42-44) × 2 configurations, where
+# "forward" has seed 44 failed and "reverse" is missing seed 43.
+
+_HAND = {  # (kind, seed): (ood pre, ood distill, 4E pre, 4E distill, 4E rlvr)
+    ("forward", 42): (0.80, 0.70, 0.10, 0.30, 0.50),
+    ("forward", 43): (0.78, 0.74, 0.12, 0.36, 0.44),
+    ("reverse", 42): (0.80, 0.60, 0.10, 0.20, None),
+    ("reverse", 44): (0.82, 0.66, 0.08, 0.26, None),
+}
+
+
+def _hand_sweep(root: Path) -> Path:
+    def ev(tid, stage, step, task, metric, value):
+        return dict(trial_id=tid, stage=stage, step=step, task=task, metric=metric, value=value, n=8)
+
+    for (kind, seed), (op, od, hp, hd, hr) in _HAND.items():
+        tid = f"{kind}-s{seed}"
+        write_rows(root, "trials", [_trial(tid, 1e-3, seed, **{"loss.kind": kind, "rollout.policy": "onpd"})],
+                   key=tid)
+        write_rows(root, "evals", [ev(tid, "pre", 0, "ood", "ood_mean", op),
+                                   ev(tid, "pre", 0, "countdown4e", "accuracy", hp)], key=f"{tid}__pre__0")
+        # an intermediate eval that the final-step selection must skip
+        write_rows(root, "evals", [ev(tid, "distill", 50, "ood", "ood_mean", 0.0),
+                                   ev(tid, "distill", 50, "countdown4e", "accuracy", 1.0)],
+                   key=f"{tid}__distill__50")
+        write_rows(root, "evals", [ev(tid, "distill", 100, "ood", "ood_mean", od),
+                                   ev(tid, "distill", 100, "countdown4e", "accuracy", hd)],
+                   key=f"{tid}__distill__100")
+        if hr is not None:
+            write_rows(root, "evals", [ev(tid, "rlvr", 20, "countdown4e", "accuracy", hr)],
+                       key=f"{tid}__rlvr__20")
+        write_rows(root, "metrics", [dict(trial_id=tid, stage="distill", step=1, name="loss", value=1.0)],
+                   key=f"{tid}__distill")
+    # the failed trial: evaluated before training and at step 50, then crashed
+    tid = "forward-s44"
+    write_rows(root, "trials", [_trial(tid, 1e-3, 44, status="failed",
+                                       **{"loss.kind": "forward", "rollout.policy": "onpd"})], key=tid)
+    write_rows(root, "evals", [ev(tid, "pre", 0, "ood", "ood_mean", 0.9),
+                               ev(tid, "pre", 0, "countdown4e", "accuracy", 0.0)], key=f"{tid}__pre__0")
+    write_rows(root, "evals", [ev(tid, "distill", 50, "ood", "ood_mean", 0.1),
+                               ev(tid, "distill", 50, "countdown4e", "accuracy", 0.9)],
+               key=f"{tid}__distill__50")
+    return root
+
+
+def _by_kind(df: pl.DataFrame) -> dict[str, dict]:
+    return {r["loss.kind"]: r for r in df.iter_rows(named=True)}
+
+
+def test_forgetting_and_gains_by_hand(tmp_path: Path) -> None:
+    from distillab.results import forgetting, generalisation_gain, rlvr_gain, stage_delta
+
+    res = load(_hand_sweep(tmp_path))
+    per_trial = forgetting(res).sort("trial_id").collect()
+    assert per_trial["trial_id"].to_list() == ["forward-s42", "forward-s43", "reverse-s42",
+                                               "reverse-s44"]  # the failed trial is excluded
+    assert per_trial["value"].to_list() == pytest.approx([-0.10, -0.04, -0.20, -0.16])
+    assert per_trial["before"].to_list() == pytest.approx([0.80, 0.78, 0.80, 0.82])
+    assert {"loss.kind", "seed", "status", "after"} <= set(per_trial.columns)
+
+    f = _by_kind(aggregate(forgetting(res), ["loss.kind"]))
+    # forward: -0.10, -0.04 -> mean -0.07, std sqrt(2 * 0.03**2) = 0.0424, sem 0.03
+    assert f["forward"]["mean"] == pytest.approx(-0.07) and f["forward"]["sem"] == pytest.approx(0.03)
+    # reverse (seed 43 missing): -0.20, -0.16 -> mean -0.18, sem 0.02
+    assert f["reverse"]["mean"] == pytest.approx(-0.18) and f["reverse"]["sem"] == pytest.approx(0.02)
+    assert f["forward"]["n"] == f["reverse"]["n"] == 2
+
+    g = _by_kind(aggregate(generalisation_gain(res), ["loss.kind"]))
+    assert g["forward"]["mean"] == pytest.approx(0.22) and g["forward"]["sem"] == pytest.approx(0.02)
+    assert g["reverse"]["mean"] == pytest.approx(0.14) and g["reverse"]["sem"] == pytest.approx(0.04)
+
+    r = _by_kind(aggregate(rlvr_gain(res), ["loss.kind"]))
+    assert list(r) == ["forward"]  # no RLVR for the reverse configuration
+    assert r["forward"]["mean"] == pytest.approx(0.14) and r["forward"]["sem"] == pytest.approx(0.06)
+
+    assert stage_delta(res, "ood", "nope").collect().height == 0
+    with pytest.raises(ValueError, match="stage must be one of"):
+        stage_delta(res, "ood", "ood_mean", before="train")
+
+
+def test_trial_counts_exclude_and_count_failed(tmp_path: Path) -> None:
+    from distillab.results import trial_counts
+
+    res = load(_hand_sweep(tmp_path))
+    counts = _by_kind(trial_counts(res, ["loss.kind"]))
+    assert {k: (c["n_trials"], c["n_completed"], c["n_failed"]) for k, c in counts.items()} == {
+        "forward": (3, 2, 1), "reverse": (2, 2, 0)}
+    assert trial_counts(res, []).rows() == [(5, 4, 1)]
+    # the final table agrees: forward's distill means use seeds 42 and 43 only
+    table = final_table(res, ["loss.kind"]).filter(
+        (pl.col("stage") == "distill") & (pl.col("metric") == "ood_mean"))
+    t = _by_kind(table)
+    assert (t["forward"]["n"], t["forward"]["n_failed"]) == (2, 1)
+    assert t["forward"]["mean"] == pytest.approx(0.72) and t["forward"]["sem"] == pytest.approx(0.02)
+    assert (t["reverse"]["n"], t["reverse"]["n_failed"]) == (2, 0)
+    assert t["reverse"]["mean"] == pytest.approx(0.63) and t["reverse"]["sem"] == pytest.approx(0.03)
+    with pytest.raises(ValueError, match="'nope'"):
+        trial_counts(res, ["nope"])
+
+
+def test_filter_trials(tmp_path: Path) -> None:
+    from distillab.results import filter_trials, forgetting
+
+    res = load(_hand_sweep(tmp_path))
+    fwd = filter_trials(res, **{"loss.kind": "forward"})
+    assert sorted(fwd.trials.collect()["trial_id"]) == ["forward-s42", "forward-s43", "forward-s44"]
+    assert set(fwd.evals.collect()["trial_id"]) == {"forward-s42", "forward-s43", "forward-s44"}
+    assert set(fwd.metrics.collect()["trial_id"]) == {"forward-s42", "forward-s43"}
+    assert forgetting(fwd).collect()["value"].to_list() == pytest.approx([-0.10, -0.04])
+
+    both = filter_trials(res, seed=[42, 44], status="completed")
+    assert sorted(both.trials.collect()["trial_id"]) == ["forward-s42", "reverse-s42", "reverse-s44"]
+    expr = filter_trials(res, pl.col("seed") > 42, **{"loss.kind": ("reverse",)})
+    assert expr.trials.collect()["trial_id"].to_list() == ["reverse-s44"]
+    assert filter_trials(res, error=None).trials.collect().height == 4
+    assert filter_trials(res) is res
+    with pytest.raises(ValueError, match="'loss.kynd' is not a trials column"):
+        filter_trials(res, **{"loss.kynd": "forward"})
+
+    # several sweeps: filtered and joined on (sweep, trial_id)
+    two = load([_hand_sweep(tmp_path / "a"), _hand_sweep(tmp_path / "b")])
+    sel = filter_trials(two, pl.col("sweep") == "b", **{"loss.kind": "reverse"})
+    assert sel.evals.collect()["sweep"].unique().to_list() == ["b"]
+    assert sel.evals.collect().height == 2 * 6
+    f = _by_kind(aggregate(forgetting(two), ["loss.kind"]))
+    assert f["forward"]["n"] == 4 and f["forward"]["mean"] == pytest.approx(-0.07)
+
+
+def test_final_evals_keeps_failed_on_request(tmp_path: Path) -> None:
+    from distillab.results import final_evals
+
+    res = load(_hand_sweep(tmp_path))
+    done = final_evals(res).collect()
+    assert "forward-s44" not in done["trial_id"].to_list()
+    assert set(done.filter(pl.col("stage") == "distill")["step"]) == {100}
+    every = final_evals(res, completed_only=False).filter(pl.col("trial_id") == "forward-s44").collect()
+    assert sorted(zip(every["stage"], every["step"])) == [("distill", 50)] * 2 + [("pre", 0)] * 2

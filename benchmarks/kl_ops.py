@@ -1,0 +1,239 @@
+"""Forward+backward of the full-vocabulary distillation loss, from hidden states and lm_head
+weights: peak memory and median time of each implementation, and ratios to the naive loss.
+
+    python benchmarks/kl_ops.py                       # CPU: V=32,000, H=512, 4,096 tokens, fp32
+    python benchmarks/kl_ops.py --device cuda --vocab 128256 --hidden 4096 --tokens 8192 \\
+        --dtype bfloat16 --impls naive,reference,chunked,triton,triton_logits
+
+Every implementation computes the same thing: student logits h_S W_Sᵀ, teacher logits
+h_T W_Tᵀ (no grad), the forward KL(π_T ‖ π_S) (``--kind``) token-mean over all N tokens,
+and the gradients w.r.t. h_S and W_S.
+
+    naive          full logits, ``F.kl_div(log_softmax(z_S/τ_S), log_softmax(z_T/τ_T), log_target=True)``
+    trl            full logits, TRL's ``GKDTrainer.generalized_jsd_loss`` (β = 0 forward, 1 reverse;
+                   one temperature, so τ_S = τ_T = 1 for it only)
+    reference      full logits, ``distillab.ops.kl.distill_loss`` (float32 compute)
+    chunked        ``distillab.ops.chunked.chunked_distill_loss``, torch row math
+    triton         the same with the Triton row kernels (CUDA only)
+    triton_logits  full logits, ``distillab.ops.triton_kl.triton_distill_loss`` (CUDA only)
+
+What "peak memory" measures
+---------------------------
+CPU: each implementation runs in a fresh subprocess. After the inputs exist and a small
+warm-up call has loaded every kernel, the kernel's resident-set high-water mark is reset
+(``/proc/self/clear_refs`` ← 5) and one forward+backward runs; peak = VmHWM after it −
+VmRSS before it, i.e. the extra resident memory at the worst moment of the call: logits,
+temporaries, autograd's saved tensors and the gradients, as the OS sees them (freed
+memory that the allocator keeps counts too). Where clear_refs is refused it falls back to
+the ``ru_maxrss`` delta (a lower bound). CUDA: ``torch.cuda.max_memory_allocated`` −
+``memory_allocated`` before the call (tensor memory, not the caching allocator's reserve).
+
+Time: median wall time of ``--repeats`` forward+backward calls after the measured one.
+Defaults to one torch thread (``--threads``) so that runs on a shared 2-core machine are
+comparable; ratios are what the closing notes quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+IMPLS = ("naive", "trl", "reference", "chunked", "triton", "triton_logits")
+CUDA_ONLY = ("triton", "triton_logits")
+
+
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"{key}:\s+(\d+)", f.read()).group(1))
+
+
+def _trl_jsd():
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    try:
+        from trl.experimental.gkd.gkd_trainer import GKDTrainer
+    except ImportError:
+        from trl.trainer.gkd_trainer import GKDTrainer
+    return GKDTrainer.generalized_jsd_loss
+
+
+def make_step(impl: str, args):
+    """A closure running one forward+backward of ``impl`` on fixed random inputs."""
+    import torch
+    import torch.nn.functional as F
+
+    from distillab.ops.chunked import chunked_distill_loss
+    from distillab.ops.kl import distill_loss
+
+    dev, dt = torch.device(args.device), getattr(torch, args.dtype)
+    g = torch.Generator(device=dev).manual_seed(0)
+    N, H, V = args.tokens, args.hidden, args.vocab
+    h_s = torch.randn(N, H, device=dev, generator=g).to(dt).requires_grad_()
+    h_t = torch.randn(N, H, device=dev, generator=g).to(dt)
+    w_s = (torch.randn(V, H, device=dev, generator=g) * (2.0 / H**0.5)).to(dt).requires_grad_()
+    w_t = (torch.randn(V, H, device=dev, generator=g) * (2.0 / H**0.5)).to(dt)
+    tau_s, tau_t, kind = args.tau_s, args.tau_t, args.kind
+    mask = torch.ones(1, N, dtype=torch.bool, device=dev)
+
+    def logits():
+        zs = h_s @ w_s.T  # (N, V)
+        with torch.no_grad():
+            zt = h_t @ w_t.T  # (N, V)
+        return zs, zt
+
+    if impl == "naive":
+        def loss_fn():
+            zs, zt = logits()
+            ls = F.log_softmax(zs.float() / tau_s, dim=-1)
+            lt = F.log_softmax(zt.float() / tau_t, dim=-1)
+            if kind == "forward":
+                return F.kl_div(ls, lt, reduction="batchmean", log_target=True)
+            return F.kl_div(lt, ls, reduction="batchmean", log_target=True)
+    elif impl == "trl":
+        jsd = _trl_jsd()
+
+        def loss_fn():
+            zs, zt = logits()
+            return jsd(zs.float(), zt.float(), beta=0.0 if kind == "forward" else 1.0, temperature=1.0)
+    elif impl == "reference":
+        def loss_fn():
+            zs, zt = logits()
+            return distill_loss(zs[None], zt[None], mask, kind=kind, tau_s=tau_s, tau_t=tau_t)
+    elif impl in ("chunked", "triton"):
+        backend = "torch" if impl == "chunked" else "triton"
+
+        def loss_fn():
+            return chunked_distill_loss(
+                h_s, w_s, h_t, w_t, kind=kind, tau_s=tau_s, tau_t=tau_t, chunk_size=args.chunk_size, backend=backend
+            )
+    elif impl == "triton_logits":
+        from distillab.ops.triton_kl import triton_distill_loss
+
+        def loss_fn():
+            zs, zt = logits()
+            return triton_distill_loss(zs[None], zt[None], mask, kind=kind, tau_s=tau_s, tau_t=tau_t)
+    else:
+        raise ValueError(f"unknown impl {impl!r}; choose from {', '.join(IMPLS)}")
+
+    def step():
+        h_s.grad = w_s.grad = None
+        loss = loss_fn()
+        loss.backward()
+        return float(loss)
+
+    return step
+
+
+def measure(impl: str, args) -> dict:
+    """Peak extra memory (bytes) and times (s) of ``impl`` in this process."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    cuda = args.device.startswith("cuda")
+    small = argparse.Namespace(**{**vars(args), "tokens": 64, "vocab": 1000, "hidden": 64, "chunk_size": None})
+    make_step(impl, small)()  # warm-up: load kernels, thread pools, Triton compilation
+    step = make_step(impl, args)
+    if cuda:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        loss = step()
+        torch.cuda.synchronize()
+        peak, how = torch.cuda.max_memory_allocated() - before, "cuda max_memory_allocated"
+    else:
+        before = _status_kib("VmRSS")
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            how = "VmHWM after reset"
+        except OSError:
+            how = "ru_maxrss delta (lower bound)"
+        max0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        loss = step()
+        if how.startswith("VmHWM"):
+            peak = (_status_kib("VmHWM") - before) * 1024
+        else:
+            peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - max0) * 1024
+    times = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return {"impl": impl, "loss": loss, "peak_bytes": peak, "times": times, "memory": how}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--kind", default="forward", choices=["forward", "reverse"])
+    p.add_argument("--tau-s", dest="tau_s", type=float, default=1.0)
+    p.add_argument("--tau-t", dest="tau_t", type=float, default=0.5)
+    p.add_argument("--chunk-size", dest="chunk_size", type=int, default=None)
+    p.add_argument("--impls", default="naive,trl,reference,chunked,triton")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.child:  # one implementation in this fresh process; JSON on the last line
+        print(json.dumps(measure(args.child, args)))
+        return
+
+    impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+    for i in impls:
+        if i not in IMPLS:
+            p.error(f"unknown impl {i!r}; choose from {', '.join(IMPLS)}")
+    cuda = args.device.startswith("cuda")
+    print(
+        f"forward+backward, {args.kind} KL, V={args.vocab:,} H={args.hidden:,} tokens={args.tokens:,} "
+        f"{args.dtype} on {args.device}, {args.threads} thread(s), median of {args.repeats}"
+    )
+    rows = []
+    for impl in impls:
+        if impl in CUDA_ONLY and not cuda:
+            print(f"{impl:14s} skipped: Triton kernels are benchmarked on CUDA only (CPU runs them in the interpreter)")
+            continue
+        if impl == "trl":
+            import importlib.util
+
+            if importlib.util.find_spec("trl") is None:
+                print(f"{impl:14s} skipped: trl is not installed")
+                continue
+        if cuda:
+            r = measure(impl, args)
+        else:
+            argv_child = [sys.executable, os.path.abspath(__file__), "--child", impl] + [
+                a for a in (argv if argv is not None else sys.argv[1:])
+            ]
+            out = subprocess.run(argv_child, capture_output=True, text=True)
+            if out.returncode != 0:
+                print(f"{impl:14s} failed:\n{out.stderr[-2000:]}")
+                continue
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+        r["median"] = statistics.median(r["times"])
+        rows.append(r)
+        print(f"  {impl:14s} loss {r['loss']:.6f}  peak {r['peak_bytes'] / 2**20:9.1f} MiB  "
+              f"median {r['median'] * 1e3:9.1f} ms  ({r['memory']})", flush=True)
+    base = next((r for r in rows if r["impl"] == "naive"), None)
+    if base is None:
+        return
+    print("\nimpl            peak MiB   median ms   peak/naive  time/naive")
+    for r in rows:
+        print(f"{r['impl']:14s} {r['peak_bytes'] / 2**20:9.1f} {r['median'] * 1e3:11.1f} "
+              f"{r['peak_bytes'] / base['peak_bytes']:11.3f} {r['median'] / base['median']:11.3f}")
+
+
+if __name__ == "__main__":
+    main()

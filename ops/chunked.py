@@ -1,0 +1,462 @@
+r"""Chunked fused-linear distillation loss: the divergences of ``ops.kl`` computed from
+hidden states and lm_head weights, never holding more than ``chunk_size × V`` logits.
+
+Why
+---
+The naive loss materialises float32 (N, V) student and teacher logits, their
+log-probabilities and the logits' gradient: at N = 8,192 tokens and Llama-3's
+V = 128,256 that is 4 GiB per tensor. Here rows are processed ``chunk_size`` at a
+time (Liger-Kernel's fused linear cross-entropy pattern):
+
+    for each chunk of rows i:                         # (c, H) hidden states
+        z_S = h_S W_Sᵀ (+ b_S),  z_T = h_T W_Tᵀ (+ b_T)   # (c, V) each
+        D_i, ∂D_i/∂z_S = ops.kl.token_divergence_and_grad(z_S, z_T)   # same math as the reference
+        L      += Σ_i c_i D_i                          # c_i: the reduction's row coefficient
+        ∂L/∂h_S[i] = (c_i ∂D_i/∂z_S) W_S                  # (c, H)
+        ∂L/∂W_S  += (c_i ∂D_i/∂z_S)ᵀ h_S[i]               # (V, H), float32 accumulator
+        ∂L/∂b_S  += Σ_i c_i ∂D_i/∂z_S
+
+The gradients are computed in the forward pass and only scaled by the incoming
+gradient in backward, so no logits survive the call. The teacher is a constant.
+
+Reductions as linear row weights
+--------------------------------
+Every reduction of ``ops.kl.reduce_loss`` is L = Σ_i c_i D_i over the selected rows,
+row i belonging to sequence b(i) with n_b rows, K sequences with ≥ 1 row, N rows,
+and optional per-sequence weights w (detached):
+
+    seq_mean:   c_i = w_b(i) / (n_b(i) · K)       (PROTOCOL.md §2, the default)
+    token_mean: c_i = w_b(i) / N
+    sum:        c_i = w_b(i)
+
+Row math backends
+-----------------
+``backend="torch"`` evaluates ``ops.kl.token_divergence_and_grad`` on each chunk;
+``backend="triton"`` runs the row kernels of ``ops.triton_kl`` (online softmax,
+temperature and floor fused); ``"auto"`` (default) picks Triton for CUDA tensors
+when ``triton`` imports (and ``compute_dtype`` is float32), torch otherwise.
+
+Precision
+---------
+The logits of a chunk are the exact float32 logits of the inputs' values: for bf16
+or fp16 inputs a float32-output matmul on CUDA (``torch.mm(..., out_dtype=)``; where a
+torch build lacks it, bf16 logits cast up), and on CPU a float32 copy of the weight
+made once per call. (The reference path sees the model's logits rounded to bf16, so
+this is the more accurate of the two.) They are cast to ``compute_dtype`` (float32,
+or float64) for the divergence; ∂L/∂h_S is computed from the float32 gradient of
+the logits rounded to the weight's dtype. ∂L/∂W_S accumulates in float32 (float64 for
+float64 inputs) and is cast to W_S's dtype once at the end.
+
+Example
+-------
+    loss = chunked_distill_loss(h_s, lm_s.weight, h_t, lm_t.weight, mask=mask,
+                                kind="forward", tau_s=1.0, tau_t=0.5)   # h: (B, T, H), mask: (B, T)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from distillab.ops.kl import (
+    KINDS,
+    REDUCTIONS,
+    _check_beta,
+    _check_compute_dtype,
+    _check_kind,
+    _check_mask,
+    _check_tau,
+    token_divergence_and_grad,
+)
+
+__all__ = ["ChunkedOutput", "chunked_distill_loss", "pad_vocab", "row_coefficients", "check_vocab_sizes"]
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+class ChunkedOutput(NamedTuple):
+    """``chunked_distill_loss(..., return_stats=True)``: the loss and per-row diagnostics.
+
+    ``stats`` is (N, 4) float32, detached, columns ``ops.kl.STAT_NAMES``
+    (forward KL, reverse KL, teacher entropy, teacher→student cross-entropy), one row
+    per selected position, in the order of ``mask.nonzero()`` (or of the given rows).
+    """
+
+    loss: Tensor
+    stats: Tensor
+
+
+# ------------------------------------------------------------------------- vocab checks
+
+
+def check_vocab_sizes(student_vocab: int, teacher_vocab: int) -> None:
+    """Raise a ValueError naming both sizes when the lm_head vocabularies differ."""
+    if student_vocab != teacher_vocab:
+        raise ValueError(
+            f"vocab size mismatch: student lm_head has V={student_vocab} rows, teacher lm_head has "
+            f"V={teacher_vocab}. Teacher and student must share a tokenizer; if the difference is only "
+            "unused padding rows (e.g. Qwen2.5 151,936 vs 152,064), pad the smaller one with "
+            "distillab.ops.chunked.pad_vocab (LossConfig.pad_vocab: true)"
+        )
+
+
+def pad_vocab(weight: Tensor, new_size: int, bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    r"""Pad an lm_head (V, H) to (new_size, H) with rows whose logit is −inf.
+
+    For teacher/student pairs that share a tokenizer but whose lm_heads differ only
+    by unused padding rows (Qwen2.5-1.5B has 151,936 rows, Qwen2.5-7B 152,064; the
+    tokenizer has 151,665 tokens). The new rows have zero weight and bias −inf, so
+    their probability is exactly 0 under the padded model; the divergence then treats
+    them like any −inf logit (ops.kl: 0·log 0 = 0; teacher mass on a row the student
+    cannot produce costs the floored penalty π_T(v)·(log π_T(v) − LOGPROB_FLOOR), which
+    is negligible when those rows are truly unused, i.e. have ≈ 0 teacher mass).
+
+    Differentiable: the gradient reaches the original rows of ``weight``/``bias``.
+    Costs one copy of the weight (done once per call of the loss).
+
+    Args:
+        weight: (V, H) lm_head weight.
+        new_size: target number of rows, ≥ V.
+        bias: optional (V,) bias (zeros if None).
+
+    Returns:
+        ``(weight (new_size, H), bias (new_size,))``, in ``weight``'s dtype.
+
+    Raises:
+        ValueError: ``new_size`` < V or ``weight`` not 2-D.
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be (V, H), got {tuple(weight.shape)}")
+    V, H = weight.shape
+    if new_size < V:
+        raise ValueError(f"pad_vocab: new_size {new_size} < current vocab size {V}; only padding is allowed")
+    if bias is None:
+        bias = torch.zeros(V, dtype=weight.dtype, device=weight.device)
+    extra = new_size - V
+    w = torch.cat([weight, weight.new_zeros(extra, H)]) if extra else weight
+    b = torch.cat([bias, bias.new_full((extra,), float("-inf"))]) if extra else bias
+    return w, b
+
+
+# --------------------------------------------------------------------- row coefficients
+
+
+def row_coefficients(
+    seq_index: Tensor,
+    num_seqs: int,
+    *,
+    reduction: str = "seq_mean",
+    weights: Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> Tensor:
+    """The c_i of the module docstring: ``reduce_loss(D, mask)`` = Σ_i c_i D_i.
+
+    Args:
+        seq_index: (N,) int64, the sequence (0 ≤ b < num_seqs) of each selected row.
+        num_seqs: B, the number of sequences (weights has B entries).
+        reduction: ``"seq_mean"`` | ``"token_mean"`` | ``"sum"`` (as ``reduce_loss``).
+        weights: optional (B,) per-sequence weights, detached; entries of sequences
+            without rows are ignored (may be NaN).
+        dtype: dtype of the result.
+
+    Returns:
+        (N,) tensor of coefficients, no grad.
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; allowed values: {', '.join(map(repr, REDUCTIONS))}")
+    if seq_index.dim() != 1 or seq_index.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"seq_index must be a 1-D integer tensor, got {seq_index.dtype} {tuple(seq_index.shape)}")
+    n = seq_index.shape[0]
+    if n and (int(seq_index.min()) < 0 or int(seq_index.max()) >= num_seqs):
+        raise ValueError(f"seq_index values must be in [0, {num_seqs}), got [{int(seq_index.min())}, {int(seq_index.max())}]")
+    with torch.no_grad():
+        if reduction == "seq_mean":
+            counts = torch.bincount(seq_index, minlength=num_seqs).to(dtype)  # (B,)
+            k = (counts > 0).sum().clamp_min(1).to(dtype)
+            coef = 1.0 / (counts[seq_index] * k)
+        elif reduction == "token_mean":
+            coef = torch.full((n,), 1.0 / max(n, 1), dtype=dtype, device=seq_index.device)
+        else:
+            coef = torch.ones(n, dtype=dtype, device=seq_index.device)
+        if weights is not None:
+            if not isinstance(weights, Tensor) or tuple(weights.shape) != (num_seqs,):
+                got = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
+                raise ValueError(f"weights must have shape (B,) = ({num_seqs},), got {got}")
+            coef = coef * weights.detach().to(device=coef.device, dtype=dtype)[seq_index]
+    return coef
+
+
+# ---------------------------------------------------------------------- autograd.Function
+
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+_MM_OUT_DTYPE_OK: dict[str, bool] = {}
+
+
+def _mm_float32(a: Tensor, b: Tensor) -> Tensor:
+    """a @ b for low-precision CUDA tensors with a float32 result (no rounding of the
+    output to bf16), via ``torch.mm(..., out_dtype=)`` where this torch has it."""
+    key = str(a.device)
+    if _MM_OUT_DTYPE_OK.get(key, True):
+        try:
+            out = torch.mm(a, b, out_dtype=torch.float32)
+            _MM_OUT_DTYPE_OK[key] = True
+            return out
+        except (RuntimeError, TypeError, NotImplementedError):
+            _MM_OUT_DTYPE_OK[key] = False
+    return (a @ b).float()
+
+
+def _logits(h: Tensor, w: Tensor, b: Tensor | None, w_up: Tensor | None) -> Tensor:
+    """(c, H) rows x (V, H) weight (+ b) -> (c, V) logits, float32 or wider.
+
+    Low-precision weights: on CUDA a float32-output matmul; elsewhere ``w_up``, a
+    float32 copy of ``w`` made once per call. So bf16 inputs give the exact logits
+    of the bf16 values, not logits rounded to bf16."""
+    if w_up is not None:
+        z = h.to(w_up.dtype) @ w_up.t()
+    elif w.dtype in _LOW_PRECISION:
+        z = _mm_float32(h.to(w.dtype), w.t())
+    else:
+        z = h.to(w.dtype) @ w.t()
+    if b is not None:
+        z.add_(b.to(z.dtype))
+    return z
+
+
+def _upcast(w: Tensor) -> Tensor | None:
+    return w.float() if (w.dtype in _LOW_PRECISION and not w.is_cuda) else None
+
+
+def _row_fn(backend: str):
+    if backend == "torch":
+        return token_divergence_and_grad
+    from distillab.ops.triton_kl import triton_token_divergence_and_grad
+
+    return triton_token_divergence_and_grad
+
+
+class _ChunkedDivergence(torch.autograd.Function):
+    """Σ_i c_i D(h_S[i] W_Sᵀ + b_S, h_T[i] W_Tᵀ + b_T) over rows i; gradients computed
+    chunk by chunk in forward. Returns ``(loss, stats)``; ``stats`` is not differentiable."""
+
+    @staticmethod
+    def forward(ctx, h_s, w_s, b_s, h_t, w_t, b_t, coef, opts):
+        kind, tau_s, tau_t, beta, chunk, cdt, backend, want_stats, need = opts
+        row_fn = _row_fn(backend)
+        N, V = h_s.shape[0], w_s.shape[0]
+        acc = torch.float64 if torch.float64 in (cdt, w_s.dtype) else torch.float32
+        need_h, need_w, need_b = need
+        any_grad = need_h or need_w or need_b
+        grad_h = torch.empty_like(h_s) if need_h else None
+        grad_w = torch.zeros(w_s.shape, dtype=acc, device=w_s.device) if need_w else None
+        grad_b = torch.zeros(V, dtype=acc, device=w_s.device) if need_b else None
+        stats = torch.empty(N if want_stats else 0, 4, dtype=cdt, device=h_s.device)
+        loss = torch.zeros((), dtype=torch.float64, device=h_s.device)
+        ws_up, wt_up = _upcast(w_s), _upcast(w_t)  # CPU + bf16/fp16 only
+        for start in range(0, N, chunk):
+            end = min(start + chunk, N)
+            hs = h_s[start:end]  # (c, H)
+            zs = _logits(hs, w_s, b_s, ws_up)  # (c, V)
+            zt = _logits(h_t[start:end], w_t, b_t, wt_up)  # (c, V)
+            c = coef[start:end]  # (c,)
+            div, g, st = row_fn(
+                zs, zt, kind=kind, tau_s=tau_s, tau_t=tau_t, beta=beta, compute_dtype=cdt,
+                need_grad=any_grad, with_stats=want_stats,
+            )
+            del zs, zt
+            loss += (div.to(torch.float64) * c.to(torch.float64)).sum()
+            if want_stats:
+                stats[start:end] = st
+            if any_grad:
+                g.mul_(c.to(g.dtype).unsqueeze(1))  # (c, V) = ∂L/∂z_S
+                if need_h:
+                    w_g = ws_up if ws_up is not None else w_s
+                    grad_h[start:end] = (g.to(w_g.dtype) @ w_g).to(h_s.dtype)  # (c, H)
+                if need_w:
+                    grad_w.addmm_(g.t().to(acc), hs.to(acc))  # (V, H)
+                if need_b:
+                    grad_b += g.sum(0).to(acc)
+            del g
+        del ws_up, wt_up
+        ctx.save_for_backward(
+            grad_h if need_h else None,
+            grad_w.to(w_s.dtype) if need_w else None,
+            grad_b.to(b_s.dtype) if need_b else None,
+        )
+        ctx.mark_non_differentiable(stats)
+        return loss.to(cdt), stats
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_stats):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        one = bool(torch.equal(grad_loss, torch.ones_like(grad_loss)))
+        scale = (lambda x: x) if one else (lambda x: None if x is None else x * grad_loss.to(x.dtype))
+        return scale(grad_h), scale(grad_w), scale(grad_b), None, None, None, None, None
+
+
+# ---------------------------------------------------------------------------- public API
+
+
+def _check_2d(name: str, t: Tensor, rows: int | None = None) -> None:
+    if not isinstance(t, Tensor) or not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point torch.Tensor")
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
+    if rows is not None and t.shape[0] != rows:
+        raise ValueError(f"{name} has {t.shape[0]} rows, expected {rows}")
+
+
+def chunked_distill_loss(
+    student_hidden: Tensor,
+    student_weight: Tensor,
+    teacher_hidden: Tensor,
+    teacher_weight: Tensor,
+    mask: Tensor | None = None,
+    *,
+    seq_index: Tensor | None = None,
+    num_seqs: int | None = None,
+    student_bias: Tensor | None = None,
+    teacher_bias: Tensor | None = None,
+    kind: str = "forward",
+    tau_s: float = 1.0,
+    tau_t: float = 0.5,
+    beta: float = 0.5,
+    reduction: str = "seq_mean",
+    weights: Tensor | None = None,
+    chunk_size: int | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+    backend: str = "auto",
+    return_stats: bool = False,
+) -> Tensor | ChunkedOutput:
+    r"""``ops.kl.distill_loss`` of the logits h W_ᵀ + b, computed in row chunks.
+
+    Equals ``distill_loss(h_S W_Sᵀ + b_S, h_T W_Tᵀ + b_T, mask, ...)`` (same kinds,
+    temperatures, floor, reductions and weights) with gradients for the student
+    hidden states, weight and bias; the teacher inputs are constants.
+
+    Rows are given either as ``(B, T, H)`` hidden states plus a ``(B, T)`` bool
+    ``mask`` (True = completion position), or pre-selected as ``(N, H)`` with
+    ``seq_index`` (N,) and ``num_seqs`` for ``seq_mean``/``weights`` (without
+    ``seq_index`` the N rows are one sequence). Positions with ``mask`` False are
+    never read: NaN/inf there cannot leak, and their gradient is 0.
+
+    Args:
+        student_hidden: (B, T, H_S) or (N, H_S), any float dtype; final (normed)
+            hidden states of the student.
+        student_weight: (V, H_S) student lm_head weight.
+        teacher_hidden: (B, T, H_T) or (N, H_T), same rows as the student.
+        teacher_weight: (V, H_T) teacher lm_head weight; V must equal the student's
+            (else ValueError naming both sizes; see ``pad_vocab``).
+        mask: (B, T) bool, with 3-D hidden states.
+        seq_index, num_seqs: with 2-D hidden states: (N,) int64 sequence of each row,
+            and B. Default: all rows in one sequence.
+        student_bias, teacher_bias: optional (V,) lm_head biases.
+        kind, tau_s, tau_t, beta: as in ``ops.kl.token_divergence``.
+        reduction, weights: as in ``ops.kl.reduce_loss``.
+        chunk_size: rows per chunk; default: Liger's rule, next power of two of
+            ceil(N / ceil(V / H_S)) (chunk logits about the size of the hidden
+            states), at least 16.
+        compute_dtype: float32 (default) or float64 for the divergence math.
+        backend: ``"auto"`` | ``"torch"`` | ``"triton"`` (module docstring).
+        return_stats: also return per-row diagnostics (``ChunkedOutput``).
+
+    Returns:
+        0-dim loss in ``compute_dtype`` (nats), or ``ChunkedOutput(loss, stats)``.
+
+    Raises:
+        ValueError: vocab sizes differ (both named), shape mismatches, bad
+            kind/τ/β/reduction/backend/chunk_size, weights of the wrong shape.
+        TypeError: mask not bool, non-float tensors.
+        RuntimeError: ``backend="triton"`` where triton cannot run.
+    """
+    _check_kind(kind, KINDS)
+    tau_s, tau_t, beta = _check_tau("tau_s", tau_s), _check_tau("tau_t", tau_t), _check_beta(beta)
+    _check_compute_dtype(compute_dtype)
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; allowed values: {', '.join(map(repr, REDUCTIONS))}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; allowed values: {', '.join(map(repr, BACKENDS))}")
+    for name, t in (("student_hidden", student_hidden), ("teacher_hidden", teacher_hidden)):
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point torch.Tensor")
+    _check_2d("student_weight", student_weight)
+    _check_2d("teacher_weight", teacher_weight)
+    check_vocab_sizes(student_weight.shape[0], teacher_weight.shape[0])
+    V = student_weight.shape[0]
+    if student_hidden.shape[-1] != student_weight.shape[1]:
+        raise ValueError(
+            f"student_hidden width {student_hidden.shape[-1]} != student_weight width {student_weight.shape[1]}"
+        )
+    if teacher_hidden.shape[-1] != teacher_weight.shape[1]:
+        raise ValueError(
+            f"teacher_hidden width {teacher_hidden.shape[-1]} != teacher_weight width {teacher_weight.shape[1]}"
+        )
+    if student_hidden.shape[:-1] != teacher_hidden.shape[:-1]:
+        raise ValueError(
+            f"student_hidden rows {tuple(student_hidden.shape[:-1])} != teacher_hidden rows "
+            f"{tuple(teacher_hidden.shape[:-1])}"
+        )
+    for name, b in (("student_bias", student_bias), ("teacher_bias", teacher_bias)):
+        if b is not None and tuple(b.shape) != (V,):
+            raise ValueError(f"{name} must have shape (V,) = ({V},), got {tuple(b.shape)}")
+
+    if mask is not None:
+        if student_hidden.dim() != 3:
+            raise ValueError(f"with mask, hidden states must be (B, T, H), got {tuple(student_hidden.shape)}")
+        _check_mask(mask, tuple(student_hidden.shape[:2]), "student_hidden (B, T)")
+        if seq_index is not None:
+            raise ValueError("give either mask (with (B, T, H) hidden states) or seq_index, not both")
+        B = mask.shape[0]
+        seq = torch.arange(B, device=mask.device).unsqueeze(1).expand_as(mask)[mask]  # (N,)
+        h_s, h_t = student_hidden[mask], teacher_hidden[mask]  # (N, H)
+    else:
+        if student_hidden.dim() != 2:
+            raise ValueError(
+                f"without mask, hidden states must be pre-selected rows (N, H), got {tuple(student_hidden.shape)}"
+            )
+        h_s, h_t = student_hidden, teacher_hidden
+        N = h_s.shape[0]
+        if seq_index is None:
+            seq, B = torch.zeros(N, dtype=torch.int64, device=h_s.device), 1
+        else:
+            if tuple(seq_index.shape) != (N,):
+                raise ValueError(f"seq_index must have shape (N,) = ({N},), got {tuple(seq_index.shape)}")
+            seq = seq_index.to(torch.int64)
+            B = int(num_seqs) if num_seqs is not None else (int(seq.max()) + 1 if N else 1)
+    coef = row_coefficients(seq, B, reduction=reduction, weights=weights, dtype=torch.float64)
+
+    N, H = h_s.shape
+    if chunk_size is None:
+        inc = max(1, math.ceil(V / max(H, 1)))
+        chunk_size = max(16, 1 << max(0, math.ceil(math.log2(max(1, math.ceil(N / inc))))))
+    if int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if backend == "auto":
+        backend = "torch"
+        if h_s.is_cuda and compute_dtype == torch.float32:
+            from distillab.ops.triton_kl import triton_available
+
+            backend = "triton" if triton_available() else "torch"
+    elif backend == "triton":
+        from distillab.ops.triton_kl import check_triton_usable
+
+        check_triton_usable(h_s.device)
+
+    grad_on = torch.is_grad_enabled()
+    need = (
+        grad_on and h_s.requires_grad,
+        grad_on and student_weight.requires_grad,
+        grad_on and student_bias is not None and student_bias.requires_grad,
+    )
+    opts = (kind, tau_s, tau_t, beta, int(chunk_size), compute_dtype, backend, bool(return_stats), need)
+    loss, stats = _ChunkedDivergence.apply(
+        h_s, student_weight, student_bias, h_t.detach(), teacher_weight.detach(),
+        None if teacher_bias is None else teacher_bias.detach(), coef, opts,
+    )
+    if return_stats:
+        return ChunkedOutput(loss, stats)
+    return loss
