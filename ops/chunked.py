@@ -18,6 +18,8 @@ time (Liger-Kernel's fused linear cross-entropy pattern):
 
 The gradients are computed in the forward pass and only scaled by the incoming
 gradient in backward, so no logits survive the call. The teacher is a constant.
+Memory: a few (chunk, V) temporaries, the (V, H) gradient accumulator and the (N, H)
+hidden-state gradient; time: the same four matmuls as the naive loss.
 
 Reductions as linear row weights
 --------------------------------
