@@ -51,6 +51,8 @@ class TasksConfig(_Strict):
     """The task suite: the in-distribution task, the harder generalisation task,
     and the prior-skill tasks that form the micro OOD suite."""
 
+    #: one-step Countdown: a prior skill of the micro student (knows format and arithmetic, not the search)
+    countdown2: CountdownTaskConfig = CountdownTaskConfig(pool=_PAPER_POOL, n_operands=2, target_max=1000)
     countdown3: CountdownTaskConfig = CountdownTaskConfig(pool=_PAPER_POOL, n_operands=3, target_max=1000)
     countdown4e: CountdownTaskConfig = CountdownTaskConfig(pool=tuple(range(1, 11)), n_operands=4, target_max=1000)
     countdown4: CountdownTaskConfig = CountdownTaskConfig(pool=_PAPER_POOL, n_operands=4, target_max=10_000)
@@ -86,7 +88,7 @@ class MicroModelConfig(_Strict):
     sft_lr: float = Field(default=3e-3, gt=0)
     sft_warmup: int = Field(default=50, ge=0)
     #: SFT data: Countdown demonstrations per task name, and examples per prior skill
-    countdown_examples: dict[Literal["countdown3", "countdown4e", "countdown4"], int] = {}
+    countdown_examples: dict[Literal["countdown2", "countdown3", "countdown4e", "countdown4"], int] = {}
     skill_examples: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")

@@ -5,8 +5,8 @@
   Countdown, so it knows the answer format but not the task.
 
 Both are saved with ``save_pretrained`` (safetensors) together with the shared
-character-level tokenizer under ``<models.cache_dir>/<hash>/{teacher,student}``,
-where ``hash`` covers every setting that changes them; trials then load them with
+character-level tokenizer under ``<models.cache_dir>/{teacher,student}-<hash>``,
+where ``hash`` covers every setting that changes that model; trials then load them with
 ``from_pretrained`` exactly as they would a Llama/Qwen checkpoint directory.
 A directory appears only once complete (trained in a temp dir, then renamed).
 
@@ -42,13 +42,15 @@ from distillab.tasks import (
 log = logging.getLogger(__name__)
 
 
-def prepare_key(sweep: SweepConfig) -> str:
-    """Hash of everything that determines the micro models (12 hex chars)."""
-    m = sweep.models
+def prepare_key(sweep: SweepConfig, role: str) -> str:
+    """Hash (12 hex chars) of everything that determines the micro ``role``
+    ("teacher" or "student"): its architecture and SFT settings, the seed, the
+    task/prompt settings and the test split it must not train on."""
+    mcfg = sweep.models.micro_teacher if role == "teacher" else sweep.models.micro_student
     data = {
-        "teacher": m.micro_teacher.model_dump(mode="json"),
-        "student": m.micro_student.model_dump(mode="json"),
-        "seed": m.prepare_seed,
+        "role": role,
+        "model": mcfg.model_dump(mode="json"),
+        "seed": sweep.models.prepare_seed,
         "tasks": sweep.trial.tasks.model_dump(mode="json"),
         "test_items": max(sweep.trial.evaluation.id_items, sweep.trial.evaluation.pass_items),
         "version": 1,
@@ -125,8 +127,7 @@ def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = Fal
         FileNotFoundError: an explicit model path that does not exist.
     """
     m = sweep.models
-    root = Path(m.cache_dir).expanduser().resolve() / prepare_key(sweep)
-    root.mkdir(parents=True, exist_ok=True)
+    cache = Path(m.cache_dir).expanduser().resolve()
     threads = threads or max(1, os.cpu_count() or 1)
     paths = []
     for role, explicit, mcfg in (
@@ -139,7 +140,8 @@ def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = Fal
                 raise FileNotFoundError(f"models.{role}_path: {p} does not exist")
             paths.append(p)
             continue
-        out = root / role
+        out = cache / f"{role}-{prepare_key(sweep, role)}"
+        out.parent.mkdir(parents=True, exist_ok=True)
         if force or not (out / "prepare.json").exists():
             t0 = time.perf_counter()
             info = _train_one(role, sweep, mcfg, out, threads)
