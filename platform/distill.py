@@ -226,6 +226,7 @@ def train_loop_per_worker(config: dict) -> None:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     torch.set_num_threads(int(config.get("torch_threads", 1)))
+    _quiet_report_log()
     trial = TrialConfig.model_validate(config["trial"])
     trial_id, root = config["trial_id"], Path(config["results_root"])
     ctx = ray.train.get_context()
@@ -309,6 +310,17 @@ def train_loop_per_worker(config: dict) -> None:
     ray.train.report(final, checkpoint=checkpoint)
     if checkpoint is not None:  # Ray has copied it to the run's storage
         shutil.rmtree(checkpoint.path, ignore_errors=True)
+
+
+def _quiet_report_log() -> None:
+    """Ray Train V2 logs every ``ray.train.report`` at INFO on the console (a line per
+    report per worker); keep it to warnings. Its logger is named by file path."""
+    try:
+        from ray.train.v2._internal.execution import context
+
+        logging.getLogger(context.__file__).setLevel(logging.WARNING)
+    except Exception:  # internal module moved: keep Ray's default logging
+        pass
 
 
 def _make_checkpoint(engine, trial: TrialConfig, tok, step: int, rank: int):
