@@ -43,6 +43,7 @@ from distillab.results import (
     forgetting,
     format_table,
     generalisation_gain,
+    mean_sem_text,
     rlvr_gain,
     trial_counts,
 )
@@ -475,12 +476,6 @@ def save_figure(fig: Figure, out_dir: str | os.PathLike[str], stem: str, dpi: in
 # --------------------------------------------------------------------------- summary
 
 
-def _mean_sem(mean: float | None, sem: float | None) -> str:
-    if mean is None:
-        return "–"
-    if sem is None or math.isnan(sem):
-        return f"{mean:.3g}"
-    return f"{mean:.3g} ± {sem:.2g}"
 
 
 def summary_table(res: Results, group_by: list[str] | None = None) -> pl.DataFrame:
@@ -514,7 +509,7 @@ def summary_table(res: Results, group_by: list[str] | None = None) -> pl.DataFra
             continue
         agg = aggregate(_with_dims(df, group).with_columns(*lit), key)
         cells = agg.select(*key, pl.struct("mean", "sem").map_elements(
-            lambda r: _mean_sem(r["mean"], r["sem"]), return_dtype=pl.String).alias(name))
+            lambda r: mean_sem_text(r["mean"], r["sem"], 3), return_dtype=pl.String).alias(name))
         out = out.join(cells, on=key, how="left", nulls_equal=True).with_columns(pl.col(name).fill_null("–"))
     out = out.join(counts, on=key, how="left", nulls_equal=True)
     return out.drop("__all__") if not group else out

@@ -56,6 +56,7 @@ __all__ = [
     "forgetting",
     "generalisation_gain",
     "rlvr_gain",
+    "mean_sem_text",
 ]
 
 TABLES: tuple[str, ...] = ("trials", "metrics", "evals", "samples")
@@ -476,12 +477,14 @@ def final_table(res: Results, group_by: list[str]) -> pl.DataFrame:
     return out
 
 
-def _mean_sem(mean: float | None, sem: float | None) -> str:
+def mean_sem_text(mean: float | None, sem: float | None, digits: int = 4) -> str:
+    """``"mean ± sem"`` with ``digits`` significant digits for the mean; ``"–"``
+    when the mean is missing, the mean alone when the SEM is missing or NaN."""
     if mean is None:
         return "–"
     if sem is None or math.isnan(sem):
-        return f"{mean:.4g}"
-    return f"{mean:.4g} ± {sem:.2g}"
+        return f"{mean:.{digits}g}"
+    return f"{mean:.{digits}g} ± {sem:.2g}"
 
 
 def format_table(df: pl.DataFrame) -> str:
@@ -492,7 +495,7 @@ def format_table(df: pl.DataFrame) -> str:
     omitted when null, a dash stands for a null mean).
     """
     if "mean" in df.columns and "sem" in df.columns:
-        cells = [_mean_sem(m, s) for m, s in zip(df["mean"].to_list(), df["sem"].to_list())]
+        cells = [mean_sem_text(m, s) for m, s in zip(df["mean"].to_list(), df["sem"].to_list())]
         at = df.columns.index("mean")
         df = df.drop("mean", "sem").insert_column(at, pl.Series("mean ± sem", cells, pl.String))
     with pl.Config(
