@@ -49,11 +49,21 @@ def countdown_test_split(tasks: TasksConfig, name: str, n: int) -> list[Countdow
     return generate_problems(countdown_spec(tasks, name), n, tasks.test_seed + offset)
 
 
+def problem_key(problem: CountdownProblem) -> tuple[tuple[int, ...], int]:
+    """(sorted operands, target): the identity of a Countdown instance (a multiset and a target)."""
+    return tuple(sorted(problem.operands)), problem.target
+
+
 def test_keys(tasks: TasksConfig, n: int) -> set[tuple[tuple[int, ...], int]]:
-    """(sorted operands, target) of every test item, to keep them out of training."""
-    return {
-        (tuple(sorted(p.operands)), p.target) for name in EVAL_TASKS for p in countdown_test_split(tasks, name, n)
-    }
+    """`problem_key` of every test item, to keep them out of training."""
+    return {problem_key(p) for name in EVAL_TASKS for p in countdown_test_split(tasks, name, n)}
+
+
+def countdown_prompt_ids(tokenizer: PreTrainedTokenizerBase, tasks: TasksConfig, problem: CountdownProblem) -> list[int]:
+    """Prompt token ids of a Countdown problem: the task's system prompt and user
+    template, rendered with the tokenizer's chat template."""
+    user = countdown_user_text(problem, tasks.user_template, tasks.sort_operands)
+    return render_prompt(tokenizer, tasks.system_prompt, user)
 
 
 def ood_items(tasks: TasksConfig, n: int) -> dict[str, list[SkillItem]]:
@@ -71,11 +81,7 @@ class Evaluator:
     batch_size: int = 512
 
     def _prompts(self, problems: list[CountdownProblem]) -> list[list[int]]:
-        t = self.tasks
-        return [
-            render_prompt(self.tokenizer, t.system_prompt, countdown_user_text(p, t.user_template, t.sort_operands))
-            for p in problems
-        ]
+        return [countdown_prompt_ids(self.tokenizer, self.tasks, p) for p in problems]
 
     def _countdown_correct(
         self, engine: TransformersEngine, problems: list[CountdownProblem], sampling: SamplingParams

@@ -31,13 +31,13 @@ import torch
 
 from distillab.config import TrialConfig
 from distillab.evals.metrics import update_sparsity
-from distillab.evals.suite import Evaluator, countdown_spec, test_keys
+from distillab.evals.suite import Evaluator, countdown_prompt_ids, countdown_spec, problem_key, test_keys
 from distillab.models import check_same_vocab, load_model, load_tokenizer
 from distillab.ops.kl import distill_loss, entropy_and_cross_entropy, sampled_token_loss, token_divergence
 from distillab.results import write_rows
 from distillab.rollout import Rollouts, SamplingParams, TransformersEngine, pack_rollouts, position_ids
 from distillab.sft import lr_lambda
-from distillab.tasks import countdown_user_text, generate_problems, render_prompt
+from distillab.tasks import generate_problems
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +52,10 @@ def train_prompts(trial: TrialConfig, tokenizer, rank: int) -> list[list[int]]:
     tasks, ev = trial.tasks, trial.evaluation
     exclude = test_keys(tasks, max(ev.id_items, ev.pass_items))
     problems = generate_problems(countdown_spec(tasks, "countdown3"), trial.optimizer.train_prompts, 7919 + trial.seed)
-    problems = [p for p in problems if (tuple(sorted(p.operands)), p.target) not in exclude]
+    problems = [p for p in problems if problem_key(p) not in exclude]
     rng = random.Random(trial.seed * 1000 + rank)
     rng.shuffle(problems)
-    return [
-        render_prompt(tokenizer, tasks.system_prompt, countdown_user_text(p, tasks.user_template, tasks.sort_operands))
-        for p in problems
-    ]
+    return [countdown_prompt_ids(tokenizer, tasks, p) for p in problems]
 
 
 def setup_models(ctx: dict) -> tuple[Any, Any, Any]:

@@ -27,11 +27,10 @@ import torch
 from transformers import LlamaForCausalLM
 
 from distillab.config import MicroModelConfig, SweepConfig, config_hash
-from distillab.evals.suite import EVAL_TASKS, Evaluator, countdown_spec, test_keys
+from distillab.evals.suite import EVAL_TASKS, Evaluator, countdown_prompt_ids, countdown_spec, problem_key, test_keys
 from distillab.models import build_char_tokenizer, micro_llama_config
 from distillab.sft import Example, sft_train
 from distillab.tasks import (
-    countdown_user_text,
     generate_problems,
     generate_skill_items,
     render_prompt,
@@ -68,10 +67,10 @@ def _examples(tok, sweep: SweepConfig, mcfg: MicroModelConfig, seed: int) -> lis
             continue
         problems = generate_problems(countdown_spec(tasks, name), n, seed * 1000 + i)
         for p in problems:
-            if (tuple(sorted(p.operands)), p.target) in exclude:
+            if problem_key(p) in exclude:
                 continue
             steps = solve(p.operands, p.target)
-            prompt = render_prompt(tok, tasks.system_prompt, countdown_user_text(p, tasks.user_template, tasks.sort_operands))
+            prompt = countdown_prompt_ids(tok, tasks, p)
             completion = tok(f"<answer>{render_solution(steps)}</answer>{eos}", add_special_tokens=False)["input_ids"]
             out.append(Example(tuple(prompt), tuple(completion)))
     for skill in tasks.ood_skills if mcfg.skill_examples else ():
