@@ -2,6 +2,7 @@
 
     distillab prepare search_spaces/micro.yaml      # train + cache the micro teacher/student
     distillab sweep   search_spaces/micro.yaml      # prepare (cached) + Ray Tune sweep + report
+    distillab sweep   --resume runs/micro           # continue an interrupted sweep (Tuner.restore)
     distillab report  runs/micro                    # final metrics per configuration, mean ± SEM
     distillab report  runs/micro --plots docs/figures   # + figures (PNG) and summary.md
 """
@@ -42,13 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     for name in ("prepare", "sweep"):
         p = sub.add_parser(name)
-        p.add_argument("config", help="sweep YAML")
+        p.add_argument("config", nargs="?" if name == "sweep" else None, help="sweep YAML")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field (dotted)")
         p.add_argument("--threads", type=int, default=None, help="torch threads for prepare (default: all cores)")
         p.add_argument("--force", action="store_true", help="retrain the micro models even if cached")
     sw = sub.choices["sweep"]
     sw.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
     sw.add_argument("--no-dashboard", action="store_true", help="local Ray without the dashboard")
+    sw.add_argument("--resume", metavar="PATH", default=None,
+                    help="continue an interrupted sweep from its directory (<storage_path>/<name>); no config needed")
     rp = sub.add_parser("report")
     rp.add_argument("path", nargs="+", help="sweep directories (<storage_path>/<name>)")
     rp.add_argument("--plots", metavar="DIR", default=None,
@@ -73,8 +76,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"summary: {written['summary']}")
         return 0
 
+    resume = getattr(args, "resume", None)
     try:
-        sweep = load_sweep(args.config, _overrides(args.set))
+        if resume:
+            if args.config or args.set:
+                raise ConfigError("--resume takes the sweep directory only (its sweep.json holds the config)")
+            sweep = load_resumable(resume)
+        elif not args.config:
+            raise ConfigError("sweep needs a config YAML (or --resume PATH)")
+        else:
+            sweep = load_sweep(args.config, _overrides(args.set))
     except (ConfigError, FileNotFoundError) as e:
         print(f"distillab: {e}", file=sys.stderr)
         return 2
@@ -90,12 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from distillab.results import final_table, format_table, load
-    from distillab.sweep import init_ray, run_sweep
+    from distillab.sweep import init_ray, resume_sweep, run_sweep
 
     t1 = time.perf_counter()
     init_ray(args.address, dashboard=not args.no_dashboard)
     try:
-        root = run_sweep(sweep, teacher, student)
+        root = resume_sweep(resume, teacher, student) if resume else run_sweep(sweep, teacher, student)
     finally:
         ray.shutdown()
     print(f"[time] sweep: {time.perf_counter() - t1:.0f} s", flush=True)
@@ -105,10 +116,29 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def load_resumable(path: str):
+    """The validated config of the sweep directory ``path`` (its ``sweep.json``).
+
+    Raises:
+        ConfigError: no ``sweep.json`` there, or it does not validate.
+    """
+    import json
+
+    from distillab.config import ConfigError, SweepConfig
+
+    f = Path(path) / "sweep.json"
+    if not f.exists():
+        raise ConfigError(f"--resume {path}: no sweep.json there (not a sweep directory written by distillab sweep)")
+    try:
+        return SweepConfig.model_validate(json.loads(f.read_text()))
+    except Exception as e:  # pydantic ValidationError or bad JSON
+        raise ConfigError(f"--resume {path}: sweep.json does not validate: {e}") from None
+
+
 def default_group_by(res) -> list[str]:
     """The swept config columns other than the seed (what a row of the report is)."""
     cols = res.trials.collect_schema().names()
-    keys = ["rollout.policy", "loss.kind", "loss.estimator", "optimizer.lr", "optimizer.clip"]
+    keys = ["rollout.policy", "rollout.lambda", "loss.kind", "loss.estimator", "optimizer.lr", "optimizer.clip"]
     return [c for c in keys if c in cols]
 
 

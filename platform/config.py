@@ -15,6 +15,7 @@ import copy
 import hashlib
 import itertools
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -121,17 +122,39 @@ class ModelsConfig(_Strict):
 
 
 class RolloutConfig(_Strict):
-    """Rollout policy ρ and its sampling (PROTOCOL.md §1, §2).
+    """Rollout policy ρ and its sampling (PROTOCOL.md §1, §2, §3).
 
-    ``offpd``: teacher samples at ``tau_t``; ``onpd``: student samples at ``tau_s``.
+    ``offpd``: teacher samples at ``tau_t``; ``onpd``: student samples at ``tau_s``;
+    ``spectrum``: samples from π_λ between them (λ = −1 teacher, λ = 1 student,
+    beyond on either side; ``lambda`` in [−2, 2], required for this policy only),
+    with the plausibility threshold ``alpha`` and the log-ratio clip ``clip_c``.
+    In YAML and in result columns the field is ``rollout.lambda``.
     """
 
-    policy: Literal["offpd", "onpd"] = "offpd"
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, serialize_by_alias=True, validate_by_name=True, validate_by_alias=True
+    )
+
+    policy: Literal["offpd", "onpd", "spectrum"] = "offpd"
+    lambda_: float | None = Field(default=None, ge=-2.0, le=2.0, alias="lambda")
+    alpha: float = Field(default=0.2, gt=0, le=1)
+    clip_c: float = Field(default=2.0 * math.log(3.0), ge=0)
     tau_t: float = Field(default=0.5, gt=0)
     tau_s: float = Field(default=1.0, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     max_tokens: int = Field(default=48, ge=1)
     engine: Literal["transformers"] = "transformers"
+
+    @model_validator(mode="after")
+    def _check_lambda(self) -> "RolloutConfig":
+        if self.policy == "spectrum" and self.lambda_ is None:
+            raise ValueError("rollout.lambda is required when rollout.policy is 'spectrum' (a value in [-2, 2])")
+        if self.policy != "spectrum" and self.lambda_ is not None:
+            raise ValueError(
+                f"rollout.lambda is only used with rollout.policy 'spectrum' (got policy {self.policy!r}; "
+                "offpd is λ = -1 and onpd is λ = 1)"
+            )
+        return self
 
 
 class LossConfig(_Strict):
@@ -222,17 +245,85 @@ class ResourcesConfig(_Strict):
 #: Paths a grid may sweep (dotted into `TrialConfig`).
 SEARCHABLE = (
     "seed",
-    "rollout.policy", "rollout.tau_t", "rollout.tau_s", "rollout.top_p",
+    "rollout.policy", "rollout.lambda", "rollout.tau_t", "rollout.tau_s", "rollout.top_p",
     "loss.kind", "loss.estimator", "loss.tau_t", "loss.tau_s",
     "optimizer.lr", "optimizer.clip", "optimizer.steps", "optimizer.warmup_steps", "optimizer.zero_stage",
 )
 
 
-class SearchConfig(_Strict):
-    """The search space: a grid over dotted trial fields (full cross product)."""
+class Domain(_Strict):
+    """One dimension of a Bayesian (Optuna) search space; exactly one of:
+    ``uniform: [low, high]``, ``loguniform: [low, high]`` (low > 0), ``int: [low, high]``
+    (inclusive) or ``choice: [v1, v2, ...]``."""
 
-    kind: Literal["grid"] = "grid"
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[float, float] | None = None
+    int_: tuple[int, int] | None = Field(default=None, alias="int")
+    choice: list[Any] | None = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True, validate_by_name=True,
+                              validate_by_alias=True)
+
+    @model_validator(mode="after")
+    def _one(self) -> "Domain":
+        given = [k for k in ("uniform", "loguniform", "int_", "choice") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("a search-space domain needs exactly one of: uniform, loguniform, int, choice")
+        if self.choice is not None and not self.choice:
+            raise ValueError("choice must list at least one value")
+        for name in ("uniform", "loguniform", "int_"):
+            b = getattr(self, name)
+            if b is not None and not b[0] < b[1]:
+                raise ValueError(f"{name.rstrip('_')} bounds must satisfy low < high, got {list(b)}")
+        if self.loguniform is not None and self.loguniform[0] <= 0:
+            raise ValueError(f"loguniform bounds must be > 0, got {list(self.loguniform)}")
+        return self
+
+    def edge_values(self) -> list[Any]:
+        """Values a trial must accept (both bounds, or every choice): checked before compute."""
+        b = self.uniform or self.loguniform or self.int_
+        return list(b) if b is not None else list(self.choice)
+
+
+class SchedulerConfig(_Strict):
+    """Early stopping (Ray Tune's ASHA) on a metric reported during training, with
+    ``step`` (optimizer steps) as the time axis."""
+
+    kind: Literal["asha"] = "asha"
+    metric: str = "loss"
+    mode: Literal["min", "max"] = "min"
+    grace_period: int = Field(default=50, ge=1)
+    max_t: int | None = Field(default=None, ge=1)
+    reduction_factor: float = Field(default=3.0, gt=1)
+
+
+class SearchConfig(_Strict):
+    """The search: ``grid`` (full cross product of ``grid``) or ``optuna`` (Ray Tune's
+    ``OptunaSearch`` over ``space``, ``num_samples`` trials; one objective, or several
+    for a Pareto front). ``metric`` names a key of a trial's final report (e.g.
+    ``eval/distill/countdown3/accuracy``, ``eval/forgetting`` = OOD after − before)."""
+
+    kind: Literal["grid", "optuna"] = "grid"
     grid: dict[str, list[Any]] = {"rollout.policy": ["offpd", "onpd"], "loss.kind": ["forward", "reverse"]}
+    space: dict[str, Domain] = {}
+    metric: str | list[str] = "eval/distill/countdown3/accuracy"
+    mode: Literal["min", "max"] | list[Literal["min", "max"]] = "max"
+    num_samples: int = Field(default=8, ge=1)
+    sampler: Literal["tpe", "random", "nsga2"] = "tpe"
+    seed: int = 0
+    scheduler: SchedulerConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _optuna_has_no_default_grid(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("kind") == "optuna":
+            if data.get("grid"):
+                raise ValueError(
+                    "search.grid is not used when search.kind is 'optuna': put fixed values under trial "
+                    "and searched ones under search.space"
+                )
+            data = {**data, "grid": {}}
+        return data
 
     @field_validator("grid")
     @classmethod
@@ -243,6 +334,44 @@ class SearchConfig(_Strict):
             if not isinstance(values, list) or not values:
                 raise ValueError(f"search.grid[{key!r}] must be a non-empty list")
         return v
+
+    @field_validator("space")
+    @classmethod
+    def _space(cls, v: dict[str, Domain]) -> dict[str, Domain]:
+        for key in v:
+            if key not in SEARCHABLE:
+                raise ValueError(f"search.space key {key!r} is not searchable; allowed: {list(SEARCHABLE)}")
+        return v
+
+    @model_validator(mode="after")
+    def _kind(self) -> "SearchConfig":
+        if self.kind == "optuna":
+            if not self.space:
+                raise ValueError("search.space must name at least one dimension when search.kind is 'optuna'")
+        elif self.space:
+            raise ValueError("search.space is only used when search.kind is 'optuna' (grid sweeps use search.grid)")
+        metrics = [self.metric] if isinstance(self.metric, str) else list(self.metric)
+        modes = [self.mode] if isinstance(self.mode, str) else list(self.mode)
+        if len(metrics) != len(modes) or not metrics:
+            raise ValueError(f"search.metric and search.mode must have the same length, got {metrics} and {modes}")
+        return self
+
+    @property
+    def objectives(self) -> list[tuple[str, str]]:
+        """``[(metric, mode), ...]``: one for a single objective, several for a Pareto front."""
+        metrics = [self.metric] if isinstance(self.metric, str) else list(self.metric)
+        modes = [self.mode] if isinstance(self.mode, str) else list(self.mode)
+        return list(zip(metrics, modes))
+
+
+class FaultToleranceConfig(_Strict):
+    """Retries: ``worker_restarts`` of a trial's Train worker group (it resumes from
+    the latest checkpoint; set ``trial.optimizer.checkpoint_every``), and
+    ``trial_retries`` of a whole Tune trial (its Train run resumes from the same
+    storage). Ray Train's and Tune's ``FailureConfig(max_failures)``."""
+
+    worker_restarts: int = Field(default=2, ge=0)
+    trial_retries: int = Field(default=1, ge=0)
 
 
 class TrialConfig(_Strict):
@@ -258,8 +387,10 @@ class TrialConfig(_Strict):
     @property
     def trial_id(self) -> str:
         """Readable and deterministic: policy, KL, LR, seed and a config hash."""
+        r = self.rollout
+        policy = f"spectrum{r.lambda_:g}" if r.policy == "spectrum" else r.policy
         return (
-            f"{self.rollout.policy}-{self.loss.kind}-lr{self.optimizer.lr:g}-s{self.seed}-"
+            f"{policy}-{self.loss.kind}-lr{self.optimizer.lr:g}-s{self.seed}-"
             f"{config_hash(self.model_dump(mode='json'))[:8]}"
         )
 
@@ -277,10 +408,11 @@ class SweepConfig(_Strict):
     trial: TrialConfig = TrialConfig()
     search: SearchConfig = SearchConfig()
     resources: ResourcesConfig = ResourcesConfig()
+    fault_tolerance: FaultToleranceConfig = FaultToleranceConfig()
 
     @model_validator(mode="after")
     def _validate_grid(self) -> "SweepConfig":
-        expand_trials(self)  # every grid point must validate before any compute
+        expand_trials(self)  # every grid point (and every edge of a Bayesian domain) must validate first
         return self
 
     def sweep_dir(self) -> Path:
@@ -320,7 +452,9 @@ def set_dotted(d: dict[str, Any], path: str, value: Any) -> None:
 
 
 def expand_trials(sweep: SweepConfig) -> list[TrialConfig]:
-    """The grid's cross product applied to ``sweep.trial``, each point validated.
+    """The grid's cross product applied to ``sweep.trial``, each point validated (an
+    Optuna sweep: the base trial, and every bound or choice of ``search.space`` is
+    validated too).
 
     Raises:
         ValueError: a grid point gives an invalid trial (the message names the field).
@@ -337,6 +471,14 @@ def expand_trials(sweep: SweepConfig) -> list[TrialConfig]:
         except ValidationError as e:
             point = dict(zip(keys, values))
             raise ValueError(f"search.grid point {point} is invalid: {_errors(e)}") from None
+    for key, domain in sweep.search.space.items():  # Bayesian: every bound / choice must give a valid trial
+        for v in domain.edge_values():
+            d = copy.deepcopy(base)
+            set_dotted(d, key, v)
+            try:
+                TrialConfig.model_validate(d)
+            except ValidationError as e:
+                raise ValueError(f"search.space[{key!r}] value {v!r} is invalid: {_errors(e)}") from None
     return trials
 
 

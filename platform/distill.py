@@ -34,8 +34,15 @@ from distillab.evals.metrics import update_sparsity
 from distillab.evals.suite import Evaluator, countdown_prompt_ids, countdown_spec, problem_key, test_keys
 from distillab.models import check_same_vocab, load_model, load_tokenizer
 from distillab.ops.kl import distill_loss, entropy_and_cross_entropy, sampled_token_loss, token_divergence
-from distillab.results import write_rows
-from distillab.rollout import Rollouts, SamplingParams, TransformersEngine, pack_rollouts, position_ids
+from distillab.results import report_metrics, write_rows
+from distillab.rollout import (
+    Rollouts,
+    SamplingParams,
+    SpectrumEngine,
+    TransformersEngine,
+    pack_rollouts,
+    position_ids,
+)
 from distillab.sft import lr_lambda
 from distillab.tasks import generate_problems
 
@@ -96,10 +103,18 @@ def sample_rollouts(
     trial: TrialConfig, teacher, student, tokenizer, prompts: list[list[int]], seed: int
 ) -> Rollouts:
     """The rollout policy ρ: OffPD samples from the teacher at ``rollout.tau_t``,
-    OnPD from the current student at ``rollout.tau_s``. No gradients."""
+    OnPD from the current student at ``rollout.tau_s``, ``spectrum`` from π_λ between
+    them (`SpectrumEngine`, which also records each rollout's mean student and
+    teacher log-likelihood). No gradients."""
     r = trial.rollout
-    policy, tau = (teacher, r.tau_t) if r.policy == "offpd" else (student, r.tau_s)
-    engine = TransformersEngine(policy, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    if r.policy == "spectrum":
+        engine = SpectrumEngine(student, teacher, eos, pad, lam=r.lambda_, tau_s=r.tau_s, tau_t=r.tau_t,
+                                alpha=r.alpha, c=r.clip_c)
+        tau = 1.0  # unused by the spectrum (its τ_S, τ_T are the engine's)
+    else:
+        policy, tau = (teacher, r.tau_t) if r.policy == "offpd" else (student, r.tau_s)
+        engine = TransformersEngine(policy, eos, pad)
     sp = SamplingParams(tau, r.top_p, r.max_tokens, trial.optimizer.rollouts_per_prompt, seed)
     return engine.generate(prompts, sp)
 
@@ -241,9 +256,8 @@ def train_loop_per_worker(config: dict) -> None:
             start_step = json.loads((Path(d) / "trainer_state.json").read_text())["step"]
             student = load_model(d)
     evaluator = Evaluator(tok, trial.tasks, trial.evaluation)
-    pre = {}
     if rank == 0 and start_step == 0:
-        pre = _evaluate(evaluator, student, trial, trial_id, "pre", 0, root, init_state)  # S_τ = 1 by definition
+        _evaluate(evaluator, student, trial, trial_id, "pre", 0, root, init_state)  # S_τ = 1 by definition
 
     engine, opt, per_worker = setup_engine(student, trial, world)
     for _ in range(start_step):  # LR schedule position after a resume
@@ -251,6 +265,11 @@ def train_loop_per_worker(config: dict) -> None:
     prompts = train_prompts(trial, tok, rank)
     gen = torch.Generator().manual_seed(trial.seed * 7 + rank)
     pending: list[dict] = []
+    if start_step > 0:  # a restart from a checkpoint: say so in the metrics table
+        log.info("%s resumed at step %d", trial_id, start_step)
+        pending.append({"trial_id": trial_id, "stage": "distill", "step": start_step,
+                        "name": "resume/start_step", "value": float(start_step)})
+    gauges = RayGauges(trial_id) if rank == 0 else None
     t_train = time.perf_counter()
     log_every = 10
 
@@ -280,17 +299,24 @@ def train_loop_per_worker(config: dict) -> None:
             "time/step_s": time.perf_counter() - t0,
             **diag,
         }
+        for name in ("student_loglik", "teacher_loglik"):  # λ-spectrum rollouts (PROTOCOL.md §3)
+            vals = rollouts.extras.get(name)
+            if vals:
+                metrics[f"rollout/{name}"] = sum(vals) / len(vals)
+        if gauges is not None:
+            gauges.set(metrics)
         pending += [
             {"trial_id": trial_id, "stage": "distill", "step": step + 1, "name": k, "value": float(v)}
             for k, v in metrics.items()
         ]
         last = step + 1 == o.steps
-        if (step + 1) % log_every == 0 or last:
-            if rank == 0:
+        checkpoint_due = bool(o.checkpoint_every) and (step + 1) % o.checkpoint_every == 0 and not last
+        if (step + 1) % log_every == 0 or last or checkpoint_due:
+            if rank == 0:  # one file per window, keyed by its last step: a rerun window replaces it
                 write_rows(root, "metrics", pending, key=f"{trial_id}__distill__{step + 1:07d}")
             pending = []
             checkpoint = None
-            if o.checkpoint_every and (step + 1) % o.checkpoint_every == 0 and not last:
+            if checkpoint_due:
                 checkpoint = _make_checkpoint(engine, trial, tok, step + 1, rank)
             ray.train.report({"step": step + 1, **metrics}, checkpoint=checkpoint)
             if checkpoint is not None:
@@ -300,13 +326,41 @@ def train_loop_per_worker(config: dict) -> None:
     train_s = time.perf_counter() - t_train
     final = {"step": o.steps, "time/train_s": train_s}
     if rank == 0:
-        post = _evaluate(evaluator, engine.module, trial, trial_id, "distill", o.steps, root, init_state)
-        final.update(pre)
-        final.update(post)
+        _evaluate(evaluator, engine.module, trial, trial_id, "distill", o.steps, root, init_state)
+        final.update(report_metrics(root, trial_id))  # pre (also after a resume), distill, eval/forgetting
     checkpoint = _make_checkpoint(engine, trial, tok, o.steps, rank)
     ray.train.report(final, checkpoint=checkpoint)
     if checkpoint is not None:  # Ray has copied it to the run's storage
         shutil.rmtree(checkpoint.path, ignore_errors=True)
+
+
+class RayGauges:
+    """Custom Ray metrics (``ray.util.metrics.Gauge``, tagged by ``trial_id``) for the
+    dashboard's metrics endpoint (Prometheus names ``ray_distillab_*``): rollout
+    tokens/s, forward and reverse KL, loss, and RLVR reward when reported."""
+
+    NAMES = {
+        "rollout/tokens_per_s": "distillab_rollout_tokens_per_s",
+        "kl/forward": "distillab_kl_forward",
+        "kl/reverse": "distillab_kl_reverse",
+        "loss": "distillab_loss",
+        "reward/mean": "distillab_reward_mean",
+    }
+
+    def __init__(self, trial_id: str):
+        from ray.util.metrics import Gauge
+
+        self.tags = {"trial_id": trial_id}
+        self.gauges = {
+            k: Gauge(name, description=f"distillab {k} (last step)", tag_keys=("trial_id",))
+            for k, name in self.NAMES.items()
+        }
+
+    def set(self, metrics: dict[str, float]) -> None:
+        """Set each known metric present in ``metrics`` (others are ignored)."""
+        for k, g in self.gauges.items():
+            if k in metrics and metrics[k] == metrics[k]:  # not NaN
+                g.set(float(metrics[k]), tags=self.tags)
 
 
 def _quiet_report_log() -> None:

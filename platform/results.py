@@ -57,6 +57,10 @@ __all__ = [
     "generalisation_gain",
     "rlvr_gain",
     "mean_sem_text",
+    "FORGETTING_KEY",
+    "report_metrics",
+    "trial_metrics",
+    "pareto_front",
 ]
 
 TABLES: tuple[str, ...] = ("trials", "metrics", "evals", "samples")
@@ -655,3 +659,85 @@ def rlvr_gain(res: Results, task: str = "countdown4e", metric: str = "accuracy")
     """RLVR gain per trial: accuracy after RLVR − after distillation (empty when no
     trial has ``rlvr`` evals)."""
     return stage_delta(res, task, metric, before="distill", after="rlvr")
+
+
+# --------------------------------------------------------------------------- search objectives
+
+
+#: Name of the derived forgetting metric in a trial's final report and in `report_metrics`.
+FORGETTING_KEY = "eval/forgetting"
+
+
+def _report_dict(evals: pl.DataFrame) -> dict[str, float]:
+    """``{"eval/<stage>/<task>/<metric>": value}`` from one trial's final evals, plus
+    :data:`FORGETTING_KEY` (OOD mean after distillation − before) when both exist."""
+    out = {f"eval/{s}/{t}/{m}": float(v) for s, t, m, v in evals.select("stage", "task", "metric", "value").iter_rows()}
+    pre, post = out.get("eval/pre/ood/ood_mean"), out.get("eval/distill/ood/ood_mean")
+    if pre is not None and post is not None:
+        out[FORGETTING_KEY] = post - pre
+    return out
+
+
+def report_metrics(root: str | Path, trial_id: str) -> dict[str, float]:
+    """The evaluation part of a trial's final report, rebuilt from ``<root>/evals``:
+    the same keys ``distill`` reports to Ray Tune (``eval/<stage>/<task>/<metric>``,
+    the last step of each stage, and ``eval/forgetting``). Used to resume a trial's
+    report after a restart, and for objectives of a finished sweep. Empty if the
+    trial has no evals yet."""
+    if not _files(Path(root), "evals"):
+        return {}
+    ev = _scan(Path(root), "evals").filter(pl.col("trial_id") == trial_id).collect()
+    last = ev.group_by("stage").agg(pl.col("step").max().alias("_last"))
+    ev = ev.join(last, on="stage").filter(pl.col("step") == pl.col("_last"))
+    return _report_dict(ev)
+
+
+def trial_metrics(res: Results) -> pl.DataFrame:
+    """One row per completed trial: its config columns and every final-report key as a
+    column (``eval/distill/countdown3/accuracy``, ``eval/forgetting``, ...), the names a
+    sweep's ``search.metric`` uses, ready for :func:`pareto_front`."""
+    keys = _trial_keys(res)
+    fe = final_evals(res).collect()
+    rows = []
+    for key_vals, group in fe.group_by(keys, maintain_order=True):
+        rows.append({**dict(zip(keys, key_vals)), **_report_dict(group)})
+    wide = pl.DataFrame(rows) if rows else pl.DataFrame(schema={k: pl.String for k in keys})
+    return res.trials.filter(pl.col("status") == "completed").collect().join(wide, on=keys, how="inner")
+
+
+def pareto_front(df: pl.DataFrame, objectives: Sequence[tuple[str, str]]) -> pl.DataFrame:
+    """Mark the non-dominated rows of ``df`` for several objectives.
+
+    A row dominates another when it is at least as good on every objective and
+    strictly better on one (``mode`` ``"max"`` or ``"min"`` per column). Rows with a
+    null or NaN objective are never on the front.
+
+    Args:
+        df: one row per trial.
+        objectives: ``[(column, mode), ...]``, ``mode`` in ``{"max", "min"}``.
+
+    Returns:
+        ``df`` with a bool column ``pareto``.
+
+    Raises:
+        ValueError: a missing column (named) or a mode other than max/min.
+    """
+    cols = []
+    for col, mode in objectives:
+        if col not in df.columns:
+            raise ValueError(f"pareto_front: no column {col!r}; have {df.columns}")
+        if mode not in ("max", "min"):
+            raise ValueError(f"pareto_front: mode for {col!r} must be 'max' or 'min', got {mode!r}")
+        cols.append([None if v is None or math.isnan(v) else (v if mode == "max" else -v)
+                     for v in df[col].cast(pl.Float64).to_list()])
+    points = list(zip(*cols)) if cols else [() for _ in range(df.height)]
+
+    def dominates(a, b) -> bool:
+        return all(x >= y for x, y in zip(a, b)) and any(x > y for x, y in zip(a, b))
+
+    valid = [all(v is not None for v in p) for p in points]
+    flags = [
+        valid[i] and not any(valid[j] and dominates(points[j], points[i]) for j in range(len(points)) if j != i)
+        for i in range(len(points))
+    ]
+    return df.with_columns(pl.Series("pareto", flags, dtype=pl.Boolean))

@@ -2,13 +2,15 @@
 completions (DESIGN.md "Rollout engines").
 
 This module holds the interface, the batched-sequence helpers shared by training
-and evaluation, and `TransformersEngine` (``model.generate`` with a KV cache),
-which runs anywhere transformers runs. Rollouts never carry gradients: the
+and evaluation, `TransformersEngine` (``model.generate`` with a KV cache),
+which runs anywhere transformers runs, and `SpectrumEngine`, the λ-spectrum
+sampler between student and teacher (PROTOCOL.md §3). Rollouts never carry gradients: the
 trainer re-scores them with its own forward pass.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol, Sequence
 
@@ -111,6 +113,79 @@ def pack_rollouts(
     return ids, attn, cmask
 
 
+def _sample_chunks(
+    model: PreTrainedModel,
+    prompt_ids: Sequence[Sequence[int]],
+    sampling: SamplingParams,
+    eos_token_id: int,
+    pad_token_id: int,
+    batch_size: int,
+    processor_factory=None,
+) -> tuple[Rollouts, list]:
+    """``model.generate`` over left-padded chunks of the expanded prompts, seeded per
+    chunk from ``sampling.seed``. ``processor_factory(attention_mask)`` (optional)
+    returns a logits processor that runs before temperature and top-p (transformers
+    merges custom processors first). Returns the rollouts (logprobs under
+    softmax(logits/τ), or the processor's ``token_logprobs`` when it has them) and
+    the processors used, one per chunk."""
+    from transformers import LogitsProcessorList
+
+    was_training = model.training
+    model.eval()
+    gen = torch.Generator().manual_seed(sampling.seed)
+    expanded = [list(p) for p in prompt_ids for _ in range(sampling.n)]
+    out = Rollouts([], [], [], [])
+    procs = []
+    for start in range(0, len(expanded), batch_size):
+        chunk = expanded[start : start + batch_size]
+        ids, attn = left_pad(chunk, pad_token_id)
+        proc = processor_factory(attn) if processor_factory is not None else None
+        procs.append(proc)
+        # The global RNG drives generate's multinomial; seed it from our generator
+        # so that each chunk is reproducible under `sampling.seed`.
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
+        res = model.generate(
+            input_ids=ids,
+            attention_mask=attn,
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=0,
+            max_new_tokens=sampling.max_tokens,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            output_logits=proc is None,
+            return_dict_in_generate=True,
+            **({"logits_processor": LogitsProcessorList([proc])} if proc is not None else {}),
+        )
+        new = res.sequences[:, ids.shape[1] :]  # (B, L)
+        if proc is None:
+            logits = torch.stack(res.logits, dim=1).float() / sampling.temperature  # (B, L, V)
+            lp = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        else:
+            proc.finish(new)
+            lp = proc.token_logprobs["lambda"]  # (B, L)
+        for b, p in enumerate(chunk):
+            row = new[b].tolist()
+            if eos_token_id in row:
+                n = row.index(eos_token_id) + 1
+                reason = "stop"
+            else:
+                n = len(row)
+                reason = "length"
+            out.prompt_ids.append(p)
+            out.completion_ids.append(row[:n])
+            out.logprobs.append(lp[b, :n].tolist())
+            out.finish_reasons.append(reason)
+            if proc is not None:
+                for name in ("student", "teacher"):
+                    vals = proc.token_logprobs[name][b, :n]
+                    out.extras.setdefault(f"{name}_loglik", []).append(float(vals.mean()) if n else float("nan"))
+    if was_training:
+        model.train()
+    return out, procs
+
+
 class TransformersEngine:
     """`RolloutEngine` over a transformers causal LM, in-process, with
     ``model.generate`` (KV cache). For environments without vLLM.
@@ -142,46 +217,250 @@ class TransformersEngine:
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> Rollouts:
-        """Sample ``sampling.n`` completions per prompt at temperature τ and top-p."""
-        was_training = self.model.training
-        self.model.eval()
-        gen = torch.Generator().manual_seed(sampling.seed)
-        expanded = [list(p) for p in prompt_ids for _ in range(sampling.n)]
-        out = Rollouts([], [], [], [])
-        for start in range(0, len(expanded), self.batch_size):
-            chunk = expanded[start : start + self.batch_size]
-            ids, attn = left_pad(chunk, self.pad_token_id)
-            # The global RNG drives generate's multinomial; seed it from our generator
-            # so that each chunk is reproducible under `sampling.seed`.
-            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-            res = self.model.generate(
-                input_ids=ids,
-                attention_mask=attn,
-                do_sample=True,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=0,
-                max_new_tokens=sampling.max_tokens,
-                eos_token_id=self.eos_token_id,
-                pad_token_id=self.pad_token_id,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
-            new = res.sequences[:, ids.shape[1] :]  # (B, L)
-            logits = torch.stack(res.logits, dim=1).float() / sampling.temperature  # (B, L, V)
-            lp = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-            for b, p in enumerate(chunk):
-                row = new[b].tolist()
-                if self.eos_token_id in row:
-                    n = row.index(self.eos_token_id) + 1
-                    reason = "stop"
-                else:
-                    n = len(row)
-                    reason = "length"
-                out.prompt_ids.append(p)
-                out.completion_ids.append(row[:n])
-                out.logprobs.append(lp[b, :n].tolist())
-                out.finish_reasons.append(reason)
-        if was_training:
-            self.model.train()
+        """Sample ``sampling.n`` completions per prompt at temperature τ and top-p.
+        ``logprobs`` are under softmax(logits/τ) (before top-p truncation)."""
+        out, _ = _sample_chunks(
+            self.model, prompt_ids, sampling, self.eos_token_id, self.pad_token_id, self.batch_size
+        )
         return out
+
+
+# --------------------------------------------------------------------------------------
+# The λ-spectrum (PROTOCOL.md §3)
+# --------------------------------------------------------------------------------------
+
+#: Defaults of PROTOCOL.md §3: plausibility threshold α and log-ratio clip c.
+SPECTRUM_ALPHA = 0.2
+SPECTRUM_CLIP = 2.0 * math.log(3.0)
+
+
+def plausibility_mask(logp: torch.Tensor, alpha: float) -> torch.Tensor:
+    """M_P(v) = 1 iff log π_P(v) ≥ max_u log π_P(u) + log α (PROTOCOL.md §3).
+
+    Args:
+        logp: (..., V) float log-probabilities of one model.
+        alpha: threshold in (0, 1].
+
+    Returns:
+        bool (..., V).
+    """
+    return logp >= logp.amax(dim=-1, keepdim=True) + math.log(alpha)
+
+
+def spectrum_logits(
+    logp_s: torch.Tensor,
+    logp_t: torch.Tensor,
+    lam: float,
+    *,
+    alpha: float = SPECTRUM_ALPHA,
+    c: float = SPECTRUM_CLIP,
+) -> torch.Tensor:
+    """Unnormalised log-probabilities z_λ of the student–teacher spectrum π_λ = softmax(z_λ)
+    (PROTOCOL.md §3; the paper's rollout-policy spectrum). With r_v = log π_S(v) − log π_T(v):
+
+    - |λ| ≤ 1: z = ((1+λ)/2)·log π_S + ((1−λ)/2)·log π_T (geometric interpolation);
+    - λ > 1:  z = log π_S + ((λ−1)/2)·M_S·min(max(r, 0), c) (beyond the student);
+    - λ < −1: z = log π_T + ((−λ−1)/2)·M_T·min(max(−r, 0), c) (beyond the teacher);
+
+    M_P the plausibility mask (`plausibility_mask`, threshold α). λ = −1 gives π_T and
+    λ = 1 gives π_S exactly (the other model's −inf entries do not leak in); the
+    extrapolation raises the odds of any pair of tokens relative to the anchor by at
+    most exp(c·(|λ|−1)/2).
+
+    Args:
+        logp_s, logp_t: (..., V) float log-probabilities (log-softmax, at the sampling
+            temperatures τ_S and τ_T) of student and teacher on the same prefix.
+        lam: λ in [−2, 2].
+        alpha: plausibility threshold α in (0, 1].
+        c: clip of the log-ratio (nats, ≥ 0).
+
+    Returns:
+        z_λ, same shape and dtype as the inputs (−inf where π_λ is 0).
+
+    Raises:
+        ValueError: λ outside [−2, 2], α outside (0, 1], c < 0, or shape mismatch.
+    """
+    if not -2.0 <= lam <= 2.0:
+        raise ValueError(f"lambda must be in [-2, 2], got {lam}")
+    if not 0.0 < alpha <= 1.0:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+    if c < 0:
+        raise ValueError(f"c must be >= 0, got {c}")
+    if logp_s.shape != logp_t.shape:
+        raise ValueError(f"student and teacher log-probs differ in shape: {tuple(logp_s.shape)} vs {tuple(logp_t.shape)}")
+    if lam == 1.0:
+        return logp_s.clone()
+    if lam == -1.0:
+        return logp_t.clone()
+    if -1.0 < lam < 1.0:
+        a, b = (1.0 + lam) / 2.0, (1.0 - lam) / 2.0
+        return a * logp_s + b * logp_t  # both weights > 0: −inf in either stays −inf
+    if lam > 1.0:
+        anchor, r, mask = logp_s, logp_s - logp_t, plausibility_mask(logp_s, alpha)
+    else:
+        anchor, r, mask = logp_t, logp_t - logp_s, plausibility_mask(logp_t, alpha)
+    bonus = torch.where(mask, r.clamp(0.0, c), torch.zeros_like(r))  # masked-out (incl. −inf anchor): 0
+    return anchor + ((abs(lam) - 1.0) / 2.0) * bonus
+
+
+class _SpectrumProcessor:
+    """Logits processor run inside the anchor model's ``generate``: steps the other
+    model on the same prefix with its own KV cache, replaces the anchor's scores by
+    z_λ·τ_A (the temperature warper that follows divides by τ_A), and records, per
+    generated token, log π_λ, log π_S and log π_T of the sampled token."""
+
+    def __init__(self, other, attention_mask, lam, anchor_is_student, tau_anchor, tau_other, alpha, c):
+        from transformers import DynamicCache
+
+        self.other, self.attn, self.lam = other, attention_mask, lam
+        self.anchor_is_student, self.tau_a, self.tau_o = anchor_is_student, tau_anchor, tau_other
+        self.alpha, self.c = alpha, c
+        self.cache = DynamicCache()
+        self.pos: torch.Tensor | None = None
+        self.prev: dict[str, torch.Tensor] | None = None  # (B, V) rows of the previous step
+        self.cols: dict[str, list[torch.Tensor]] = {"lambda": [], "student": [], "teacher": []}
+        self.token_logprobs: dict[str, torch.Tensor] = {}
+
+    def _record(self, tokens: torch.Tensor) -> None:
+        for k, rows in self.prev.items():
+            self.cols[k].append(rows.gather(-1, tokens.view(-1, 1)).squeeze(-1))
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prev is None:  # first step: the other model reads the whole prompt
+            self.pos = position_ids(self.attn)
+            out = self.other(input_ids=input_ids, attention_mask=self.attn, position_ids=self.pos,
+                             past_key_values=self.cache, use_cache=True)
+            self.pos = self.pos[:, -1:]
+        else:
+            self._record(input_ids[:, -1])
+            self.attn = torch.cat([self.attn, self.attn.new_ones((self.attn.shape[0], 1))], dim=1)
+            self.pos = self.pos + 1
+            out = self.other(input_ids=input_ids[:, -1:], attention_mask=self.attn, position_ids=self.pos,
+                             past_key_values=self.cache, use_cache=True)
+        other_logits = out.logits[:, -1, :].float()  # (B, V_O)
+        if other_logits.shape[-1] != scores.shape[-1]:
+            raise ValueError(
+                f"student and teacher vocabularies differ ({scores.shape[-1]} vs {other_logits.shape[-1]})"
+            )
+        logp_a = torch.log_softmax(scores.float() / self.tau_a, dim=-1)  # (B, V)
+        logp_o = torch.log_softmax(other_logits / self.tau_o, dim=-1)
+        logp_s, logp_t = (logp_a, logp_o) if self.anchor_is_student else (logp_o, logp_a)
+        z = spectrum_logits(logp_s, logp_t, self.lam, alpha=self.alpha, c=self.c)
+        self.prev = {"lambda": torch.log_softmax(z, dim=-1), "student": logp_s, "teacher": logp_t}
+        if abs(self.lam) == 1.0:  # exactly the anchor's sampler (same ops, same RNG draws)
+            return scores
+        return z * self.tau_a
+
+    def finish(self, new_tokens: torch.Tensor) -> None:
+        """Record the last generated token and stack the columns into (B, L) tensors."""
+        if self.prev is not None and new_tokens.shape[1] > len(self.cols["lambda"]):
+            self._record(new_tokens[:, -1])
+        B = new_tokens.shape[0]
+        self.token_logprobs = {
+            k: torch.stack(v, dim=1) if v else torch.zeros((B, 0)) for k, v in self.cols.items()
+        }
+
+
+class SpectrumEngine:
+    """`RolloutEngine` sampling from the λ-spectrum π_λ between student (λ = 1) and
+    teacher (λ = −1) and beyond (PROTOCOL.md §3). Both models step on the same
+    prefix with KV caches: the anchor (student for λ ≥ 0, teacher for λ < 0) runs
+    ``generate`` and a logits processor steps the other model and replaces the
+    scores by z_λ (`spectrum_logits`); top-p then applies to π_λ. λ = ±1 reproduces
+    `TransformersEngine` on the anchor token for token under the same seed.
+
+    ``generate`` ignores ``sampling.temperature``: the spectrum's temperatures are
+    ``tau_s`` (student) and ``tau_t`` (teacher). ``Rollouts.logprobs`` are log π_λ of
+    each sampled token (before top-p); ``Rollouts.extras`` holds, per rollout, the
+    mean ``student_loglik`` (log π_S at τ_S) and ``teacher_loglik`` (log π_T at τ_T)
+    of its tokens, in nats (the paper's Figure 4 check).
+
+    Raises:
+        ValueError: λ, α or c out of range (at construction); vocabularies that
+            differ in size (at the first step).
+    """
+
+    def __init__(
+        self,
+        student: PreTrainedModel,
+        teacher: PreTrainedModel,
+        eos_token_id: int,
+        pad_token_id: int,
+        *,
+        lam: float,
+        tau_s: float = 1.0,
+        tau_t: float = 1.0,
+        alpha: float = SPECTRUM_ALPHA,
+        c: float = SPECTRUM_CLIP,
+        batch_size: int = 256,
+    ):
+        spectrum_logits(torch.zeros(1), torch.zeros(1), lam, alpha=alpha, c=c)  # validates λ, α, c
+        if tau_s <= 0 or tau_t <= 0:
+            raise ValueError(f"tau_s and tau_t must be > 0, got {tau_s}, {tau_t}")
+        self.student, self.teacher = student, teacher
+        self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
+        self.lam, self.tau_s, self.tau_t, self.alpha, self.c = lam, tau_s, tau_t, alpha, c
+        self.batch_size = batch_size
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new student weights (by parameter name)."""
+        TransformersEngine(self.student, self.eos_token_id, self.pad_token_id).update_weights(named_tensors)
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> Rollouts:
+        """Sample ``sampling.n`` completions per prompt from π_λ (top-p, max tokens, seed
+        from ``sampling``)."""
+        anchor_is_student = self.lam >= 0
+        anchor, other = (self.student, self.teacher) if anchor_is_student else (self.teacher, self.student)
+        tau_a, tau_o = (self.tau_s, self.tau_t) if anchor_is_student else (self.tau_t, self.tau_s)
+        other_was_training = other.training
+        other.eval()
+        sp = SamplingParams(tau_a, sampling.top_p, sampling.max_tokens, sampling.n, sampling.seed)
+
+        def factory(attn):
+            return _SpectrumProcessor(other, attn, self.lam, anchor_is_student, tau_a, tau_o, self.alpha, self.c)
+
+        try:
+            out, _ = _sample_chunks(anchor, prompt_ids, sp, self.eos_token_id, self.pad_token_id,
+                                    self.batch_size, factory)
+        finally:
+            if other_was_training:
+                other.train()
+        return out
+
+
+def loglik_along_lambda(
+    student: PreTrainedModel,
+    teacher: PreTrainedModel,
+    tokenizer,
+    prompt_ids: Sequence[Sequence[int]],
+    lambdas: Sequence[float],
+    *,
+    tau_s: float = 1.0,
+    tau_t: float = 1.0,
+    top_p: float = 1.0,
+    max_tokens: int = 32,
+    n: int = 4,
+    seed: int = 0,
+) -> list[dict[str, float]]:
+    """The paper's Figure 4 check: sample from π_λ for each λ and return, per λ, the
+    mean over rollouts of the per-rollout mean student and teacher log-likelihood
+    (nats per token, at τ_S and τ_T) and the mean completion length (tokens).
+
+    Returns:
+        one dict per λ: ``lambda``, ``student_loglik``, ``teacher_loglik``, ``length``.
+    """
+    rows = []
+    for lam in lambdas:
+        eng = SpectrumEngine(student, teacher, tokenizer.eos_token_id, tokenizer.pad_token_id,
+                             lam=float(lam), tau_s=tau_s, tau_t=tau_t)
+        ro = eng.generate(prompt_ids, SamplingParams(1.0, top_p, max_tokens, n, seed))
+        k = max(1, len(ro.completion_ids))
+        rows.append({
+            "lambda": float(lam),
+            "student_loglik": sum(ro.extras["student_loglik"]) / k,
+            "teacher_loglik": sum(ro.extras["teacher_loglik"]) / k,
+            "length": sum(ro.lengths) / k,
+        })
+    return rows

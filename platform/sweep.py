@@ -1,18 +1,30 @@
-"""The sweep: Ray Tune over the YAML's grid, one function trainable per trial
-that builds and fits a Ray Train ``TorchTrainer`` (Train V2: Tune's report
+"""The sweep: Ray Tune over the YAML's search space, one function trainable per
+trial that builds and fits a Ray Train ``TorchTrainer`` (Train V2: Tune's report
 callback propagates the workers' metrics; ``Tuner(TorchTrainer)`` is not used).
 
-Results land under ``<storage_path>/<name>/``: the Tune experiment, the Train
-runs (``train/<trial_id>``) and the Parquet tables (``trials``, ``metrics``,
-``evals``) that `distillab.results.load` reads.
+Search: ``grid`` (``tune.grid_search`` per dotted key) or ``optuna`` (Tune's
+``OptunaSearch`` over Tune domains, TPE by default, one objective or several for
+a Pareto front), optionally with ASHA early stopping. Faults: Train's
+``FailureConfig`` restarts a trial's worker group from its latest checkpoint; Tune's
+retries a trial, whose Train run then resumes from the same storage; a trial whose
+row is already ``completed`` is never rerun; `resume_sweep` continues an
+interrupted sweep with ``Tuner.restore``.
+
+Results land under ``<storage_path>/<name>/``: ``sweep.json`` (the validated
+config, for ``--resume``), the Tune experiment (``tune/``), the Train runs
+(``train/<trial_id>``) and the Parquet tables (``trials``, ``metrics``, ``evals``)
+that `distillab.results.load` reads.
 
     distillab sweep search_spaces/micro.yaml
+    distillab sweep --resume runs/micro
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import logging
+import math
 import os
 import time
 import traceback
@@ -20,9 +32,20 @@ from pathlib import Path
 from typing import Any
 
 from distillab.config import SweepConfig, TrialConfig, expand_trials, set_dotted
-from distillab.results import write_rows
+from distillab.results import report_metrics, write_rows
 
 log = logging.getLogger(__name__)
+
+#: Metric columns of the Tune progress reporter (report key → column title).
+REPORTER_COLUMNS = {
+    "step": "step",
+    "loss": "loss",
+    "kl/forward": "fKL",
+    "kl/reverse": "rKL",
+    "rollout/tokens_per_s": "tok/s",
+    "eval/distill/countdown3/accuracy": "acc",
+    "eval/forgetting": "dOOD",
+}
 
 
 def trial_from_params(base: dict[str, Any], params: dict[str, Any]) -> TrialConfig:
@@ -35,10 +58,24 @@ def trial_from_params(base: dict[str, Any], params: dict[str, Any]) -> TrialConf
     return TrialConfig.model_validate(d)
 
 
+def _completed_row(root: Path, trial_id: str) -> bool:
+    import polars as pl
+
+    if not (root / "trials" / f"{trial_id}.parquet").exists():
+        return False
+    row = pl.read_parquet(root / "trials" / f"{trial_id}.parquet")
+    return row.height == 1 and row["status"][0] == "completed"
+
+
 def run_trial(params: dict[str, Any]) -> None:
     """Tune function trainable: one distillation trial as a ``TorchTrainer`` fit,
-    plus its row in the ``trials`` table (status, times, checkpoint, config)."""
+    plus its row in the ``trials`` table (``running`` at start; then ``completed`` or
+    ``failed`` with the error, times and checkpoint).
+
+    A trial whose row is already ``completed`` (Tune re-launching it after a driver
+    crash) is not rerun: its final report is rebuilt from the ``evals`` table."""
     import ray.train
+    from ray import tune
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -48,10 +85,15 @@ def run_trial(params: dict[str, Any]) -> None:
     trial = trial_from_params(params["base"], params)
     trial_id = trial.trial_id
     root = Path(ctx["results_root"])
+    if _completed_row(root, trial_id):
+        log.info("%s already completed; reporting its stored results", trial_id)
+        tune.report({"step": trial.optimizer.steps, **report_metrics(root, trial_id), "skipped_rerun": 1})
+        return
     res = ctx["resources"]
     start = time.time()
     row: dict[str, Any] = {"trial_id": trial_id, "start_time": start, "checkpoint": None, "error": None}
     row.update({k: (str(v) if isinstance(v, (list, dict)) else v) for k, v in trial.flat().items()})
+    write_rows(root, "trials", [{**row, "status": "running", "end_time": math.nan}], key=trial_id)
     trainer = TorchTrainer(
         train_loop_per_worker,
         train_loop_config={
@@ -68,10 +110,10 @@ def run_trial(params: dict[str, Any]) -> None:
             resources_per_worker={"CPU": res["cpus_per_worker"], **({"GPU": res["gpus_per_worker"]} if res["gpus_per_worker"] else {})},
         ),
         run_config=ray.train.RunConfig(
-            name=trial_id,
+            name=trial_id,  # same name + storage: a retried trial resumes this run's checkpoints
             storage_path=str(root / "train"),
             callbacks=[TuneReportCallback()],
-            failure_config=ray.train.FailureConfig(max_failures=ctx.get("max_failures", 0)),
+            failure_config=ray.train.FailureConfig(max_failures=ctx["fault_tolerance"]["worker_restarts"]),
         ),
     )
     try:
@@ -103,39 +145,152 @@ def init_ray(address: str | None, dashboard: bool, num_cpus: int | None = None) 
         )
 
 
+def _tune_domain(domain):
+    from ray import tune
+
+    if domain.uniform is not None:
+        return tune.uniform(*domain.uniform)
+    if domain.loguniform is not None:
+        return tune.loguniform(*domain.loguniform)
+    if domain.int_ is not None:
+        return tune.randint(domain.int_[0], domain.int_[1] + 1)  # Tune's upper bound is exclusive
+    return tune.choice(list(domain.choice))
+
+
+def build_search(sweep: SweepConfig):
+    """``(param_space, search_alg, scheduler, num_samples)`` for the Tuner: the grid
+    as ``tune.grid_search`` per dotted key, or Optuna over Tune domains (the sampler
+    and seed from ``search``; several objectives give a multi-objective study)."""
+    from ray import tune
+
+    s = sweep.search
+    scheduler = None
+    if s.scheduler is not None:
+        from ray.tune.schedulers import ASHAScheduler
+
+        sc = s.scheduler
+        scheduler = ASHAScheduler(
+            time_attr="step", metric=sc.metric, mode=sc.mode, grace_period=sc.grace_period,
+            max_t=sc.max_t or sweep.trial.optimizer.steps, reduction_factor=sc.reduction_factor,
+        )
+    if s.kind == "grid":
+        return {k: tune.grid_search(v) for k, v in s.grid.items()}, None, scheduler, 1
+
+    import optuna
+    from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.optuna import OptunaSearch
+
+    samplers = {
+        "tpe": lambda: optuna.samplers.TPESampler(seed=s.seed),
+        "random": lambda: optuna.samplers.RandomSampler(seed=s.seed),
+        "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=s.seed),
+    }
+    metrics, modes = zip(*s.objectives)
+    multi = len(metrics) > 1
+    searcher = OptunaSearch(
+        metric=list(metrics) if multi else metrics[0],
+        mode=list(modes) if multi else modes[0],
+        sampler=samplers[s.sampler](),
+        seed=s.seed,
+    )
+    searcher = ConcurrencyLimiter(searcher, max_concurrent=sweep.resources.max_concurrent_trials)
+    return {k: _tune_domain(d) for k, d in s.space.items()}, searcher, scheduler, s.num_samples
+
+
+def _ctx(sweep: SweepConfig, teacher_path: Path, student_path: Path, root: Path) -> dict[str, Any]:
+    return {
+        "teacher_path": str(Path(teacher_path).resolve()),
+        "student_path": str(Path(student_path).resolve()),
+        "results_root": str(root),
+        "resources": sweep.resources.model_dump(),
+        "fault_tolerance": sweep.fault_tolerance.model_dump(),
+    }
+
+
+def _trainable(sweep: SweepConfig):
+    from ray import tune
+
+    return tune.with_resources(run_trial, {"CPU": sweep.resources.trial_cpus})
+
+
 def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, verbose: int = 1) -> Path:
-    """Run every trial of the grid with Ray Tune (Ray must be initialised).
-    Returns the sweep directory (results root)."""
+    """Run every trial of the search with Ray Tune (Ray must be initialised).
+    Writes ``<root>/sweep.json`` first (what ``--resume`` reads). Returns the sweep
+    directory (results root)."""
     from ray import tune
 
     root = sweep.sweep_dir()
     root.mkdir(parents=True, exist_ok=True)
-    trials = expand_trials(sweep)  # validated already; also gives the count
+    expand_trials(sweep)  # validated already; cheap
+    (root / "sweep.json").write_text(json.dumps(sweep.model_dump(mode="json"), indent=1))
     r = sweep.resources
-    ctx = {
-        "teacher_path": str(Path(teacher_path).resolve()),
-        "student_path": str(Path(student_path).resolve()),
-        "results_root": str(root),
-        "resources": r.model_dump(),
-    }
-    param_space: dict[str, Any] = {k: tune.grid_search(v) for k, v in sweep.search.grid.items()}
-    param_space.update(base=sweep.trial.model_dump(mode="json"), ctx=ctx)
+    param_space, search_alg, scheduler, num_samples = build_search(sweep)
+    param_space.update(base=sweep.trial.model_dump(mode="json"), ctx=_ctx(sweep, teacher_path, student_path, root))
+    searched = list(sweep.search.grid) + list(sweep.search.space)
     reporter = tune.CLIReporter(
-        parameter_columns=list(sweep.search.grid),
-        metric_columns={"step": "step", "loss": "loss", "kl/forward": "fKL", "kl/reverse": "rKL"},
-        max_report_frequency=30,
+        parameter_columns=searched, metric_columns=REPORTER_COLUMNS, max_report_frequency=30,
     )
     tuner = tune.Tuner(
-        tune.with_resources(run_trial, {"CPU": r.trial_cpus}),
+        _trainable(sweep),
         param_space=param_space,
-        tune_config=tune.TuneConfig(max_concurrent_trials=r.max_concurrent_trials),
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=r.max_concurrent_trials, num_samples=num_samples,
+            search_alg=search_alg, scheduler=scheduler,
+        ),
         run_config=tune.RunConfig(
             name="tune", storage_path=str(root), progress_reporter=reporter, verbose=verbose,
-            failure_config=tune.FailureConfig(max_failures=0),
+            failure_config=tune.FailureConfig(max_failures=sweep.fault_tolerance.trial_retries),
         ),
     )
+    return _fit(tuner, sweep, root)
+
+
+def resume_sweep(root: str | Path, teacher_path: Path, student_path: Path, *, verbose: int = 1) -> Path:
+    """Continue an interrupted sweep from ``<root>/tune`` with ``Tuner.restore``:
+    finished trials are kept (and, having ``completed`` rows, never rerun),
+    unfinished and errored ones resume from their latest checkpoints."""
+    from ray import tune
+
+    root = Path(root).resolve()
+    sweep = SweepConfig.model_validate(json.loads((root / "sweep.json").read_text()))
+    if not tune.Tuner.can_restore(str(root / "tune")):
+        raise FileNotFoundError(f"{root / 'tune'} holds no Tune experiment to resume")
+    tuner = tune.Tuner.restore(
+        str(root / "tune"), trainable=_trainable(sweep), resume_unfinished=True, resume_errored=True,
+    )
+    return _fit(tuner, sweep, root)
+
+
+def _fit(tuner, sweep: SweepConfig, root: Path) -> Path:
     t0 = time.perf_counter()
     grid = tuner.fit()
     errors = [res.error for res in grid if res.error]
-    print(f"[sweep] {len(trials)} trials in {time.perf_counter() - t0:.0f} s, {len(errors)} failed", flush=True)
+    print(f"[sweep] {len(grid)} trials in {time.perf_counter() - t0:.0f} s, {len(errors)} failed", flush=True)
+    if sweep.search.kind == "optuna":
+        print_search_summary(root, sweep)
     return root
+
+
+def print_search_summary(root: Path, sweep: SweepConfig) -> None:
+    """Print the best trial (one objective) or the Pareto front (several), from the
+    sweep's Parquet results (finished trials, including ones of earlier runs)."""
+    import polars as pl
+
+    from distillab.results import load, pareto_front, trial_metrics
+
+    objectives = sweep.search.objectives
+    df = trial_metrics(load(root))
+    cols = [c for c in ["trial_id", *sweep.search.space] if c in df.columns]
+    missing = [m for m, _ in objectives if m not in df.columns]
+    if df.is_empty() or missing:
+        print(f"[search] no completed trial reports {missing or 'the objectives'}", flush=True)
+        return
+    if len(objectives) == 1:
+        (m, mode), = objectives
+        best = df.sort(m, descending=mode == "max", nulls_last=True).head(1)
+        print(f"[search] best trial by {m} ({mode}):", flush=True)
+        print(best.select(*cols, m), flush=True)
+    else:
+        front = pareto_front(df, objectives).filter(pl.col("pareto"))
+        print(f"[search] Pareto front over {objectives} ({front.height} of {df.height} trials):", flush=True)
+        print(front.select(*cols, *[m for m, _ in objectives]).sort(objectives[0][0]), flush=True)
