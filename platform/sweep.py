@@ -31,6 +31,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ray.tune.search.optuna import OptunaSearch
+
 from distillab.config import SweepConfig, TrialConfig, expand_trials, set_dotted
 from distillab.results import report_metrics, write_rows
 
@@ -157,6 +159,17 @@ def _tune_domain(domain):
     return tune.choice(list(domain.choice))
 
 
+class FinalReportOptunaSearch(OptunaSearch):
+    """Tune's ``OptunaSearch``, told only by reports that carry the objectives (a
+    trial's final report): intermediate training reports are skipped instead of
+    raising ``KeyError`` in ``on_trial_result`` (single objective)."""
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        metrics = self.metric if isinstance(self.metric, list) else [self.metric]
+        if all(m in result for m in metrics):
+            super().on_trial_result(trial_id, result)
+
+
 def build_search(sweep: SweepConfig):
     """``(param_space, search_alg, scheduler, num_samples)`` for the Tuner: the grid
     as ``tune.grid_search`` per dotted key, or Optuna over Tune domains (the sampler
@@ -178,7 +191,10 @@ def build_search(sweep: SweepConfig):
 
     import optuna
     from ray.tune.search import ConcurrencyLimiter
-    from ray.tune.search.optuna import OptunaSearch
+
+    # the objectives are in each trial's final report only; Tune's strict check would
+    # reject the intermediate (per-10-steps) reports that lack them
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
 
     samplers = {
         "tpe": lambda: optuna.samplers.TPESampler(seed=s.seed),
@@ -187,7 +203,7 @@ def build_search(sweep: SweepConfig):
     }
     metrics, modes = zip(*s.objectives)
     multi = len(metrics) > 1
-    searcher = OptunaSearch(
+    searcher = FinalReportOptunaSearch(
         metric=list(metrics) if multi else metrics[0],
         mode=list(modes) if multi else modes[0],
         sampler=samplers[s.sampler](),
@@ -261,7 +277,27 @@ def resume_sweep(root: str | Path, teacher_path: Path, student_path: Path, *, ve
     return _fit(tuner, sweep, root)
 
 
+def _pin_train_coordinator_to_driver_node() -> None:
+    """Create Ray Train's detached autoscaling-coordinator actor on the driver's node
+    (the head, under ``ray job submit``) before any trial does.
+
+    Ray 2.60 creates it, once per cluster, with a hard node affinity to the node of
+    the first Train controller; if a trial's controller ran on a worker node that is
+    later lost, the actor cannot restart and every later Train run on the cluster
+    fails to start its workers (measured in tests/test_faults.py). A private Ray API:
+    skipped silently where it moved."""
+    try:
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+            get_or_create_autoscaling_coordinator,
+        )
+
+        get_or_create_autoscaling_coordinator()
+    except Exception as e:  # an internal module moved or changed: Ray's default behaviour
+        log.debug("could not pre-create Ray Train's autoscaling coordinator: %s", e)
+
+
 def _fit(tuner, sweep: SweepConfig, root: Path) -> Path:
+    _pin_train_coordinator_to_driver_node()
     t0 = time.perf_counter()
     grid = tuner.fit()
     errors = [res.error for res in grid if res.error]
@@ -285,12 +321,13 @@ def print_search_summary(root: Path, sweep: SweepConfig) -> None:
     if df.is_empty() or missing:
         print(f"[search] no completed trial reports {missing or 'the objectives'}", flush=True)
         return
-    if len(objectives) == 1:
-        (m, mode), = objectives
-        best = df.sort(m, descending=mode == "max", nulls_last=True).head(1)
-        print(f"[search] best trial by {m} ({mode}):", flush=True)
-        print(best.select(*cols, m), flush=True)
-    else:
-        front = pareto_front(df, objectives).filter(pl.col("pareto"))
-        print(f"[search] Pareto front over {objectives} ({front.height} of {df.height} trials):", flush=True)
-        print(front.select(*cols, *[m for m, _ in objectives]).sort(objectives[0][0]), flush=True)
+    with pl.Config(fmt_str_lengths=120, tbl_rows=200, tbl_cols=20, tbl_width_chars=250):
+        if len(objectives) == 1:
+            (m, mode), = objectives
+            best = df.sort(m, descending=mode == "max", nulls_last=True).head(1)
+            print(f"[search] best trial by {m} ({mode}):", flush=True)
+            print(best.select(*cols, m), flush=True)
+        else:
+            front = pareto_front(df, objectives).filter(pl.col("pareto"))
+            print(f"[search] Pareto front over {objectives} ({front.height} of {df.height} trials):", flush=True)
+            print(front.select(*cols, *[m for m, _ in objectives]).sort(objectives[0][0]), flush=True)

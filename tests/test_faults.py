@@ -1,0 +1,328 @@
+"""Sweeps that survive faults and run as Ray jobs (slow; real Ray, Tune, Train, DeepSpeed):
+
+- a Train worker killed with SIGKILL mid-trial: the trial resumes from its last
+  checkpoint and every (trial, step, name) metric lands exactly once;
+- the sweep driver killed after the first trial completes, then ``--resume``;
+- a 2-node local cluster losing a node mid-sweep;
+- ``ray job submit`` against a head started here (a subprocess ended by its PID,
+  never ``ray stop``), with the custom Ray metrics on the head's metrics endpoint.
+
+All on the smoke models (search_spaces/smoke.yaml), cached under ``.cache/models``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from distillab.config import load_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / ".cache"
+SMOKE = REPO / "search_spaces" / "smoke.yaml"
+
+pytestmark = pytest.mark.slow
+
+
+def _sweep(tmp_path: Path, **overrides):
+    base = {"storage_path": str(tmp_path), "models.cache_dir": str(CACHE / "models")}
+    return load_sweep(SMOKE, {**base, **overrides})
+
+
+def _metric_steps(root: Path) -> list[int]:
+    d = root / "metrics"
+    return [int(f.stem.rsplit("__", 1)[1]) for f in d.glob("*.parquet")] if d.exists() else []
+
+
+def _assert_metrics_once(res) -> pl.DataFrame:
+    m = res.metrics.collect()
+    dup = m.group_by("trial_id", "stage", "step", "name").len().filter(pl.col("len") > 1)
+    assert dup.is_empty(), dup
+    return m
+
+
+def _kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` (a process started with
+    ``start_new_session=True``): that driver or head and the Ray processes it started."""
+    out = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        pid, s = map(int, line.split())
+        if s == sid and pid != os.getpid():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _train_worker_pids() -> list[int]:
+    """PIDs of live Ray Train workers (process title ``ray::RayTrainWorker...``) that
+    descend from this process, i.e. belong to the Ray this test started."""
+    me, out = os.getpid(), []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            title = (d / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            if not title.startswith("ray::RayTrainWorker"):
+                continue
+            pid = int(d.name)
+            while pid > 1 and pid != me:
+                pid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if pid == me:
+                out.append(int(d.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def _registered_checkpoints(root: Path) -> int:
+    """How many checkpoints Ray Train's controller has registered for the sweep's runs
+    (its ``checkpoint_manager_snapshot.json`` under ``train/<trial_id>/``)."""
+    import json
+
+    n = 0
+    for f in (root / "train").glob("*/checkpoint_manager_snapshot.json"):
+        try:
+            n += len(json.loads(f.read_text()).get("checkpoint_results", []))
+        except (OSError, ValueError):
+            pass
+    return n
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------------------
+# a Train worker killed mid-trial
+# --------------------------------------------------------------------------------------
+
+
+def test_killed_worker_resumes_from_checkpoint(tmp_path: Path) -> None:
+    import ray
+
+    from distillab.prepare import prepare
+    from distillab.results import load
+    from distillab.sweep import run_sweep
+
+    steps, every = 200, 50
+    sweep = _sweep(tmp_path, **{"search.grid": {"rollout.policy": ["onpd"]}, "trial.optimizer.steps": steps,
+                                "trial.optimizer.checkpoint_every": every, "fault_tolerance.worker_restarts": 2})
+    root = sweep.sweep_dir()
+    teacher, student = prepare(sweep, threads=1)
+    killed: dict[str, int] = {}
+
+    def killer() -> None:
+        pid, deadline = None, time.time() + 600
+        while time.time() < deadline and not killed:
+            if pid is None:
+                alive = _train_worker_pids()
+                pid = alive[0] if alive else None
+            elif _registered_checkpoints(root) and max(_metric_steps(root), default=0) > every:
+                killed["at_step"] = max(_metric_steps(root))  # past a checkpoint that Train has registered
+                os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        t = threading.Thread(target=killer, daemon=True)
+        t.start()
+        run_sweep(sweep, teacher, student, verbose=0)
+        t.join(timeout=5)
+    finally:
+        ray.shutdown()
+    assert killed and killed["at_step"] < steps, killed  # the kill happened mid-trial
+    res = load(root)
+    trial = res.trials.collect()
+    assert trial.height == 1 and trial["status"].item() == "completed", trial["error"].item()
+    m = _assert_metrics_once(res)
+    loss = m.filter(pl.col("name") == "loss").sort("step")
+    assert loss["step"].to_list() == list(range(1, steps + 1))  # every step exactly once
+    resumed = m.filter(pl.col("name") == "resume/start_step")["value"].to_list()
+    # the restart continued from a checkpoint (a multiple of `every`, > 0), not from step 0
+    assert len(resumed) == 1 and resumed[0] > 0 and resumed[0] % every == 0 and resumed[0] <= killed["at_step"]
+    ev = res.evals.collect()
+    assert ev.filter(pl.col("stage") == "pre")["step"].unique().to_list() == [0]
+    assert ev.filter(pl.col("stage") == "distill")["step"].unique().to_list() == [steps]
+
+
+# --------------------------------------------------------------------------------------
+# the driver killed, then --resume
+# --------------------------------------------------------------------------------------
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "distillab.cli", *args]
+
+
+def test_killed_driver_then_resume(tmp_path: Path) -> None:
+    from distillab.results import load
+
+    sets = ["--set", f"storage_path={tmp_path}", "--set", f"models.cache_dir={CACHE / 'models'}",
+            "--set", "resources.max_concurrent_trials=1", "--set", "trial.optimizer.steps=40",
+            "--set", "trial.optimizer.checkpoint_every=20"]
+    root = tmp_path / "smoke"
+    log = (tmp_path / "driver.log").open("w")
+    driver = subprocess.Popen(_cli("sweep", str(SMOKE), *sets, "--no-dashboard"), stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+    first = None
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and driver.poll() is None:
+            if (root / "trials").exists():
+                rows = load(root).trials.collect()
+                done = rows.filter(pl.col("status") == "completed")
+                if done.height:
+                    first = done.row(0, named=True)
+                    break
+            time.sleep(0.5)
+        assert first is not None, (tmp_path / "driver.log").read_text()[-3000:]
+        time.sleep(3)  # let Tune record the finished trial in its experiment state
+    finally:
+        _kill_session(driver.pid)  # SIGKILL the driver and the local Ray it started
+        driver.wait(timeout=60)
+    assert driver.returncode == -signal.SIGKILL
+    rows = load(root).trials.collect()
+    assert rows.filter(pl.col("status") == "completed").height == 1  # the second trial did not finish
+
+    resumed = subprocess.run(_cli("sweep", "--resume", str(root), "--no-dashboard"), capture_output=True,
+                             text=True, timeout=900, cwd=REPO, start_new_session=True)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    res = load(root)
+    rows = res.trials.collect()
+    assert rows.height == 2 and rows["trial_id"].n_unique() == 2  # each trials row exactly once
+    assert (rows["status"] == "completed").all(), rows["error"].to_list()
+    again = rows.filter(pl.col("trial_id") == first["trial_id"]).row(0, named=True)
+    assert again["start_time"] == first["start_time"] and again["end_time"] == first["end_time"]  # not rerun
+    m = _assert_metrics_once(res)
+    for tid in rows["trial_id"]:
+        assert m.filter((pl.col("trial_id") == tid) & (pl.col("name") == "loss"))["step"].sort().to_list() == list(range(1, 41))
+
+
+# --------------------------------------------------------------------------------------
+# a 2-node cluster losing a node
+# --------------------------------------------------------------------------------------
+
+
+def test_two_node_cluster_loses_a_node(tmp_path: Path) -> None:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from distillab.prepare import prepare
+    from distillab.results import load
+    from distillab.sweep import run_sweep
+
+    steps, every = 200, 40
+    sweep = _sweep(tmp_path, **{"trial.optimizer.steps": steps, "trial.optimizer.checkpoint_every": every,
+                                "resources.cpus_per_worker": 0.9})
+    root = sweep.sweep_dir()
+    teacher, student = prepare(sweep, threads=1)
+    # the dashboard serves the state API that Ray Train's PlacementGroupCleaner needs to free a lost
+    # trial's placement group; without it the retried trials wait for CPUs forever
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": True,
+                                                            "dashboard_host": "127.0.0.1"})
+    node = cluster.add_node(num_cpus=1)  # each node fits one 0.9-CPU worker: one trial per node
+    removed: dict[str, float] = {}
+
+    def remover() -> None:
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            if _registered_checkpoints(root) >= 2:  # both trials have a checkpoint
+                cluster.remove_node(node, allow_graceful=False)
+                removed["t"] = time.time()
+                return
+            time.sleep(0.2)
+
+    try:
+        ray.init(address=cluster.address)
+        t = threading.Thread(target=remover, daemon=True)
+        t.start()
+        run_sweep(sweep, teacher, student, verbose=0)
+        t.join(timeout=5)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    assert removed, "the node was never removed"
+    res = load(root)
+    rows = res.trials.collect()
+    assert rows.height == 2 and (rows["status"] == "completed").all(), rows["error"].to_list()
+    m = _assert_metrics_once(res)
+    for tid in rows["trial_id"]:
+        steps_seen = m.filter((pl.col("trial_id") == tid) & (pl.col("name") == "loss"))["step"].sort().to_list()
+        assert steps_seen == list(range(1, steps + 1))
+
+
+# --------------------------------------------------------------------------------------
+# ray job submit against a local head
+# --------------------------------------------------------------------------------------
+
+
+def test_ray_job_submit(tmp_path: Path) -> None:
+    from distillab.results import load
+
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    gcs, dash, mport = _free_port(), _free_port(), _free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    temp_dir = CACHE / f"ray-job-{os.getpid()}"
+    head = subprocess.Popen(
+        [ray_bin, "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2", "--include-dashboard=true",
+         "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--metrics-export-port={mport}",
+         f"--temp-dir={temp_dir}"],
+        env=env, stdout=(tmp_path / "head.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    address = f"http://127.0.0.1:{dash}"
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            try:
+                urllib.request.urlopen(f"{address}/api/version", timeout=2)
+                break
+            except urllib.error.HTTPError:  # it answered (401 without the auth token): it is up
+                break
+            except OSError:
+                assert head.poll() is None, (tmp_path / "head.log").read_text()[-3000:]
+                time.sleep(1)
+        entry = [sys.executable, "-m", "distillab.cli", "sweep", "search_spaces/smoke.yaml",
+                 "--set", f"storage_path={tmp_path}", "--set", f"models.cache_dir={CACHE / 'models'}"]
+        sub = subprocess.run(
+            [ray_bin, "job", "submit", "--address", address, "--working-dir", str(REPO),
+             "--submission-id", "distillab-smoke", "--", *entry],
+            env=env, capture_output=True, text=True, timeout=900, cwd=REPO,
+        )
+        assert sub.returncode == 0, sub.stdout[-3000:] + sub.stderr[-3000:]
+        status = subprocess.run([ray_bin, "job", "status", "--address", address, "distillab-smoke"],
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert "Job 'distillab-smoke' succeeded" in status.stdout, status.stdout + status.stderr
+        # the custom gauges reach the head's Prometheus endpoint (exported every few seconds)
+        text, deadline = "", time.time() + 60
+        while "distillab_rollout_tokens_per_s" not in text and time.time() < deadline:
+            try:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
+            except OSError:
+                pass
+            time.sleep(2)
+        assert "ray_distillab_rollout_tokens_per_s" in text and "ray_distillab_kl_forward" in text
+    finally:
+        head.send_signal(signal.SIGTERM)  # --block: the head ends with its process, never `ray stop`
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        _kill_session(head.pid)
+    res = load(tmp_path / "smoke")
+    rows = res.trials.collect()
+    assert rows.height == 2 and (rows["status"] == "completed").all()
+    assert res.evals.filter(pl.col("stage") == "distill").collect().height > 0

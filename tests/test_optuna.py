@@ -1,0 +1,84 @@
+"""Bayesian search through Ray Tune's OptunaSearch on the smoke models (slow):
+6 trials over the learning rate (log-uniform) and the rollout spectrum λ (uniform),
+one objective (the best trial is printed) and two (the Pareto front is printed)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from distillab.config import load_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = REPO / ".cache"
+OPTUNA = REPO / "search_spaces" / "smoke_optuna.yaml"
+
+pytestmark = pytest.mark.slow
+
+
+def _run(tmp_path: Path, **overrides):
+    import ray
+
+    from distillab.prepare import prepare
+    from distillab.results import load
+    from distillab.sweep import run_sweep
+
+    sweep = load_sweep(OPTUNA, {"storage_path": str(tmp_path), "models.cache_dir": str(CACHE / "models"), **overrides})
+    teacher, student = prepare(sweep, threads=1)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        root = run_sweep(sweep, teacher, student, verbose=0)
+    finally:
+        ray.shutdown()
+    return sweep, load(root)
+
+
+def _check_trials(sweep, res) -> pl.DataFrame:
+    trials = res.trials.collect()
+    assert trials.height == sweep.search.num_samples
+    assert (trials["status"] == "completed").all(), trials["error"].to_list()
+    lr, lam = trials["optimizer.lr"], trials["rollout.lambda"]
+    assert lr.n_unique() == trials.height and lam.n_unique() == trials.height  # sampled, not repeated
+    assert ((lr >= 1e-4) & (lr <= 1e-2)).all() and ((lam >= -2) & (lam <= 2)).all()
+    # the spectrum sampler recorded the rollouts' log-likelihoods under both models
+    m = res.metrics.filter(pl.col("name").is_in(["rollout/student_loglik", "rollout/teacher_loglik"])).collect()
+    steps = sweep.trial.optimizer.steps
+    assert m.height == 2 * steps * trials.height and m["value"].is_finite().all() and (m["value"] <= 0).all()
+    return trials
+
+
+def test_optuna_single_objective_reports_best(tmp_path: Path, capsys) -> None:
+    from distillab.results import trial_metrics
+
+    metric = "eval/distill/countdown3/accuracy"
+    sweep, res = _run(tmp_path, **{"search.metric": metric, "search.mode": "max"})
+    _check_trials(sweep, res)
+    out = capsys.readouterr().out
+    assert f"[search] best trial by {metric} (max):" in out
+    wide = trial_metrics(res)
+    best = wide.sort(metric, descending=True).row(0, named=True)
+    assert best["trial_id"] in out.split(f"[search] best trial by {metric} (max):", 1)[1]
+
+
+def test_optuna_multi_objective_pareto_front(tmp_path: Path, capsys) -> None:
+    from distillab.results import trial_metrics
+
+    sweep, res = _run(tmp_path, **{"search.num_samples": 4})
+    _check_trials(sweep, res)
+    out = capsys.readouterr().out
+    assert "[search] Pareto front over" in out
+    wide = trial_metrics(res)
+    objs = [("eval/distill/countdown3/accuracy", 1.0), ("eval/forgetting", 1.0)]
+    pts = {r["trial_id"]: tuple(s * r[m] for m, s in objs) for r in wide.iter_rows(named=True)}
+    assert all(all(math.isfinite(v) for v in p) for p in pts.values())
+
+    def dominated(p) -> bool:
+        return any(all(a >= b for a, b in zip(q, p)) and q != p for q in pts.values())
+
+    front = [t for t, p in pts.items() if not dominated(p)]
+    printed = out.split("[search] Pareto front over", 1)[1]
+    assert front and all(t in printed for t in front)  # brute force agrees with the printed front
+    assert all(t not in printed for t in set(pts) - set(front))
