@@ -326,6 +326,9 @@ def train_loop_per_worker(config: dict) -> None:
     train_s = time.perf_counter() - t_train
     final = {"step": o.steps, "time/train_s": train_s}
     if rank == 0:
+        write_rows(root, "metrics", [{"trial_id": trial_id, "stage": "distill", "step": o.steps,
+                                      "name": "time/train_s", "value": train_s}],
+                   key=f"{trial_id}__distill__train_time")  # in-loop seconds (of this run, after a resume)
         _evaluate(evaluator, engine.module, trial, trial_id, "distill", o.steps, root, init_state)
         final.update(report_metrics(root, trial_id))  # pre (also after a resume), distill, eval/forgetting
     checkpoint = _make_checkpoint(engine, trial, tok, o.steps, rank)
