@@ -265,6 +265,7 @@ def train_loop_per_worker(config: dict) -> None:
     prompts = train_prompts(trial, tok, rank)
     gen = torch.Generator().manual_seed(trial.seed * 7 + rank)
     pending: list[dict] = []
+    last_metrics: dict[str, float] = {}
     if start_step > 0:  # a restart from a checkpoint: say so in the metrics table
         log.info("%s resumed at step %d", trial_id, start_step)
         pending.append({"trial_id": trial_id, "stage": "distill", "step": start_step,
@@ -303,6 +304,7 @@ def train_loop_per_worker(config: dict) -> None:
             vals = rollouts.extras.get(name)
             if vals:
                 metrics[f"rollout/{name}"] = sum(vals) / len(vals)
+        last_metrics = metrics
         if gauges is not None:
             gauges.set(metrics)
         pending += [
@@ -324,7 +326,7 @@ def train_loop_per_worker(config: dict) -> None:
 
     # --- after: evaluation, sparsity, final checkpoint
     train_s = time.perf_counter() - t_train
-    final = {"step": o.steps, "time/train_s": train_s}
+    final = {**last_metrics, "step": o.steps, "time/train_s": train_s}  # last step's diagnostics stay in view
     if rank == 0:
         write_rows(root, "metrics", [{"trial_id": trial_id, "stage": "distill", "step": o.steps,
                                       "name": "time/train_s", "value": train_s}],

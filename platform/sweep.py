@@ -243,6 +243,8 @@ def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, ver
     param_space, search_alg, scheduler, num_samples = build_search(sweep)
     param_space.update(base=sweep.trial.model_dump(mode="json"), ctx=_ctx(sweep, teacher_path, student_path, root))
     searched = list(sweep.search.grid) + list(sweep.search.space)
+    # Ray's newer console output ignores a custom reporter; the classic one shows our columns
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     reporter = tune.CLIReporter(
         parameter_columns=searched, metric_columns=REPORTER_COLUMNS, max_report_frequency=30,
     )
