@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     init_ray(args.address, dashboard=not args.no_dashboard)
     try:
         root = resume_sweep(resume, teacher, student) if resume else run_sweep(sweep, teacher, student)
+    except FileNotFoundError as e:  # --resume of a directory whose Tune state was never written
+        print(f"distillab: {e}", file=sys.stderr)
+        return 2
     finally:
         ray.shutdown()
     print(f"[time] sweep: {time.perf_counter() - t1:.0f} s", flush=True)

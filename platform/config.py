@@ -245,9 +245,11 @@ class ResourcesConfig(_Strict):
 #: Paths a grid may sweep (dotted into `TrialConfig`).
 SEARCHABLE = (
     "seed",
-    "rollout.policy", "rollout.lambda", "rollout.tau_t", "rollout.tau_s", "rollout.top_p",
-    "loss.kind", "loss.estimator", "loss.tau_t", "loss.tau_s",
+    "rollout.policy", "rollout.lambda", "rollout.alpha", "rollout.clip_c", "rollout.tau_t", "rollout.tau_s",
+    "rollout.top_p", "rollout.max_tokens",
+    "loss.kind", "loss.estimator", "loss.tau_t", "loss.tau_s", "loss.reduction",
     "optimizer.lr", "optimizer.clip", "optimizer.steps", "optimizer.warmup_steps", "optimizer.zero_stage",
+    "optimizer.weight_decay", "optimizer.prompts_per_step", "optimizer.rollouts_per_prompt",
 )
 
 
