@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "report":
         from distillab.results import final_table, format_table, load
 
+        missing = [p for p in args.path if not Path(p).is_dir()]
+        if missing:
+            print(f"distillab: report: no such sweep directory: {', '.join(missing)}", file=sys.stderr)
+            return 2
         res = load(args.path if len(args.path) > 1 else args.path[0])
         group_by = default_group_by(res)
         print(format_table(final_table(res, group_by=group_by)))
@@ -116,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     res = load(root)
     print(format_table(final_table(res, group_by=default_group_by(res))))
     print(f"[time] total: {time.perf_counter() - t0:.0f} s; results: {root}", flush=True)
-    return 0
+    from distillab.sweep import completed_trials, expected_trials
+
+    return 0 if completed_trials(root) >= expected_trials(sweep) else 1  # interrupted or failed trials
 
 
 def load_resumable(path: str):

@@ -16,6 +16,7 @@ import hashlib
 import itertools
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -287,6 +288,36 @@ class Domain(_Strict):
         return list(b) if b is not None else list(self.choice)
 
 
+#: Keys of every training report (``distill``): what ASHA can stop on and what a final report repeats.
+TRAINING_METRICS = (
+    "loss", "grad_norm", "lr", "kl/forward", "kl/reverse", "teacher/entropy", "teacher/cross_entropy",
+    "rollout/length", "rollout/tokens_per_s", "rollout/student_loglik", "rollout/teacher_loglik", "time/step_s",
+)
+#: Keys of a trial's final report beyond the training ones: ``eval/<stage>/<task>/<metric>``, ``eval/forgetting``.
+_EVAL_KEY = re.compile(
+    r"eval/(pre|distill|rlvr)/(countdown2|countdown3|countdown4e|countdown4|ood|ood/[a-z_]+|params)/"
+    r"(accuracy|ood_mean|pass@\d+|sparsity@[0-9.e+-]+)"
+)
+
+
+def check_report_metric(name: str, field: str, *, training_only: bool = False) -> None:
+    """Raise ValueError naming ``field`` if ``name`` is not a key trials report.
+
+    Raises:
+        ValueError: an unknown key, with the allowed forms.
+    """
+    if name in TRAINING_METRICS:
+        return
+    if not training_only and (name == "eval/forgetting" or _EVAL_KEY.fullmatch(name)):
+        return
+    allowed = f"one of {list(TRAINING_METRICS)}"
+    if not training_only:
+        allowed += (", 'eval/forgetting', or eval/<pre|distill|rlvr>/<task>/<metric> "
+                    "(e.g. eval/distill/countdown3/accuracy, eval/distill/countdown4e/pass@10, "
+                    "eval/distill/ood/ood_mean)")
+    raise ValueError(f"{field} {name!r} is not a reported metric; allowed: {allowed}")
+
+
 class SchedulerConfig(_Strict):
     """Early stopping (Ray Tune's ASHA) on a metric reported during training, with
     ``step`` (optimizer steps) as the time axis."""
@@ -297,6 +328,12 @@ class SchedulerConfig(_Strict):
     grace_period: int = Field(default=50, ge=1)
     max_t: int | None = Field(default=None, ge=1)
     reduction_factor: float = Field(default=3.0, gt=1)
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, v: str) -> str:
+        check_report_metric(v, "search.scheduler.metric", training_only=True)  # ASHA sees training reports
+        return v
 
 
 class SearchConfig(_Strict):
@@ -356,6 +393,8 @@ class SearchConfig(_Strict):
         modes = [self.mode] if isinstance(self.mode, str) else list(self.mode)
         if len(metrics) != len(modes) or not metrics:
             raise ValueError(f"search.metric and search.mode must have the same length, got {metrics} and {modes}")
+        for m in metrics:
+            check_report_metric(m, "search.metric")
         return self
 
     @property

@@ -192,9 +192,6 @@ def build_search(sweep: SweepConfig):
     import optuna
     from ray.tune.search import ConcurrencyLimiter
 
-    # the objectives are in each trial's final report only; Tune's strict check would
-    # reject the intermediate (per-10-steps) reports that lack them
-    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
 
     samplers = {
         "tpe": lambda: optuna.samplers.TPESampler(seed=s.seed),
@@ -243,8 +240,6 @@ def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, ver
     param_space, search_alg, scheduler, num_samples = build_search(sweep)
     param_space.update(base=sweep.trial.model_dump(mode="json"), ctx=_ctx(sweep, teacher_path, student_path, root))
     searched = list(sweep.search.grid) + list(sweep.search.space)
-    # Ray's newer console output ignores a custom reporter; the classic one shows our columns
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     reporter = tune.CLIReporter(
         parameter_columns=searched, metric_columns=REPORTER_COLUMNS, max_report_frequency=30,
     )
@@ -252,7 +247,9 @@ def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, ver
         _trainable(sweep),
         param_space=param_space,
         tune_config=tune.TuneConfig(
-            max_concurrent_trials=r.max_concurrent_trials, num_samples=num_samples,
+            # Optuna: its ConcurrencyLimiter holds the limit (Tune warns if both are given)
+            max_concurrent_trials=None if search_alg is not None else r.max_concurrent_trials,
+            num_samples=num_samples,
             search_alg=search_alg, scheduler=scheduler,
         ),
         run_config=tune.RunConfig(
@@ -298,12 +295,36 @@ def _pin_train_coordinator_to_driver_node() -> None:
         log.debug("could not pre-create Ray Train's autoscaling coordinator: %s", e)
 
 
+def expected_trials(sweep: SweepConfig) -> int:
+    """How many trials the sweep runs: the grid's size, or ``search.num_samples``."""
+    return sweep.search.num_samples if sweep.search.kind == "optuna" else len(expand_trials(sweep))
+
+
+def completed_trials(root: Path) -> int:
+    """How many rows of ``<root>/trials`` are ``completed``."""
+    import polars as pl
+
+    files = list((root / "trials").glob("*.parquet")) if (root / "trials").exists() else []
+    if not files:
+        return 0
+    return pl.scan_parquet(files).filter(pl.col("status") == "completed").select(pl.len()).collect().item()
+
+
 def _fit(tuner, sweep: SweepConfig, root: Path) -> Path:
+    # the objectives are in each trial's final report only; Tune's strict check would
+    # reject the intermediate (per-10-steps) reports that lack them
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    # Ray's newer console output ignores a custom reporter; the classic one shows our columns
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     _pin_train_coordinator_to_driver_node()
     t0 = time.perf_counter()
     grid = tuner.fit()
     errors = [res.error for res in grid if res.error]
-    print(f"[sweep] {len(grid)} trials in {time.perf_counter() - t0:.0f} s, {len(errors)} failed", flush=True)
+    done, want = completed_trials(root), expected_trials(sweep)
+    print(f"[sweep] {done} of {want} trials completed in {time.perf_counter() - t0:.0f} s, {len(errors)} failed",
+          flush=True)
+    if done < want:
+        print(f"[sweep] incomplete; continue with: distillab sweep --resume {root}", flush=True)
     if sweep.search.kind == "optuna":
         print_search_summary(root, sweep)
     return root

@@ -161,3 +161,19 @@ def test_resume_needs_a_sweep_directory(tmp_path: Path, capsys) -> None:
     assert "bogus" in capsys.readouterr().err
     assert main(["sweep"]) == 2
     assert "needs a config YAML" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ({"search.metric": ["eval/distill/countdown3/acc", "eval/forgetting"]}, "search.metric 'eval/distill/countdown3/acc' is not a reported metric"),
+        ({"search.metric": "accuracy", "search.mode": "max"}, "search.metric 'accuracy' is not a reported metric"),
+        ({"search.scheduler": {"metric": "eval/forgetting"}}, "search.scheduler.metric 'eval/forgetting' is not a reported metric"),
+    ],
+)
+def test_metric_names_are_checked_before_compute(override: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment.replace(".", r"\.").replace("/", "/")):
+        load_sweep(OPTUNA, override)
+    ok = load_sweep(OPTUNA, {"search.metric": ["eval/distill/countdown4e/pass@10", "eval/distill/ood/add/accuracy"],
+                             "search.mode": ["max", "max"], "search.scheduler": {"metric": "kl/forward"}})
+    assert ok.search.scheduler.metric == "kl/forward"
