@@ -1,7 +1,7 @@
 """The distillation trial: a Ray Train ``TorchTrainer`` whose workers wrap the
 student in a DeepSpeed engine and run, per optimizer step,
 
-    prompts ─▶ rollouts (OffPD: teacher at τ_T; OnPD: student at τ_S)
+    prompts ─▶ rollouts (OffPD: teacher at τ_T; OnPD: student at τ_S; spectrum: π_λ)
             ─▶ teacher + student forward on prompt+rollout
             ─▶ token-level KL over completion tokens (ops.kl, both loss τ)
             ─▶ backward, unclipped grad norm logged, clip (or not), step
@@ -9,7 +9,9 @@ student in a DeepSpeed engine and run, per optimizer step,
 
 with the evaluation suite before (stage ``pre``) and after (stage ``distill``)
 on rank 0, update sparsity against the initial weights, and the final student
-saved as a safetensors checkpoint. PROTOCOL.md §1, §2, §4.
+saved as a safetensors checkpoint. PROTOCOL.md §1–§4. With
+``optimizer.checkpoint_every`` a restarted worker group resumes from the latest
+checkpoint (weights, step, LR schedule; not the AdamW moments).
 
 Stages are functions, read top to bottom: `setup_models`, `setup_engine`,
 `sample_rollouts`, `loss_step`, `train_loop_per_worker`, `run_trial`.
