@@ -28,6 +28,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class _StrictAliased(_Strict):
+    """A strict model with fields named in YAML by a Python keyword (``lambda``, ``int``):
+    accepted by alias or name, dumped by alias."""
+
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, serialize_by_alias=True, validate_by_name=True, validate_by_alias=True
+    )
+
+
 class CountdownTaskConfig(_Strict):
     """A Countdown variant (PROTOCOL.md §5): operands drawn with replacement from
     ``pool``, ``n_operands`` of them, targets in ``[target_min, target_max]``."""
@@ -122,7 +131,7 @@ class ModelsConfig(_Strict):
     prepare_seed: int = 0
 
 
-class RolloutConfig(_Strict):
+class RolloutConfig(_StrictAliased):
     """Rollout policy ρ and its sampling (PROTOCOL.md §1, §2, §3).
 
     ``offpd``: teacher samples at ``tau_t``; ``onpd``: student samples at ``tau_s``;
@@ -131,10 +140,6 @@ class RolloutConfig(_Strict):
     with the plausibility threshold ``alpha`` and the log-ratio clip ``clip_c``.
     In YAML and in result columns the field is ``rollout.lambda``.
     """
-
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, serialize_by_alias=True, validate_by_name=True, validate_by_alias=True
-    )
 
     policy: Literal["offpd", "onpd", "spectrum"] = "offpd"
     lambda_: float | None = Field(default=None, ge=-2.0, le=2.0, alias="lambda")
@@ -254,7 +259,7 @@ SEARCHABLE = (
 )
 
 
-class Domain(_Strict):
+class Domain(_StrictAliased):
     """One dimension of a Bayesian (Optuna) search space; exactly one of:
     ``uniform: [low, high]``, ``loguniform: [low, high]`` (low > 0), ``int: [low, high]``
     (inclusive) or ``choice: [v1, v2, ...]``."""
@@ -263,9 +268,6 @@ class Domain(_Strict):
     loguniform: tuple[float, float] | None = None
     int_: tuple[int, int] | None = Field(default=None, alias="int")
     choice: list[Any] | None = None
-
-    model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True, validate_by_name=True,
-                              validate_by_alias=True)
 
     @model_validator(mode="after")
     def _one(self) -> "Domain":

@@ -113,6 +113,20 @@ def pack_rollouts(
     return ids, attn, cmask
 
 
+def load_named_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy ``(name, tensor)`` pairs into ``model``'s state in place (a weight sync).
+
+    Raises:
+        KeyError: a name the model does not have.
+    """
+    state = model.state_dict()
+    with torch.no_grad():
+        for name, t in named_tensors:
+            if name not in state:
+                raise KeyError(f"update_weights: model has no parameter {name!r}")
+            state[name].copy_(t)
+
+
 def _sample_chunks(
     model: PreTrainedModel,
     prompt_ids: Sequence[Sequence[int]],
@@ -203,17 +217,12 @@ class TransformersEngine:
         self.batch_size = batch_size
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy tensors into the held model by parameter name.
+        """Copy tensors into the held model by parameter name (`load_named_tensors`).
 
         Raises:
             KeyError: a name the model does not have.
         """
-        state = self.model.state_dict()
-        with torch.no_grad():
-            for name, t in named_tensors:
-                if name not in state:
-                    raise KeyError(f"update_weights: model has no parameter {name!r}")
-                state[name].copy_(t)
+        load_named_tensors(self.model, named_tensors)
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> Rollouts:
@@ -404,8 +413,8 @@ class SpectrumEngine:
         self.batch_size = batch_size
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load new student weights (by parameter name)."""
-        TransformersEngine(self.student, self.eos_token_id, self.pad_token_id).update_weights(named_tensors)
+        """Load new student weights (by parameter name; `load_named_tensors`)."""
+        load_named_tensors(self.student, named_tensors)
 
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> Rollouts:

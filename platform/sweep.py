@@ -60,13 +60,15 @@ def trial_from_params(base: dict[str, Any], params: dict[str, Any]) -> TrialConf
     return TrialConfig.model_validate(d)
 
 
-def _completed_row(root: Path, trial_id: str) -> bool:
+def completed_trials(root: Path, trial_id: str | None = None) -> int:
+    """How many rows of ``<root>/trials`` are ``completed`` (only ``trial_id``'s, if given)."""
     import polars as pl
 
-    if not (root / "trials" / f"{trial_id}.parquet").exists():
-        return False
-    row = pl.read_parquet(root / "trials" / f"{trial_id}.parquet")
-    return row.height == 1 and row["status"][0] == "completed"
+    pattern = f"{trial_id}.parquet" if trial_id is not None else "*.parquet"
+    files = list((root / "trials").glob(pattern)) if (root / "trials").exists() else []
+    if not files:
+        return 0
+    return pl.scan_parquet(files).filter(pl.col("status") == "completed").select(pl.len()).collect().item()
 
 
 def run_trial(params: dict[str, Any]) -> None:
@@ -87,7 +89,7 @@ def run_trial(params: dict[str, Any]) -> None:
     trial = trial_from_params(params["base"], params)
     trial_id = trial.trial_id
     root = Path(ctx["results_root"])
-    if _completed_row(root, trial_id):
+    if completed_trials(root, trial_id):
         log.info("%s already completed; reporting its stored results", trial_id)
         tune.report({"step": trial.optimizer.steps, **report_metrics(root, trial_id), "skipped_rerun": 1})
         return
@@ -298,16 +300,6 @@ def _pin_train_coordinator_to_driver_node() -> None:
 def expected_trials(sweep: SweepConfig) -> int:
     """How many trials the sweep runs: the grid's size, or ``search.num_samples``."""
     return sweep.search.num_samples if sweep.search.kind == "optuna" else len(expand_trials(sweep))
-
-
-def completed_trials(root: Path) -> int:
-    """How many rows of ``<root>/trials`` are ``completed``."""
-    import polars as pl
-
-    files = list((root / "trials").glob("*.parquet")) if (root / "trials").exists() else []
-    if not files:
-        return 0
-    return pl.scan_parquet(files).filter(pl.col("status") == "completed").select(pl.len()).collect().item()
 
 
 def _fit(tuner, sweep: SweepConfig, root: Path) -> Path:

@@ -35,17 +35,35 @@ tempfile.tempdir = None
 import pytest  # noqa: E402
 
 
+def _run_locally(sweep) -> Path:
+    """``prepare`` (cached, 1 thread) and ``run_sweep`` on a local 2-CPU Ray without the
+    dashboard, ended with ``ray.shutdown()``. Returns the sweep directory."""
+    import ray
+
+    from distillab.prepare import prepare
+    from distillab.sweep import run_sweep
+
+    teacher, student = prepare(sweep, threads=1)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        return run_sweep(sweep, teacher, student, verbose=0)
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def run_locally():
+    """The function ``run_locally(sweep) -> sweep directory`` (a real local sweep)."""
+    return _run_locally
+
+
 @pytest.fixture(scope="session")
 def smoke_sweep(tmp_path_factory) -> Path:
     """A REAL small sweep, run once per test session: ``search_spaces/smoke.yaml`` (2
     trials, offpd and onpd) through ``prepare`` (micro models cached under
     ``<repo>/.cache/models``) and Ray Tune on a local 2-CPU Ray. Returns the sweep
     directory (``distillab.results.load`` reads it). Use only from slow tests."""
-    import ray
-
     from distillab.config import load_sweep
-    from distillab.prepare import prepare
-    from distillab.sweep import run_sweep
 
     sweep = load_sweep(
         REPO / "search_spaces" / "smoke.yaml",
@@ -54,10 +72,4 @@ def smoke_sweep(tmp_path_factory) -> Path:
             "models.cache_dir": str(CACHE / "models"),
         },
     )
-    teacher, student = prepare(sweep, threads=1)
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    try:
-        root = run_sweep(sweep, teacher, student, verbose=0)
-    finally:
-        ray.shutdown()
-    return root
+    return _run_locally(sweep)

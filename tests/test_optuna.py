@@ -19,21 +19,11 @@ OPTUNA = REPO / "search_spaces" / "smoke_optuna.yaml"
 pytestmark = pytest.mark.slow
 
 
-def _run(tmp_path: Path, **overrides):
-    import ray
-
-    from distillab.prepare import prepare
+def _run(run_locally, tmp_path: Path, **overrides):
     from distillab.results import load
-    from distillab.sweep import run_sweep
 
     sweep = load_sweep(OPTUNA, {"storage_path": str(tmp_path), "models.cache_dir": str(CACHE / "models"), **overrides})
-    teacher, student = prepare(sweep, threads=1)
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    try:
-        root = run_sweep(sweep, teacher, student, verbose=0)
-    finally:
-        ray.shutdown()
-    return sweep, load(root)
+    return sweep, load(run_locally(sweep))
 
 
 def _check_trials(sweep, res) -> pl.DataFrame:
@@ -50,11 +40,11 @@ def _check_trials(sweep, res) -> pl.DataFrame:
     return trials
 
 
-def test_optuna_single_objective_reports_best(tmp_path: Path, capsys) -> None:
+def test_optuna_single_objective_reports_best(run_locally, tmp_path: Path, capsys) -> None:
     from distillab.results import trial_metrics
 
     metric = "eval/distill/countdown3/accuracy"
-    sweep, res = _run(tmp_path, **{"search.metric": metric, "search.mode": "max"})
+    sweep, res = _run(run_locally, tmp_path, **{"search.metric": metric, "search.mode": "max"})
     _check_trials(sweep, res)
     out = capsys.readouterr().out
     assert f"[search] best trial by {metric} (max):" in out
@@ -63,10 +53,10 @@ def test_optuna_single_objective_reports_best(tmp_path: Path, capsys) -> None:
     assert best["trial_id"] in out.split(f"[search] best trial by {metric} (max):", 1)[1]
 
 
-def test_optuna_multi_objective_pareto_front(tmp_path: Path, capsys) -> None:
+def test_optuna_multi_objective_pareto_front(run_locally, tmp_path: Path, capsys) -> None:
     from distillab.results import trial_metrics
 
-    sweep, res = _run(tmp_path, **{"search.num_samples": 4})
+    sweep, res = _run(run_locally, tmp_path, **{"search.num_samples": 4})
     _check_trials(sweep, res)
     out = capsys.readouterr().out
     assert "[search] Pareto front over" in out
