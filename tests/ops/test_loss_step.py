@@ -5,6 +5,7 @@ and diagnostics; vocab-size mismatches are errors unless LossConfig.pad_vocab.""
 from __future__ import annotations
 
 import importlib.util
+import math
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from distillab.config import LossConfig, TrialConfig
 from distillab.distill import loss_step
-from distillab.rollout import Rollouts
+from distillab.ops.kl import distill_loss
+from distillab.rollout import Rollouts, pack_rollouts, position_ids
 
 V, PAD = 41, 0
 
@@ -104,3 +106,69 @@ def test_sampled_estimator_stays_on_the_reference_path():
     trial = TrialConfig(loss=LossConfig(estimator="sampled", impl="chunked"))
     loss, diag = loss_step(trial, _Engine(student), teacher, _rollouts(), PAD, torch.Generator().manual_seed(0))
     assert torch.isfinite(loss) and set(diag) >= {"kl/forward", "kl/reverse"}
+
+
+# --------------------------------------------------------------------------------------
+# loss.importance_weight: the engine-mismatch weight w(y) inside the training step
+# --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def char_models():
+    from distillab.models import build_char_tokenizer, micro_llama_config
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    teacher = LlamaForCausalLM(micro_llama_config(len(tok), 64, 1, 2, 64, 128, tok)).eval()
+    torch.manual_seed(1)
+    student = LlamaForCausalLM(micro_llama_config(len(tok), 64, 1, 2, 64, 128, tok)).eval()
+    return tok, teacher, student
+
+
+def _iw_trial(policy: str, impl: str, importance_weight: bool) -> TrialConfig:
+    return TrialConfig.model_validate({
+        "optimizer": {"steps": 3, "prompts_per_step": 4, "train_prompts": 100},
+        "rollout": {"policy": policy, "max_tokens": 10},
+        "loss": {"impl": impl, "importance_weight": importance_weight},
+        "evaluation": {"id_items": 4, "pass_items": 2},
+    })
+
+
+def _per_sequence_losses(trial, student, teacher, rollouts, pad_id) -> list[float]:
+    """Each rollout's own seq_mean divergence (a batch of one), float64 reference."""
+    out = []
+    for k in range(len(rollouts.completion_ids)):
+        ids, attn, cmask = pack_rollouts([rollouts.prompt_ids[k]], [rollouts.completion_ids[k]], pad_id)
+        kw = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
+        with torch.no_grad():
+            s, t = student(**kw).logits.double(), teacher(**kw).logits.double()
+        out.append(float(distill_loss(s, t, cmask, kind=trial.loss.kind, tau_s=trial.loss.tau_s,
+                                      tau_t=trial.loss.tau_t, compute_dtype=torch.float64)))
+    return out
+
+
+@pytest.mark.parametrize("impl", ["reference", "chunked"])
+@pytest.mark.parametrize("policy", ["offpd", "onpd"])
+def test_importance_weight_in_the_loss(char_models, impl, policy) -> None:
+    from distillab.distill import sample_rollouts, step_prompts, train_prompts
+
+    tok, teacher, student = char_models
+    trial, plain = _iw_trial(policy, impl, True), _iw_trial(policy, impl, False)
+    prompts = step_prompts(train_prompts(trial, tok, 0), 0, 4, 1)
+    ro = sample_rollouts(trial, teacher, student, tok, prompts, seed=3)  # q = the trainer's own distribution
+    gen = torch.Generator().manual_seed(0)
+    eng = _Engine(student)
+    loss_w, diag = loss_step(trial, eng, teacher, ro, tok.pad_token_id, gen)
+    loss_0, _ = loss_step(plain, eng, teacher, ro, tok.pad_token_id, gen)
+    assert diag["is/weight_mean"] == pytest.approx(1.0, abs=1e-5)  # exp(0) = 1 for every token
+    assert float(loss_w.detach()) == pytest.approx(float(loss_0.detach()), rel=1e-5)
+
+    # engine logprobs off by -1 nat on sequence 0 (ratio e, clipped to 2) and +log 2 on
+    # sequence 1 (ratio 1/2): w = (2, 1/2, 1, 1)
+    ro.logprobs[0] = [x - 1.0 for x in ro.logprobs[0]]
+    ro.logprobs[1] = [x + math.log(2.0) for x in ro.logprobs[1]]
+    loss_w, diag = loss_step(trial, eng, teacher, ro, tok.pad_token_id, gen)
+    ls = _per_sequence_losses(trial, student, teacher, ro, tok.pad_token_id)
+    expected = (2.0 * ls[0] + 0.5 * ls[1] + ls[2] + ls[3]) / 4
+    assert float(loss_w.detach()) == pytest.approx(expected, rel=1e-5)
+    assert diag["is/weight_mean"] == pytest.approx((2.0 + 0.5 + 1 + 1) / 4, abs=1e-5)

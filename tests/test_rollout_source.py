@@ -1,0 +1,100 @@
+"""OffPD rollout reuse (issue 4, item 3) on tiny models built from config; the
+importance weight is tested with the loss step in tests/ops/test_loss_step.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from distillab.config import TrialConfig
+from distillab.distill import (
+    offpd_rollout_path,
+    offpd_rollout_set,
+    rollout_seed,
+    sample_rollouts,
+    step_prompts,
+    train_prompts,
+)
+from distillab.models import build_char_tokenizer, micro_llama_config
+from distillab.rollout import TransformersEngine
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def models(tok, tmp_path_factory):
+    torch.manual_seed(0)
+    teacher = LlamaForCausalLM(micro_llama_config(len(tok), 64, 1, 2, 64, 128, tok)).eval()
+    torch.manual_seed(1)
+    student = LlamaForCausalLM(micro_llama_config(len(tok), 64, 1, 2, 64, 128, tok)).eval()
+    path = tmp_path_factory.mktemp("teacher")
+    teacher.save_pretrained(path, safe_serialization=True)
+    return teacher, student, path
+
+
+def _trial(**over) -> TrialConfig:
+    d = {
+        "optimizer": {"steps": 3, "prompts_per_step": 4, "train_prompts": 100},
+        "rollout": {"policy": "offpd", "max_tokens": 10, "offpd_reuse": True},
+        "evaluation": {"id_items": 4, "pass_items": 2},
+    }
+    for k, v in over.items():
+        d.setdefault(k, {}).update(v)
+    return TrialConfig.model_validate(d)
+
+
+def test_offpd_reuse_is_the_in_trial_sampling_and_is_generated_once(tok, models, tmp_path) -> None:
+    teacher, student, path = models
+    trial = _trial()
+    engine = TransformersEngine(teacher, tok.eos_token_id, tok.pad_token_id)
+    calls = []
+
+    def generate(prompts, sp):
+        calls.append(sp.seed)
+        return engine.generate(prompts, sp)
+
+    sets = offpd_rollout_set(trial, path, tok, 0, 1, tmp_path, generate=generate)
+    assert calls == [rollout_seed(trial, s, 0) for s in range(3)]  # one generate per step, the trial's seeds
+    assert [p.name for p in tmp_path.iterdir()] == [offpd_rollout_path(tmp_path, trial, path, 0, 1).name]  # no temp file left
+    prompts = train_prompts(trial, tok, 0)
+    for step in range(3):  # exactly what the trial would have sampled itself
+        fresh = sample_rollouts(trial, teacher, student, tok, step_prompts(prompts, step, 4, 1),
+                                seed=rollout_seed(trial, step, 0))
+        got = sets[step]
+        assert got.prompt_ids == fresh.prompt_ids and got.completion_ids == fresh.completion_ids
+        assert got.finish_reasons == fresh.finish_reasons
+        for a, b in zip(got.logprobs, fresh.logprobs):
+            assert a == pytest.approx(b, abs=1e-6)
+    again = offpd_rollout_set(trial, path, tok, 0, 1, tmp_path, generate=generate)  # from the cache
+    assert len(calls) == 3 and [r.completion_ids for r in again] == [r.completion_ids for r in sets]
+    # every input of the rollouts is in the key; the LR is not (trials of an LR grid share a set)
+    key = offpd_rollout_path(tmp_path, trial, path, 0, 1)
+    assert offpd_rollout_path(tmp_path, _trial(rollout={"tau_t": 0.7}), path, 0, 1) != key
+    assert offpd_rollout_path(tmp_path, _trial(optimizer={"steps": 4}), path, 0, 1) != key
+    assert offpd_rollout_path(tmp_path, trial, path, 1, 2) != key
+    assert offpd_rollout_path(tmp_path, _trial(optimizer={"lr": 3e-3}), path, 0, 1) == key
+    assert offpd_rollout_path(tmp_path, _trial(loss={"kind": "reverse"}), path, 0, 1) == key
+
+
+def test_offpd_reuse_errors(tok, models, tmp_path) -> None:
+    _, _, path = models
+    with pytest.raises(ValueError, match="rollout.policy must be 'offpd'"):
+        offpd_rollout_set(_trial(rollout={"policy": "onpd"}), path, tok, 0, 1, tmp_path)
+    with pytest.raises(FileNotFoundError, match="no cached OffPD rollouts"):
+        offpd_rollout_set(_trial(), path, tok, 0, 1, tmp_path)
+
+
+def test_importance_weight_config_errors() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="loss.importance_weight needs rollout.policy 'offpd' or 'onpd'"):
+        TrialConfig.model_validate({"rollout": {"policy": "spectrum", "lambda": 0.0},
+                                    "loss": {"importance_weight": True}})
+    with pytest.raises(ValidationError, match="engine"):
+        TrialConfig.model_validate({"rollout": {"engine": "sglang"}})
+    with pytest.raises(ValidationError, match="sync_every"):
+        TrialConfig.model_validate({"rollout": {"sync_every": 0}})
