@@ -95,3 +95,13 @@ python3 benchmarks/kl_ops.py --device cuda --vocab 128256 --hidden 4096 --tokens
   --impls naive,reference,chunked,triton,triton_logits --repeats 5 --threads 4
 python3 benchmarks/kl_ops.py --device cuda --vocab 128256 --hidden 4096 --tokens 8192 --dtype bfloat16 \
   --impls naive,chunked,triton --repeats 5 --threads 4 --kind reverse
+
+# --- the vLLM rollout engine on the GPU (only where vllm is installed): samples and
+# logprobs against the trainer, weight sync after an optimizer step, and throughput of
+# vLLM vs transformers on a 100M-parameter Llama built from config
+if python3 -c "import vllm" 2>/dev/null; then
+  python3 -m pytest -q -p no:cacheprovider -m slow tests/test_vllm.py -k engine_samples 2>&1 | tail -3
+  python3 benchmarks/rollout.py --no-micro --threads 4
+else
+  echo "vllm is not installed on this machine: rollout-engine checks skipped"
+fi

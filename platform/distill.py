@@ -112,12 +112,13 @@ def offpd_rollout_path(cache_dir: str | Path, trial: TrialConfig, teacher_path: 
 
 
 def offpd_rollout_set(trial: TrialConfig, teacher_path: str | Path, tokenizer, rank: int, world_size: int,
-                      cache_dir: str | Path, generate=None) -> list[Rollouts]:
+                      cache_dir: str | Path, generate=None, generate_many=None) -> list[Rollouts]:
     """OffPD rollout reuse (``rollout.offpd_reuse``): the teacher rollouts of every
     step of the trial's schedule on ``rank``, one `Rollouts` per step, loaded from
     `offpd_rollout_path` or, when absent, generated with ``generate(prompts,
     sampling) -> Rollouts`` (the same prompts and per-step seeds as in-trial
-    sampling) and written there atomically (Parquet: step, prompt_ids,
+    sampling) or, if given, ``generate_many([(prompts, sampling), ...]) ->
+    [Rollouts, ...]`` (all steps in one call), and written there atomically (Parquet: step, prompt_ids,
     completion_ids, logprobs, finish_reason).
 
     Raises:
@@ -132,14 +133,18 @@ def offpd_rollout_set(trial: TrialConfig, teacher_path: str | Path, tokenizer, r
         raise ValueError(f"offpd_rollout_set: rollout.policy must be 'offpd', got {r.policy!r}")
     path = offpd_rollout_path(cache_dir, trial, teacher_path, rank, world_size)
     if not path.exists():
-        if generate is None:
+        if generate is None and generate_many is None:
             raise FileNotFoundError(f"no cached OffPD rollouts at {path}")
         prompts = train_prompts(trial, tokenizer, rank)
         per_worker = _per_worker(trial, world_size)
+        jobs = [
+            (step_prompts(prompts, step, per_worker, o.rollouts_per_prompt),
+             SamplingParams(r.tau_t, r.top_p, r.max_tokens, o.rollouts_per_prompt, rollout_seed(trial, step, rank)))
+            for step in range(o.steps)
+        ]
+        sets = generate_many(jobs) if generate_many is not None else [generate(p, sp) for p, sp in jobs]
         cols: dict[str, list] = {"step": [], "prompt_ids": [], "completion_ids": [], "logprobs": [], "finish_reason": []}
-        for step in range(o.steps):
-            sp = SamplingParams(r.tau_t, r.top_p, r.max_tokens, o.rollouts_per_prompt, rollout_seed(trial, step, rank))
-            ro = generate(step_prompts(prompts, step, per_worker, o.rollouts_per_prompt), sp)
+        for step, ro in enumerate(sets):
             cols["step"] += [step] * len(ro.completion_ids)
             cols["prompt_ids"] += ro.prompt_ids
             cols["completion_ids"] += ro.completion_ids
@@ -365,10 +370,10 @@ class RolloutSource:
         r = trial.rollout
         threads = int(config.get("torch_threads", 1))
         if r.policy == "offpd" and r.offpd_reuse:
-            cache = config.get("rollout_cache") or str(Path(config["results_root"]) / "rollouts")
+            cache = config.get("shared_cache") or str(Path(config["results_root"]) / "shared")
             self.cached = offpd_rollout_set(
                 trial, config["teacher_path"], tokenizer, rank, world, cache,
-                generate=lambda prompts, sp: self._fresh(config, threads).generate(prompts, sp),
+                generate_many=lambda jobs: self._fresh(config, threads).generate_many(jobs),
             )
             self.close()
         elif r.engine == "vllm" and r.policy in ("offpd", "onpd"):
@@ -398,6 +403,9 @@ class RolloutSource:
             class _Remote:
                 def generate(self, prompts, sp):
                     return ray.get(actor.generate.remote(prompts, sp))
+
+                def generate_many(self, jobs):
+                    return ray.get(actor.generate_many.remote(jobs))
 
             self._remote = _Remote()
         return self._remote
@@ -455,10 +463,31 @@ def _save_checkpoint(engine, trial: TrialConfig, tokenizer, step: int, directory
     (directory / "trainer_state.json").write_text(json.dumps({"step": step}))
 
 
+def pre_eval_path(cache_dir: str | Path, trial: TrialConfig, student_path: str | Path) -> Path:
+    """Where the evaluation of the untrained student is kept: it depends only on the
+    student checkpoint, the evaluation and task settings and the seed, so every trial
+    of a sweep that shares those reuses it (``<cache_dir>/pre-eval-<hash>.json``)."""
+    from distillab.config import config_hash
+
+    key = config_hash({
+        "student": _checkpoint_identity(student_path), "evaluation": trial.evaluation.model_dump(mode="json"),
+        "tasks": trial.tasks.model_dump(mode="json"), "seed": trial.seed, "version": 1,
+    })[:16]
+    return Path(cache_dir) / f"pre-eval-{key}.json"
+
+
 def _evaluate(evaluator: Evaluator, model, trial: TrialConfig, trial_id: str, stage: str, step: int, root: Path,
-              init_state: dict | None = None) -> dict[str, float]:
+              init_state: dict | None = None, cache: Path | None = None) -> dict[str, float]:
     t0 = time.perf_counter()
-    rows = evaluator.evaluate(model, seed=trial.seed)
+    if cache is not None and cache.exists():  # the same model, settings and seed were evaluated already
+        rows = json.loads(cache.read_text())
+    else:
+        rows = evaluator.evaluate(model, seed=trial.seed)
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(rows))
+            os.replace(tmp, cache)
     if init_state is not None:
         final = {k: v.detach().float() for k, v in model.state_dict().items()}
         for tau in trial.evaluation.sparsity_taus:
@@ -500,7 +529,9 @@ def train_loop_per_worker(config: dict) -> None:
             student = load_model(d)
     evaluator = Evaluator(tok, trial.tasks, trial.evaluation)
     if rank == 0 and start_step == 0:
-        _evaluate(evaluator, student, trial, trial_id, "pre", 0, root, init_state)  # S_τ = 1 by definition
+        cache = config.get("shared_cache") or str(root / "shared")
+        _evaluate(evaluator, student, trial, trial_id, "pre", 0, root, init_state,  # S_τ = 1 by definition
+                  cache=pre_eval_path(cache, trial, config["student_path"]))
 
     engine, opt, per_worker = setup_engine(student, trial, world)
     for _ in range(start_step):  # LR schedule position after a resume
@@ -540,7 +571,7 @@ def train_loop_per_worker(config: dict) -> None:
             "grad_norm": grad_norm,
             "lr": lr,
             "rollout/length": n_tok / max(1, len(rollouts.lengths)),
-            "rollout/tokens_per_s": n_tok / max(1e-9, t_gen),
+            **({} if source.cached is not None else {"rollout/tokens_per_s": n_tok / max(1e-9, t_gen)}),
             "time/step_s": time.perf_counter() - t0,
             "time/rollout_s": t_gen,
             **({"time/sync_s": t_sync} if source.actor is not None and trial.rollout.policy == "onpd" else {}),

@@ -106,7 +106,7 @@ def run_trial(params: dict[str, Any]) -> None:
             "teacher_path": ctx["teacher_path"],
             "student_path": ctx["student_path"],
             "results_root": str(root),
-            "rollout_cache": ctx.get("rollout_cache"),
+            "shared_cache": ctx.get("shared_cache"),
             "torch_threads": res["torch_threads"],
         },
         scaling_config=ray.train.ScalingConfig(
@@ -218,16 +218,16 @@ def _ctx(sweep: SweepConfig, teacher_path: Path, student_path: Path, root: Path)
         "teacher_path": str(Path(teacher_path).resolve()),
         "student_path": str(Path(student_path).resolve()),
         "results_root": str(root),
-        "rollout_cache": str(rollout_cache_dir(sweep)),
+        "shared_cache": str(shared_cache_dir(sweep)),
         "resources": sweep.resources.model_dump(),
         "fault_tolerance": sweep.fault_tolerance.model_dump(),
     }
 
 
-def rollout_cache_dir(sweep: SweepConfig) -> Path:
-    """Reusable OffPD rollout sets live beside the prepared models:
-    ``<models.cache_dir>/rollouts``."""
-    return Path(sweep.models.cache_dir).expanduser().resolve() / "rollouts"
+def shared_cache_dir(sweep: SweepConfig) -> Path:
+    """What trials share lives beside the prepared models, ``<models.cache_dir>/shared``:
+    reusable OffPD rollout sets and the evaluation of the untrained student."""
+    return Path(sweep.models.cache_dir).expanduser().resolve() / "shared"
 
 
 def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: int | None = None) -> int:
@@ -247,7 +247,7 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
     for t in expand_trials(sweep):
         if t.rollout.policy == "offpd" and t.rollout.offpd_reuse:
             for rank in range(world):
-                path = offpd_rollout_path(rollout_cache_dir(sweep), t, teacher_path, rank, world)
+                path = offpd_rollout_path(shared_cache_dir(sweep), t, teacher_path, rank, world)
                 if not path.exists():
                     todo.setdefault(path, (t, rank))
     if not todo:
@@ -267,13 +267,13 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
                         "gpu_memory_utilization": r.vllm_gpu_memory_utilization} if r.engine == "vllm" else {}),
                 )
             actor = by_engine[key]
-            offpd_rollout_set(t, teacher_path, tok, rank, world, rollout_cache_dir(sweep),
-                              generate=lambda prompts, sp, a=actor: ray.get(a.generate.remote(prompts, sp)))
+            offpd_rollout_set(t, teacher_path, tok, rank, world, shared_cache_dir(sweep),
+                              generate_many=lambda jobs, a=actor: ray.get(a.generate_many.remote(jobs)))
     finally:
         for actor in by_engine.values():
             ray.kill(actor)
     print(f"[rollouts] OffPD reuse: {len(todo)} rollout set(s) generated in {time.perf_counter() - t0:.0f} s "
-          f"under {rollout_cache_dir(sweep)}", flush=True)
+          f"under {shared_cache_dir(sweep)}", flush=True)
     return len(todo)
 
 

@@ -69,6 +69,8 @@ def test_offpd_reuse_is_the_in_trial_sampling_and_is_generated_once(tok, models,
         assert got.finish_reasons == fresh.finish_reasons
         for a, b in zip(got.logprobs, fresh.logprobs):
             assert a == pytest.approx(b, abs=1e-6)
+    batched = offpd_rollout_set(trial, path, tok, 0, 1, tmp_path / "b", generate_many=engine.generate_many)
+    assert [r.completion_ids for r in batched] == [r.completion_ids for r in sets]
     again = offpd_rollout_set(trial, path, tok, 0, 1, tmp_path, generate=generate)  # from the cache
     assert len(calls) == 3 and [r.completion_ids for r in again] == [r.completion_ids for r in sets]
     # every input of the rollouts is in the key; the LR is not (trials of an LR grid share a set)
@@ -98,3 +100,33 @@ def test_importance_weight_config_errors() -> None:
         TrialConfig.model_validate({"rollout": {"engine": "sglang"}})
     with pytest.raises(ValidationError, match="sync_every"):
         TrialConfig.model_validate({"rollout": {"sync_every": 0}})
+
+
+def test_pre_eval_is_shared_between_trials_with_the_same_student_and_settings(tok, models, tmp_path) -> None:
+    """The untrained student's evaluation is computed once and reused (same rows)."""
+    import json
+
+    from distillab.distill import _evaluate, pre_eval_path
+
+    _, student, path = models
+
+    class CountingEvaluator:
+        calls = 0
+
+        def evaluate(self, model, seed):
+            CountingEvaluator.calls += 1
+            return [{"task": "countdown3", "metric": "accuracy", "value": 0.25, "n": 4}]
+
+    trial = _trial()
+    cache = pre_eval_path(tmp_path / "shared", trial, path)
+    init = {k: v.detach().float().clone() for k, v in student.state_dict().items()}
+    a = _evaluate(CountingEvaluator(), student, trial, "t1", "pre", 0, tmp_path / "res", init, cache=cache)
+    b = _evaluate(CountingEvaluator(), student, trial, "t2", "pre", 0, tmp_path / "res", init, cache=cache)
+    assert CountingEvaluator.calls == 1 and a == b
+    assert a["eval/pre/countdown3/accuracy"] == 0.25 and a["eval/pre/params/sparsity@1e-06"] == 1.0
+    assert json.loads(cache.read_text()) == [{"task": "countdown3", "metric": "accuracy", "value": 0.25, "n": 4}]
+    # the LR does not change the key; the seed, the evaluation settings and the student do
+    assert pre_eval_path(tmp_path, _trial(optimizer={"lr": 1e-2}), path) == pre_eval_path(tmp_path, trial, path)
+    assert pre_eval_path(tmp_path, trial.model_copy(update={"seed": 7}), path) != pre_eval_path(tmp_path, trial, path)
+    assert pre_eval_path(tmp_path, _trial(evaluation={"id_items": 5}), path) != pre_eval_path(tmp_path, trial, path)
+    assert pre_eval_path(tmp_path, trial, tmp_path) != pre_eval_path(tmp_path, trial, path)

@@ -66,6 +66,10 @@ def test_engine_samples_match_trainer_and_sync_tracks_an_optimizer_step(ray_loca
         ro = ray.get(actor.generate.remote(prompts, sp))
         assert ro.prompt_ids == [prompts[0]] * 3 + [prompts[1]] * 3
         assert ray.get(actor.generate.remote(prompts, sp)).completion_ids == ro.completion_ids  # seeded
+        sp2 = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=24, n=2, seed=9)
+        many = ray.get(actor.generate_many.remote([(prompts, sp), (prompts[:1], sp2)]))  # one batched call
+        assert many[0].completion_ids == ro.completion_ids
+        assert many[1].completion_ids == ray.get(actor.generate.remote(prompts[:1], sp2)).completion_ids
         for p, c, lp, fr in zip(ro.prompt_ids, ro.completion_ids, ro.logprobs, ro.finish_reasons):
             assert len(lp) == len(c) >= 1
             assert fr == ("stop" if c[-1] == tok.eos_token_id else "length")
@@ -112,7 +116,7 @@ def test_smoke_sweep_with_vllm_rollouts(run_locally, tmp_path) -> None:
     from distillab.distill import offpd_rollout_path
     from distillab.prepare import prepare
     from distillab.results import load
-    from distillab.sweep import rollout_cache_dir
+    from distillab.sweep import shared_cache_dir
 
     repo = Path(__file__).resolve().parents[1]
 
@@ -135,4 +139,4 @@ def test_smoke_sweep_with_vllm_rollouts(run_locally, tmp_path) -> None:
     teacher, _ = prepare(sweep, threads=1)  # cached
     offpd = [t for t in expand_trials(sweep)
              if t.rollout.policy == "offpd"][0]
-    assert offpd_rollout_path(rollout_cache_dir(sweep), offpd, teacher, 0, 1).exists()
+    assert offpd_rollout_path(shared_cache_dir(sweep), offpd, teacher, 0, 1).exists()
