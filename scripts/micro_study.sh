@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Install, then run the micro study (prepare + 8-trial sweep + report) on this machine.
+# Install, then run the micro study (prepare + 8-trial sweep + report) on this machine,
+# printing the wall time of each stage.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+start=$SECONDS
 bash scripts/install.sh
+echo "[time] install: $((SECONDS - start)) s"
 . scripts/env.sh
-exec .venv/bin/distillab sweep search_spaces/micro.yaml --no-dashboard "$@"
+rc=0
+.venv/bin/distillab sweep search_spaces/micro.yaml --no-dashboard "$@" || rc=$?
+echo "[time] micro study, install included: $((SECONDS - start)) s"
+exit $rc
