@@ -1,10 +1,12 @@
 """The distillation trial: a Ray Train ``TorchTrainer`` whose workers wrap the
 student in a DeepSpeed engine and run, per optimizer step,
 
-    prompts ─▶ rollouts (OffPD: teacher at τ_T; OnPD: student at τ_S; spectrum: π_λ)
+    prompts ─▶ rollouts (OffPD: teacher at τ_T; OnPD: student at τ_S; spectrum: π_λ;
+               from `RolloutSource`: a shared OffPD set, a vLLM actor, or in-process)
             ─▶ teacher + student forward on prompt+rollout
             ─▶ token-level KL over completion tokens (ops.kl, both loss τ)
             ─▶ backward, unclipped grad norm logged, clip (or not), step
+            ─▶ OnPD with a vLLM engine: weight sync into the engine
             ─▶ metrics (ray.train.report)
 
 with the evaluation suite before (stage ``pre``) and after (stage ``distill``)
@@ -267,7 +269,17 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
     Llama/Qwen) and only the last position's logits (``logits_to_keep=1``); the lm_head
     and the divergence are fused over row chunks (``ops.chunked``), and the
     diagnostics come from the same pass. ``reference`` (and the sampled estimator):
-    full (B, T, V) logits and ``ops.kl``."""
+    full (B, T, V) logits and ``ops.kl``.
+
+    With ``loss.importance_weight`` each sequence's loss is multiplied by
+    `importance_weights` (the rollout policy's log p_θ at its sampling τ against the
+    engine's logprobs in ``rollouts.logprobs``), and ``is/weight_mean`` is added to
+    the diagnostics.
+
+    Raises:
+        ValueError: rollouts whose logprobs do not cover every completion token
+            (with ``loss.importance_weight``).
+    """
     import inspect
 
     import torch.nn.functional as F

@@ -3,8 +3,11 @@ completions (DESIGN.md "Rollout engines").
 
 This module holds the interface, the batched-sequence helpers shared by training
 and evaluation, `TransformersEngine` (``model.generate`` with a KV cache),
-which runs anywhere transformers runs, and `SpectrumEngine`, the λ-spectrum
-sampler between student and teacher (PROTOCOL.md §3). Rollouts never carry gradients: the
+which runs anywhere transformers runs, `VLLMEngine` (vLLM, with in-place weight
+sync) and `RolloutActor` / `start_rollout_actor`, which hold an engine in a Ray
+actor beside the trainer, `resolve_engine` (what ``rollout.engine: auto`` picks),
+and `SpectrumEngine`, the λ-spectrum sampler between student and teacher
+(PROTOCOL.md §3). Rollouts never carry gradients: the
 trainer re-scores them with its own forward pass.
 """
 

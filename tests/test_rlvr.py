@@ -1,0 +1,92 @@
+"""GRPO/DAPO pieces of the RLVR stage (platform/rlvr.py) against hand computations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from distillab.rlvr import countdown_reward, dapo_loss, group_advantages
+from distillab.tasks import CountdownProblem
+
+
+def test_group_advantages_equal_rewards_are_zero_not_nan() -> None:
+    a = group_advantages(torch.tensor([2.0, 2.0, 2.0, 2.0, 0.0, 0.0, 0.0, 0.0]), 4)
+    assert torch.equal(a, torch.zeros(8))
+
+
+def test_group_advantages_mixed_groups_by_hand() -> None:
+    a = group_advantages(torch.tensor([2.0, 0.0, 0.0, 2.0, 2.0, 0.0, 0.0, 0.0], dtype=torch.float64), 4)
+    # group 1: mean 1, deviations ±1, Bessel std sqrt(4/3) = 2/sqrt(3)
+    s1 = 1.0 / (2.0 / math.sqrt(3.0) + 1e-4)
+    # group 2: mean 0.5, deviations (1.5, -0.5, -0.5, -0.5), variance (2.25 + 3 * 0.25) / 3 = 1
+    s2 = 1.0 / (1.0 + 1e-4)
+    expected = [s1, -s1, -s1, s1, 1.5 * s2, -0.5 * s2, -0.5 * s2, -0.5 * s2]
+    assert a.tolist() == pytest.approx(expected, abs=1e-12)
+    assert group_advantages(torch.tensor([2.0, 0.0]), 2, scale=False).tolist() == [1.0, -1.0]
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    (dict(rewards=torch.zeros(4), group_size=1), "group_size"),
+    (dict(rewards=torch.zeros(5), group_size=2), "multiple of group_size 2"),
+    (dict(rewards=torch.zeros(2, 2), group_size=2), "rewards must be"),
+])
+def test_group_advantages_errors(bad, fragment) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        group_advantages(**bad)
+
+
+def _batch():
+    """Two sequences: A = +1 with ratios (1.5, 0.9); A = -2 with ratios (0.5, 1.1) and a pad."""
+    old = torch.zeros(2, 3, dtype=torch.float64)
+    diff = torch.tensor([[math.log(1.5), math.log(0.9), 0.0], [math.log(0.5), math.log(1.1), 7.0]],
+                        dtype=torch.float64)
+    logp = (old + diff).requires_grad_()
+    mask = torch.tensor([[True, True, False], [True, True, False]])
+    return logp, old, torch.tensor([1.0, -2.0], dtype=torch.float64), mask
+
+
+def test_dapo_loss_by_hand() -> None:
+    logp, old, adv, mask = _batch()
+    loss, stats = dapo_loss(logp, old, adv, mask)
+    # min(ρA, clip(ρ, 0.8, 1.28)A): 1.28 (clipped), 0.9, -1.6 (clipped: 0.8 * -2), -2.2; / 4 tokens
+    assert float(loss.detach()) == pytest.approx(-(1.28 + 0.9 - 1.6 - 2.2) / 4, abs=1e-12)
+    assert stats["clip_frac"] == pytest.approx(0.5) and stats["ratio_mean"] == pytest.approx(1.0)
+    assert stats["kl"] == 0.0
+    loss.backward()
+    # clipped tokens get no gradient; others d/dlogp = -A ρ / 4; the pad none
+    expected = torch.tensor([[0.0, -0.9 / 4, 0.0], [0.0, 2.0 * 1.1 / 4, 0.0]], dtype=torch.float64)
+    assert torch.allclose(logp.grad, expected, atol=1e-12, rtol=0)
+
+
+def test_dapo_loss_reference_kl_by_hand() -> None:
+    logp, old, adv, mask = _batch()
+    ref = logp.detach() + math.log(2.0)  # k3: exp(log 2) - log 2 - 1 = 1 - log 2 per token
+    loss, stats = dapo_loss(logp, old, adv, mask, beta=0.1, ref_logp=ref)
+    assert float(loss.detach()) == pytest.approx(0.405 + 0.1 * (1.0 - math.log(2.0)), abs=1e-12)
+    assert stats["kl"] == pytest.approx(1.0 - math.log(2.0), abs=1e-12)
+
+
+def test_dapo_loss_errors() -> None:
+    logp, old, adv, mask = _batch()
+    with pytest.raises(TypeError, match="mask must be bool"):
+        dapo_loss(logp, old, adv, mask.long())
+    with pytest.raises(ValueError, match="beta > 0 needs ref_logp"):
+        dapo_loss(logp, old, adv, mask, beta=0.1)
+    with pytest.raises(ValueError, match="advantages must be"):
+        dapo_loss(logp, old, adv[:1], mask)
+    with pytest.raises(ValueError, match="share one"):
+        dapo_loss(logp, old[:, :2], adv, mask)
+
+
+def test_countdown_reward() -> None:
+    p = CountdownProblem(operands=(7, 3, 10), target=100)
+    assert countdown_reward("<answer>7+3=10, 10*10=100</answer>", p) == 2.0
+    assert countdown_reward("<answer>7+3=10, 10*10=101</answer>", p) == 0.0
+    assert countdown_reward("<answer>7+3=10, 10*10=100</answer>", p, format_reward=0.5) == 2.5
+    assert countdown_reward("<answer>nonsense</answer>", p, format_reward=0.5) == 0.5
+    assert countdown_reward("<answer>a</answer><answer>b</answer>", p, format_reward=0.5) == 0.0
+    assert countdown_reward("<answer>__import__('os').system('true')</answer>", p, format_reward=0.5) == 0.5
+    with pytest.raises(ValueError, match="format_reward"):
+        countdown_reward("", p, format_reward=0.6)
