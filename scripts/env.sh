@@ -7,5 +7,6 @@ export TORCH_EXTENSIONS_DIR="$here/.cache/torch_extensions"
 export VLLM_CACHE_ROOT="$here/.cache/vllm"
 export TORCHINDUCTOR_CACHE_DIR="$here/.cache/inductor"
 export HF_HUB_OFFLINE=1
+export HF_HOME="$here/.cache/huggingface"   # datasets/hub caches stay in the project too
 export TOKENIZERS_PARALLELISM=false
 export RAY_TRAIN_V2_ENABLED=1

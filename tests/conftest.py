@@ -23,6 +23,7 @@ for _var, _sub in (
     ("VLLM_CACHE_ROOT", "vllm"),
     ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"),
     ("TORCH_EXTENSIONS_DIR", "torch_extensions"),
+    ("HF_HOME", "huggingface"),
 ):
     _dir = CACHE / _sub
     _dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,159 @@
+"""Multiple-choice tasks (PROTOCOL.md §5: Science, MedReason): loading local files,
+rendering the prompt, extracting and scoring the option letter, and a synthetic
+multiple-choice task that micro models can learn.
+
+File schema (JSONL or Parquet, read with ``datasets``): one row per question with
+
+- ``question``: the question text;
+- the four options, either as ``options`` (a list of 4 strings) or as the columns
+  ``A``, ``B``, ``C``, ``D``;
+- ``answer``: the correct option letter, ``A``–``D`` (case-insensitive), or its
+  0-based index 0–3;
+- ``demonstration`` (optional): a worked solution, for teacher SFT.
+
+``field_map`` renames other datasets' columns onto this schema, e.g. MedMCQA's
+``{"question": "question", "A": "opa", "B": "opb", "C": "opc", "D": "opd",
+"answer": "cop", "demonstration": "exp"}``. Nothing in a file is executed.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+LETTERS = ("A", "B", "C", "D")
+
+
+@dataclass(frozen=True)
+class MCQItem:
+    """One multiple-choice question: four options and the correct letter (A–D)."""
+
+    question: str
+    options: tuple[str, str, str, str]
+    answer: str
+    demonstration: str | None = None
+
+
+def _letter(value, where: str) -> str:
+    if isinstance(value, bool):
+        value = None
+    if isinstance(value, int) and 0 <= value <= 3:
+        return LETTERS[value]
+    if isinstance(value, str) and value.strip().upper() in LETTERS:
+        return value.strip().upper()
+    raise ValueError(f"{where}: answer {value!r} is not one of A, B, C, D (or 0-3)")
+
+
+def load_mcq(path: str | Path, *, split: str = "train", field_map: Mapping[str, str] | None = None) -> list[MCQItem]:
+    """Read a local multiple-choice file (``.jsonl``/``.json`` or ``.parquet``) with
+    ``datasets`` and validate every row before anything uses it.
+
+    Args:
+        path: the file.
+        split: the split name given to ``datasets`` (the file is that split).
+        field_map: schema field → the file's column name, for the fields named
+            differently (module docstring).
+
+    Returns:
+        The items in file order.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: unsupported extension; a missing column (names it, lists the
+            file's columns and says to use ``field_map``); an answer outside A–D;
+            an option that is empty or not 4 options; an empty split.
+    """
+    from datasets import load_dataset
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"multiple-choice file {path} does not exist")
+    kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix.lower())
+    if kind is None:
+        raise ValueError(f"{path}: unsupported file type {path.suffix!r} (allowed: .jsonl, .json, .parquet)")
+    try:
+        ds = load_dataset(kind, data_files={split: str(path)}, split=split)
+    except StopIteration:  # datasets' JSON reader on a file without rows
+        ds = []
+    if len(ds) == 0:
+        raise ValueError(f"{path}: split {split!r} is empty")
+    fmap = {**{k: k for k in ("question", "options", "answer", "demonstration", *LETTERS)}, **(field_map or {})}
+    cols = set(ds.column_names)
+    uses_list = fmap["options"] in cols and not all(fmap[x] in cols for x in LETTERS)
+    required = ["question", "answer"] + (["options"] if uses_list else list(LETTERS))
+    missing = [f for f in required if fmap[f] not in cols]
+    if missing:
+        names = ", ".join(f"{f!r}" + (f" (mapped to {fmap[f]!r})" if fmap[f] != f else "") for f in missing)
+        raise ValueError(
+            f"{path}: missing column(s) {names}; the file has {sorted(cols)}. Give the options as 'options' "
+            "(a list of 4) or as columns 'A'-'D', and map other names with field_map"
+        )
+    items = []
+    for i, row in enumerate(ds):
+        where = f"{path} row {i}"
+        opts = row[fmap["options"]] if uses_list else [row[fmap[x]] for x in LETTERS]
+        if not isinstance(opts, (list, tuple)) or len(opts) != 4:
+            raise ValueError(f"{where}: needs exactly 4 options, got {opts!r}")
+        if any(not isinstance(o, str) or not o.strip() for o in opts):
+            raise ValueError(f"{where}: every option must be non-empty text, got {opts!r}")
+        demo = row.get(fmap["demonstration"]) if fmap["demonstration"] in cols else None
+        items.append(MCQItem(str(row[fmap["question"]]), tuple(str(o) for o in opts),  # type: ignore[arg-type]
+                             _letter(row[fmap["answer"]], where), demo or None))
+    return items
+
+
+def mcq_user_text(item: MCQItem) -> str:
+    """The task prompt: the question, the lettered options, and the answer format."""
+    lines = [item.question] + [f"{k}. {o}" for k, o in zip(LETTERS, item.options)]
+    return "\n".join(lines) + "\nAnswer with the letter of the correct option inside <answer></answer>."
+
+
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_LETTER_RE = re.compile(r"^\(?([A-Da-d])\)?[.):]?(?:\s.*)?$", re.DOTALL)
+
+
+def extract_option_letter(text: str) -> str | None:
+    """The option letter of a completion, or None.
+
+    Exactly one ``<answer>…</answer>`` block is required (none or several: None).
+    Its stripped content must start with the letter, optionally in parentheses and
+    followed by ``.``, ``)`` or ``:``, then nothing or whitespace and any text:
+    ``B``, ``b``, ``(B)``, ``B.``, ``B) because …`` all give ``"B"``; ``E``,
+    ``The answer is B`` and an empty block give None. Lowercase letters count.
+    """
+    blocks = _ANSWER_RE.findall(text[:8192])
+    if len(blocks) != 1:
+        return None
+    m = _LETTER_RE.match(blocks[0].strip())
+    return m.group(1).upper() if m else None
+
+
+def score_mcq(completion: str, item: MCQItem) -> bool:
+    """True iff the completion's option letter is the item's answer."""
+    return extract_option_letter(completion) == item.answer
+
+
+def generate_synthetic_mcq(n: int, seed: int) -> list[MCQItem]:
+    """A multiple-choice task the micro models can learn (a second domain for the
+    micro study): "Which number is the largest?" over four distinct integers 1..99,
+    the correct letter uniform over A–D; seeded, so a split is reproducible.
+
+    Raises:
+        ValueError: ``n`` < 1.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    rng = random.Random(seed)
+    items = []
+    for _ in range(n):
+        nums = rng.sample(range(1, 100), 4)
+        items.append(MCQItem("Which number is the largest?", tuple(str(x) for x in nums),  # type: ignore[arg-type]
+                             LETTERS[nums.index(max(nums))]))
+    return items
+
+
+__all__ = ["MCQItem", "LETTERS", "load_mcq", "mcq_user_text", "extract_option_letter", "score_mcq",
+           "generate_synthetic_mcq"]
