@@ -80,20 +80,10 @@ def load_math(path: str | Path, *, split: str = "test", field_map: Mapping[str, 
             ``answer`` nor ``solution`` (names the columns the file has); a row whose
             solution has no ``\\boxed{}`` and no answer; an empty split.
     """
-    from datasets import load_dataset
+    from distillab.tasks import read_local_split
 
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"math file {path} does not exist")
-    kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix.lower())
-    if kind is None:
-        raise ValueError(f"{path}: unsupported file type {path.suffix!r} (allowed: .jsonl, .json, .parquet)")
-    try:
-        ds = load_dataset(kind, data_files={split: str(path)}, split=split)
-    except StopIteration:  # datasets' JSON reader on a file without rows
-        ds = []
-    if len(ds) == 0:
-        raise ValueError(f"{path}: split {split!r} is empty")
+    ds = read_local_split(path, split, "math file")
     f = {**{k: k for k in ("problem", "answer", "solution")}, **(field_map or {})}
     cols = set(ds.column_names)
     if f["problem"] not in cols or not (f["answer"] in cols or f["solution"] in cols):

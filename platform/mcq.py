@@ -66,20 +66,10 @@ def load_mcq(path: str | Path, *, split: str = "train", field_map: Mapping[str, 
             file's columns and says to use ``field_map``); an answer outside A–D;
             an option that is empty or not 4 options; an empty split.
     """
-    from datasets import load_dataset
+    from distillab.tasks import read_local_split
 
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"multiple-choice file {path} does not exist")
-    kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix.lower())
-    if kind is None:
-        raise ValueError(f"{path}: unsupported file type {path.suffix!r} (allowed: .jsonl, .json, .parquet)")
-    try:
-        ds = load_dataset(kind, data_files={split: str(path)}, split=split)
-    except StopIteration:  # datasets' JSON reader on a file without rows
-        ds = []
-    if len(ds) == 0:
-        raise ValueError(f"{path}: split {split!r} is empty")
+    ds = read_local_split(path, split, "multiple-choice file")
     fmap = {**{k: k for k in ("question", "options", "answer", "demonstration", *LETTERS)}, **(field_map or {})}
     cols = set(ds.column_names)
     uses_list = fmap["options"] in cols and not all(fmap[x] in cols for x in LETTERS)

@@ -287,6 +287,7 @@ __all__ = [
     "generate_skill_items",
     "score_skill",
     "apply_op",
+    "read_local_split",
 ]
 
 
@@ -310,3 +311,40 @@ def countdown_user_text(problem: CountdownProblem, template: str, sort_operands:
 def skill_user_text(item: SkillItem) -> str:
     """The task prompt of a prior-skill item (the item's own prompt text)."""
     return item.prompt
+
+
+# --------------------------------------------------------------------------------------
+# Local task files (multiple-choice, math): one reader
+# --------------------------------------------------------------------------------------
+
+
+def read_local_split(path, split: str, what: str):
+    """A local ``.jsonl``/``.json``/``.parquet`` file as one ``datasets`` split
+    (``datasets.load_dataset`` with ``data_files``; nothing downloaded, nothing
+    executed). ``what`` names the file's role in messages ("multiple-choice file").
+
+    Returns:
+        The ``datasets.Dataset`` (at least one row).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: unsupported extension (names the allowed ones); no rows.
+    """
+    from pathlib import Path
+
+    from datasets import load_dataset
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix.lower())
+    if kind is None:
+        raise ValueError(f"{path}: unsupported file type {path.suffix!r} (allowed: .jsonl, .json, .parquet)")
+    try:
+        ds = load_dataset(kind, data_files={split: str(path)}, split=split)
+    except StopIteration:  # datasets' JSON reader on a file without rows
+        ds = []
+    if len(ds) == 0:
+        raise ValueError(f"{path}: split {split!r} is empty")
+    return ds
+
