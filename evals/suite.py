@@ -45,7 +45,7 @@ def countdown_spec(tasks: TasksConfig, name: str) -> CountdownSpec:
 
 def countdown_test_split(tasks: TasksConfig, name: str, n: int) -> list[CountdownProblem]:
     """The fixed test split of a Countdown task (seeded by ``tasks.test_seed``)."""
-    offset = EVAL_TASKS.index(name) if name in EVAL_TASKS else 7
+    offset = {"countdown3": 0, "countdown4e": 1}.get(name, 7)
     return generate_problems(countdown_spec(tasks, name), n, tasks.test_seed + offset)
 
 
@@ -54,9 +54,9 @@ def problem_key(problem: CountdownProblem) -> tuple[tuple[int, ...], int]:
     return tuple(sorted(problem.operands)), problem.target
 
 
-def test_keys(tasks: TasksConfig, n: int) -> set[tuple[tuple[int, ...], int]]:
-    """`problem_key` of every test item, to keep them out of training."""
-    return {problem_key(p) for name in EVAL_TASKS for p in countdown_test_split(tasks, name, n)}
+def test_keys(tasks: TasksConfig, n: int, names: tuple[str, ...] = EVAL_TASKS) -> set[tuple[tuple[int, ...], int]]:
+    """`problem_key` of every test item of the tasks ``names``, to keep them out of training."""
+    return {problem_key(p) for name in names for p in countdown_test_split(tasks, name, n)}
 
 
 def countdown_prompt_ids(tokenizer: PreTrainedTokenizerBase, tasks: TasksConfig, problem: CountdownProblem) -> list[int]:
@@ -98,7 +98,7 @@ class Evaluator:
         cfg, tok = self.cfg, self.tokenizer
         engine = TransformersEngine(model, tok.eos_token_id, tok.pad_token_id, batch_size=self.batch_size)
         rows: list[dict] = []
-        for i, name in enumerate(EVAL_TASKS):
+        for i, name in enumerate(cfg.countdown_tasks):
             problems = countdown_test_split(self.tasks, name, max(cfg.id_items, cfg.pass_items))
             sp = SamplingParams(cfg.id_temperature, cfg.top_p, cfg.max_tokens, 1, seed + 101 * i)
             correct = self._countdown_correct(engine, problems[: cfg.id_items], sp)

@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         res = load(args.path if len(args.path) > 1 else args.path[0])
         group_by = default_group_by(res)
         print(format_table(final_table(res, group_by=group_by)))
+        _print_rlvr_rewards(res)
         if args.plots:
             from distillab.plots import write_report
 
@@ -119,10 +120,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[time] sweep: {time.perf_counter() - t1:.0f} s", flush=True)
     res = load(root)
     print(format_table(final_table(res, group_by=default_group_by(res))))
+    _print_rlvr_rewards(res)
     print(f"[time] total: {time.perf_counter() - t0:.0f} s; results: {root}", flush=True)
     from distillab.sweep import completed_trials, expected_trials
 
     return 0 if completed_trials(root) >= expected_trials(sweep) else 1  # interrupted or failed trials
+
+
+def _print_rlvr_rewards(res) -> None:
+    """Mean RLVR training reward over the first and last 10 steps of each trial that had one."""
+    from distillab.results import rlvr_reward_summary
+
+    summary = rlvr_reward_summary(res)
+    if summary.height:
+        print("RLVR mean training reward, first 10 vs last 10 steps:")
+        for r in summary.iter_rows(named=True):
+            print(f"  {r['trial_id']}: {r['first']:.3f} -> {r['last']:.3f} ({r['change']:+.3f}, {r['steps']} steps)")
 
 
 def load_resumable(path: str):

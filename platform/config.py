@@ -251,6 +251,8 @@ class EvaluationConfig(_Strict):
     ood_temperature: float = Field(default=0.5, gt=0)
     sparsity_taus: tuple[float, ...] = (1e-6, 1e-8)
     max_tokens: int = Field(default=48, ge=1)
+    #: Countdown tasks scored (accuracy, pass@k) at every stage; add ``countdown4`` for an RLVR stage
+    countdown_tasks: tuple[Literal["countdown3", "countdown4e", "countdown4"], ...] = ("countdown3", "countdown4e")
 
     @model_validator(mode="after")
     def _k(self) -> "EvaluationConfig":
@@ -260,6 +262,37 @@ class EvaluationConfig(_Strict):
         if any(t <= 0 for t in self.sparsity_taus):
             raise ValueError("sparsity_taus must be > 0")
         return self
+
+
+class RLVRConfig(_Strict):
+    """The RLVR stage after distillation (PROTOCOL.md §6): GRPO with the DAPO
+    token-level loss (``rlvr.dapo_loss``), group-normalised advantages, no reference
+    KL by default (``beta: 0``), ``samples_per_prompt`` rollouts per prompt from the
+    current student (transformers engine), reward ``correct_reward`` if the verifier
+    accepts the answer else 0 (+ ``format_reward`` ≤ 0.5 for a well-formed answer
+    block), its own AdamW LR with linear warm-up over ``warmup_ratio`` of the steps
+    then cosine to 10 %. One optimizer step per batch (so π_old = π_θ at sampling
+    time and the ratio starts at 1). Starts from the trial's distilled student.
+
+    Paper: 300 steps, 8 samples at T = 1.0, top-p 0.95, LR 2e-6, on Countdown-4.
+    """
+
+    task: Literal["countdown3", "countdown4e", "countdown4"] = "countdown4"
+    steps: int = Field(default=300, ge=1)
+    prompts_per_step: int = Field(default=8, ge=1)
+    samples_per_prompt: int = Field(default=8, ge=2)
+    temperature: float = Field(default=1.0, gt=0)
+    top_p: float = Field(default=0.95, gt=0, le=1)
+    max_tokens: int = Field(default=48, ge=1)
+    lr: float = Field(default=2e-6, gt=0)
+    warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
+    clip: float | None = Field(default=1.0, gt=0)
+    eps_low: float = Field(default=0.2, ge=0)
+    eps_high: float = Field(default=0.28, ge=0)
+    beta: float = Field(default=0.0, ge=0)
+    correct_reward: float = Field(default=2.0, ge=0)
+    format_reward: float = Field(default=0.0, ge=0, le=0.5)
+    train_prompts: int = Field(default=5_000, ge=1)
 
 
 class ResourcesConfig(_Strict):
@@ -451,6 +484,17 @@ class TrialConfig(_Strict):
     optimizer: OptimizerConfig = OptimizerConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     tasks: TasksConfig = TasksConfig()
+    #: optional RLVR stage after distillation (``null``: none)
+    rlvr: RLVRConfig | None = None
+
+    @model_validator(mode="after")
+    def _check_rlvr_task_evaluated(self) -> "TrialConfig":
+        if self.rlvr is not None and self.rlvr.task not in self.evaluation.countdown_tasks:
+            raise ValueError(
+                f"rlvr.task {self.rlvr.task!r} must be in evaluation.countdown_tasks "
+                f"{list(self.evaluation.countdown_tasks)} so that it is scored at pre, distill and rlvr"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_importance_weight(self) -> "TrialConfig":

@@ -179,22 +179,27 @@ def setup_models(ctx: dict) -> tuple[Any, Any, Any]:
     return tok_s, teacher, student
 
 
-def setup_engine(student, trial: TrialConfig, world_size: int):
+def setup_engine(student, trial: TrialConfig, world_size: int, *, lr: float | None = None, schedule=None,
+                 batch: int | None = None, clip: float | None | str = "optimizer"):
     """DeepSpeed engine around the student: torch AdamW as client optimizer, LR
     linear warm-up then constant, ZeRO stage from the config. With ZeRO 0 the
     clipping is done here (so the unclipped norm is known); with ZeRO ≥ 1 by
-    DeepSpeed, whose global norm is read back."""
+    DeepSpeed, whose global norm is read back. The RLVR stage passes its own ``lr``,
+    ``schedule`` (a step → multiplier function), per-worker ``batch`` and ``clip``."""
     import deepspeed
 
     o = trial.optimizer
-    per_worker = _per_worker(trial, world_size)
-    opt = torch.optim.AdamW(student.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(max(1, o.warmup_steps), o.steps, "constant"))
+    per_worker = batch if batch is not None else _per_worker(trial, world_size)
+    clip = o.clip if clip == "optimizer" else clip
+    opt = torch.optim.AdamW(student.parameters(), lr=lr if lr is not None else o.lr, betas=o.betas, eps=o.eps,
+                            weight_decay=o.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, schedule if schedule is not None else lr_lambda(max(1, o.warmup_steps), o.steps, "constant"))
     ds_config = {
         "train_micro_batch_size_per_gpu": per_worker,
         "gradient_accumulation_steps": 1,
         "train_batch_size": per_worker * world_size,
-        "gradient_clipping": (o.clip or 0.0) if o.zero_stage > 0 else 0.0,
+        "gradient_clipping": (clip or 0.0) if o.zero_stage > 0 else 0.0,
         "zero_optimization": {"stage": o.zero_stage, "stage3_gather_16bit_weights_on_model_save": True},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
@@ -625,11 +630,46 @@ def train_loop_per_worker(config: dict) -> None:
                                       "name": "time/train_s", "value": train_s}],
                    key=f"{trial_id}__distill__train_time")  # in-loop seconds (of this run, after a resume)
         _evaluate(evaluator, engine.module, trial, trial_id, "distill", o.steps, root, init_state)
-        final.update(report_metrics(root, trial_id))  # pre (also after a resume), distill, eval/forgetting
+    if trial.rlvr is not None:  # GRPO/DAPO on the distilled student, then the suite again (stage rlvr)
+        engine = _rlvr_stage(trial, engine, tok, trial_id, root, rank, world, gauges)
+        final.update(step=o.steps + trial.rlvr.steps)
+        if rank == 0:
+            _evaluate(evaluator, engine.module, trial, trial_id, "rlvr", trial.rlvr.steps, root, init_state)
+    if rank == 0:
+        final.update(report_metrics(root, trial_id))  # pre (also after a resume), distill, rlvr, eval/forgetting
     checkpoint = _make_checkpoint(engine, trial, tok, o.steps, rank)
     ray.train.report(final, checkpoint=checkpoint)
     if checkpoint is not None:  # Ray has copied it to the run's storage
         shutil.rmtree(checkpoint.path, ignore_errors=True)
+
+
+def _rlvr_stage(trial: TrialConfig, engine, tok, trial_id: str, root: Path, rank: int, world: int, gauges):
+    """Run `rlvr.run_rlvr` on the distilled student, writing its per-step metrics
+    (stage ``rlvr``, 10-step windows) and reporting to Ray Train as it goes. Returns
+    the engine that holds the trained student. One worker only (the RLVR batch is
+    not split across ranks yet)."""
+    import ray.train
+
+    from distillab.rlvr import run_rlvr
+
+    if world != 1:
+        raise NotImplementedError("the RLVR stage runs on one worker (resources.num_workers: 1)")
+    pending: list[dict] = []
+
+    def report(step: int, metrics: dict[str, float]) -> None:
+        nonlocal pending
+        pending += [{"trial_id": trial_id, "stage": "rlvr", "step": step, "name": k, "value": float(v)}
+                    for k, v in metrics.items()]
+        if gauges is not None:
+            gauges.set({"reward/mean": metrics["rlvr/reward_mean"]})
+        if step % 10 == 0 or step == trial.rlvr.steps:
+            if rank == 0:
+                write_rows(root, "metrics", pending, key=f"{trial_id}__rlvr__{step:07d}")
+            pending = []
+            ray.train.report({"step": trial.optimizer.steps + step, **metrics})
+
+    run_rlvr(trial, engine, tok, rank, report)
+    return engine
 
 
 class RayGauges:

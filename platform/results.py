@@ -692,6 +692,24 @@ def report_metrics(root: str | Path, trial_id: str) -> dict[str, float]:
     return _report_dict(ev)
 
 
+def rlvr_reward_summary(res: Results, window: int = 10) -> pl.DataFrame:
+    """Per trial with an RLVR stage: the mean training reward (``rlvr/reward_mean``)
+    over its first and last ``window`` steps, and the change. Columns ``trial_id``,
+    ``first``, ``last``, ``change``, ``steps``; empty when no trial ran RLVR."""
+    m = res.metrics.filter((pl.col("stage") == "rlvr") & (pl.col("name") == "rlvr/reward_mean")).collect()
+    if m.is_empty():
+        return pl.DataFrame(schema={"trial_id": pl.String, "first": pl.Float64, "last": pl.Float64,
+                                    "change": pl.Float64, "steps": pl.Int64})
+    m = m.unique(["trial_id", "step"]).sort("trial_id", "step")
+    return (
+        m.group_by("trial_id", maintain_order=True)
+        .agg(pl.col("value").head(window).mean().alias("first"), pl.col("value").tail(window).mean().alias("last"),
+             pl.len().cast(pl.Int64).alias("steps"))
+        .with_columns((pl.col("last") - pl.col("first")).alias("change"))
+        .select("trial_id", "first", "last", "change", "steps")
+    )
+
+
 def trial_metrics(res: Results) -> pl.DataFrame:
     """One row per completed trial: its config columns and every final-report key as a
     column (``eval/distill/countdown3/accuracy``, ``eval/forgetting``, ...), the names a

@@ -1,7 +1,12 @@
-"""RLVR after distillation (PROTOCOL.md §6): the GRPO pieces that do not depend on
-the training loop: rewards, group-normalised advantages and the DAPO token-level
-policy-gradient loss. (The RLVR stage that runs them inside a trial is not built
-yet: issue 5.)
+"""RLVR after distillation (PROTOCOL.md §6): GRPO with the DAPO token-level loss.
+
+The pieces (rewards, group-normalised advantages, the loss) and `run_rlvr`, the
+stage that `distill.train_loop_per_worker` runs after distillation when the trial
+has an ``rlvr`` section (`config.RLVRConfig`): per step, ``samples_per_prompt``
+rollouts of each prompt from the current student, rewards from the verifier,
+advantages within each prompt's group, one DAPO step; the mean reward is logged
+per step (``rlvr/reward_mean``) and the evaluation suite runs afterwards (stage
+``rlvr``).
 
 - GRPO: Shao et al. 2024, "DeepSeekMath", §4.1 (group-relative advantages).
 - DAPO: Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at
@@ -138,4 +143,98 @@ def dapo_loss(
     return loss, stats
 
 
-__all__ = ["countdown_reward", "group_advantages", "dapo_loss"]
+def rlvr_problems(trial, rank: int) -> list[CountdownProblem]:
+    """RLVR training problems of ``rlvr.task`` (test items of every evaluated task
+    excluded), shuffled per rank."""
+    import random
+
+    from distillab.evals.suite import countdown_spec, problem_key, test_keys
+    from distillab.tasks import generate_problems
+
+    r, ev = trial.rlvr, trial.evaluation
+    exclude = test_keys(trial.tasks, max(ev.id_items, ev.pass_items), tuple(ev.countdown_tasks))
+    problems = [p for p in generate_problems(countdown_spec(trial.tasks, r.task), r.train_prompts, 104729 + trial.seed)
+                if problem_key(p) not in exclude]
+    random.Random(trial.seed * 1000 + 17 + rank).shuffle(problems)
+    return problems
+
+
+def _token_logprobs(model, rollouts, pad_id: int, tau: float):
+    """log softmax(z/τ) of each rollout token under ``model`` (with gradient),
+    at the completion positions: ``(logp (B, T), completion mask (B, T))``. Full
+    (B, T, V) logits: fine at micro scale, O(B·T·V) memory at full scale."""
+    from distillab.rollout import pack_rollouts, position_ids
+
+    ids, attn, cmask = pack_rollouts(rollouts.prompt_ids, rollouts.completion_ids, pad_id)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn)).logits
+    targets = torch.roll(ids, shifts=-1, dims=1)
+    logp = torch.log_softmax(logits.float() / tau, dim=-1).gather(-1, targets[..., None])[..., 0]
+    return torch.where(cmask, logp, 0.0), cmask
+
+
+def run_rlvr(trial, engine, tokenizer, rank: int, report) -> list[dict]:
+    """The RLVR stage: ``rlvr.steps`` GRPO/DAPO optimizer steps on the DeepSpeed
+    ``engine``'s module (the distilled student), which it trains in place.
+
+    ``report(step, metrics)`` is called after every step (1-based) with
+    ``rlvr/reward_mean``, ``rlvr/accuracy`` (share of correct samples), ``rlvr/loss``,
+    ``rlvr/clip_frac``, ``rlvr/kl``, ``rlvr/grad_norm`` and ``rlvr/lr``. Returns the
+    per-step metrics. The LR follows a linear warm-up over ``warmup_ratio`` of the
+    steps, then a cosine to 10 % (`sft.lr_lambda`); AdamW is rebuilt for this stage
+    (the distillation optimizer's moments are not carried over).
+    """
+    import copy
+
+    from distillab.distill import _engine_logprobs, setup_engine
+    from distillab.evals.suite import countdown_prompt_ids
+    from distillab.rollout import SamplingParams, TransformersEngine
+    from distillab.sft import lr_lambda
+
+    r = trial.rlvr
+    module = engine.module
+    ds, _, _ = setup_engine(module, trial, 1, lr=r.lr, schedule=lr_lambda(max(1, round(r.warmup_ratio * r.steps)),
+                            r.steps, "cosine"), batch=r.prompts_per_step * r.samples_per_prompt, clip=r.clip)
+    ref = copy.deepcopy(module).eval().requires_grad_(False) if r.beta > 0 else None
+    problems = rlvr_problems(trial, rank)
+    sampler = TransformersEngine(module, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    history = []
+    for step in range(r.steps):
+        lo = (step * r.prompts_per_step) % max(1, len(problems) - r.prompts_per_step)
+        batch = problems[lo : lo + r.prompts_per_step]
+        prompts = [countdown_prompt_ids(tokenizer, trial.tasks, p) for p in batch]
+        sp = SamplingParams(r.temperature, r.top_p, r.max_tokens, r.samples_per_prompt,
+                            trial.seed * 7919 + step * 31 + rank)
+        rollouts = sampler.generate(prompts, sp)  # π_old = the current weights
+        texts = tokenizer.batch_decode(rollouts.completion_ids, skip_special_tokens=False)
+        rewards = torch.tensor([
+            countdown_reward(t, batch[k // r.samples_per_prompt], correct=r.correct_reward,
+                             format_reward=r.format_reward) for k, t in enumerate(texts)
+        ])
+        adv = group_advantages(rewards, r.samples_per_prompt)
+        module.train()
+        logp, cmask = _token_logprobs(ds, rollouts, tokenizer.pad_token_id, r.temperature)
+        old = _engine_logprobs(rollouts, cmask)
+        ref_logp = None
+        if ref is not None:
+            with torch.no_grad():
+                ref_logp, _ = _token_logprobs(ref, rollouts, tokenizer.pad_token_id, r.temperature)
+        loss, stats = dapo_loss(logp, old, adv, cmask, eps_low=r.eps_low, eps_high=r.eps_high, beta=r.beta,
+                                ref_logp=ref_logp)
+        ds.backward(loss)
+        params = [p for p in module.parameters() if p.grad is not None]
+        gn = float(torch.nn.utils.clip_grad_norm_(params, r.clip if r.clip is not None else float("inf")))
+        lr = ds.get_lr()[0]
+        ds.step()
+        m = {
+            "rlvr/reward_mean": float(rewards.mean()),
+            "rlvr/accuracy": float((rewards >= r.correct_reward).float().mean()) if r.correct_reward > 0 else 0.0,
+            "rlvr/loss": float(loss.detach()), "rlvr/clip_frac": stats["clip_frac"], "rlvr/kl": stats["kl"],
+            "rlvr/grad_norm": gn, "rlvr/lr": lr,
+        }
+        history.append(m)
+        report(step + 1, m)
+    module.eval()
+    return history
+
+
+__all__ = ["countdown_reward", "group_advantages", "dapo_loss", "rlvr_problems", "run_rlvr"]

@@ -331,6 +331,9 @@ class VLLMEngine:
             model=str(model_path), skip_tokenizer_init=True, trust_remote_code=False, seed=seed,
             dtype=("float32" if dtype == "auto" and not on_gpu else dtype), max_model_len=max_model_len,
             max_num_seqs=max_num_seqs, enforce_eager=not on_gpu, logprobs_mode="processed_logprobs",
+            # whole prompts only: vLLM 0.32 rolls a seeded request's RNG back after a partial
+            # (chunked) prefill with Generator.set_offset, which CPU generators do not support
+            enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 8192),
             **({"gpu_memory_utilization": gpu_memory_utilization} if on_gpu else {}),
         )
 

@@ -1,0 +1,59 @@
+"""The RLVR stage inside a trial (distill → GRPO/DAPO → evals at pre, distill, rlvr):
+config errors before compute, and a real smoke trial through Ray Tune (slow)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+import pytest
+from pydantic import ValidationError
+
+from distillab.config import TrialConfig, load_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+RLVR = {"task": "countdown4", "steps": 12, "prompts_per_step": 4, "samples_per_prompt": 4, "lr": 1e-3,
+        "max_tokens": 12, "format_reward": 0.5, "train_prompts": 200, "warmup_ratio": 0.25}
+
+
+def test_rlvr_config_errors_name_the_field() -> None:
+    with pytest.raises(ValidationError, match="samples_per_prompt"):
+        TrialConfig.model_validate({"rlvr": {"samples_per_prompt": 1},
+                                    "evaluation": {"countdown_tasks": ["countdown3", "countdown4"]}})
+    with pytest.raises(ValidationError, match=r"rlvr.task 'countdown4' must be in evaluation.countdown_tasks"):
+        TrialConfig.model_validate({"rlvr": {}})
+    with pytest.raises(ValidationError, match="format_reward"):
+        TrialConfig.model_validate({"rlvr": {"format_reward": 0.6},
+                                    "evaluation": {"countdown_tasks": ["countdown3", "countdown4"]}})
+    ok = TrialConfig.model_validate({"rlvr": {}, "evaluation": {"countdown_tasks": ["countdown3", "countdown4e",
+                                                                                    "countdown4"]}})
+    assert ok.rlvr.samples_per_prompt == 8 and ok.rlvr.beta == 0.0 and ok.rlvr.top_p == 0.95  # PROTOCOL.md §6
+
+
+@pytest.mark.slow
+def test_smoke_trial_with_rlvr_stage(run_locally, tmp_path) -> None:
+    from distillab.results import load, rlvr_reward_summary
+
+    sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
+        "storage_path": str(tmp_path), "models.cache_dir": str(REPO / ".cache" / "models"),
+        "search.grid": {"rollout.policy": ["offpd"]}, "trial.rlvr": RLVR,
+        "trial.evaluation.countdown_tasks": ["countdown3", "countdown4e", "countdown4"],
+    })
+    res = load(run_locally(sweep))
+    trials = res.trials.collect()
+    assert trials["status"].to_list() == ["completed"], trials["error"].to_list()
+    ev = res.evals.collect()
+    got = {(r["stage"], r["task"]) for r in ev.filter(pl.col("metric") == "accuracy").iter_rows(named=True)}
+    for stage in ("pre", "distill", "rlvr"):
+        for task in ("countdown3", "countdown4e", "countdown4"):
+            assert (stage, task) in got
+    m = res.metrics.collect().filter(pl.col("stage") == "rlvr")
+    reward = m.filter(pl.col("name") == "rlvr/reward_mean").sort("step")
+    assert reward["step"].to_list() == list(range(1, 13))  # every RLVR step exactly once
+    assert reward["value"].is_between(0.0, 2.5).all()  # 2 (correct) + at most 0.5 (format)
+    lr = m.filter(pl.col("name") == "rlvr/lr").sort("step")["value"].to_list()
+    assert lr[0] < lr[1] < lr[2] == pytest.approx(1e-3) and lr[-1] < lr[4] < lr[2]  # 3 warm-up steps, then cosine
+    summary = rlvr_reward_summary(res)
+    assert summary["steps"].to_list() == [12]
+    assert summary["first"][0] == pytest.approx(reward["value"].head(10).mean())
+    assert summary["last"][0] == pytest.approx(reward["value"].tail(10).mean())
