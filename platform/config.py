@@ -246,7 +246,7 @@ class EvaluationConfig(_Strict):
     pass_items: int = Field(default=100, ge=1)
     pass_n: int = Field(default=10, ge=1)
     pass_k: tuple[int, ...] = (1, 10)
-    pass_temperature: dict[str, float] = {"countdown3": 1.0, "countdown4e": 0.5}
+    pass_temperature: dict[str, float] = {"countdown3": 1.0, "countdown4e": 0.5, "countdown4": 1.0}
     ood_items: int = Field(default=100, ge=1)
     ood_temperature: float = Field(default=0.5, gt=0)
     sparsity_taus: tuple[float, ...] = (1e-6, 1e-8)
@@ -533,6 +533,9 @@ class SweepConfig(_Strict):
 
     @model_validator(mode="after")
     def _validate_grid(self) -> "SweepConfig":
+        if self.trial.rlvr is not None and self.resources.num_workers != 1:
+            raise ValueError(f"trial.rlvr runs on one worker: set resources.num_workers to 1 "
+                             f"(got {self.resources.num_workers})")
         expand_trials(self)  # every grid point (and every edge of a Bayesian domain) must validate first
         return self
 

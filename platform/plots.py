@@ -61,7 +61,7 @@ __all__ = [
 POLICY, KL, LR, LAMBDA, SEED = "rollout.policy", "loss.kind", "optimizer.lr", "rollout.lambda", "seed"
 ID_TASK, HARD_TASK = "countdown3", "countdown4e"
 #: ``metrics`` names (stage ``rlvr``) of the mean training reward per RLVR step.
-REWARD = ("reward/mean",)
+REWARD = ("rlvr/reward_mean", "reward/mean")
 #: ``metrics`` names (stage ``distill``) of the mean per-token log-likelihood of the
 #: step's rollouts under the student and the teacher; the first present is used.
 STUDENT_LOGLIK = ("rollout/student_loglik", "rollout/student_logp", "rollout/logp_student")

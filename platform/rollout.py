@@ -264,7 +264,7 @@ def resolve_engine(engine: str, *, batched: bool) -> str:
     ``auto`` picks vLLM where it is the faster engine (measured, benchmarks/rollout.py):
     on a CUDA device, and for batched generation (a whole OffPD rollout set in one
     call, ``batched=True``) wherever vLLM is installed; per-step sampling on CPU
-    (64 prompts of a micro model at a time) is faster in transformers.
+    (a few dozen prompts of a micro model at a time) is faster in transformers.
 
     Raises:
         ValueError: an engine name other than auto, vllm, transformers.

@@ -165,7 +165,7 @@ def test_defaults_are_the_papers(tmp_path: Path) -> None:
     assert e.pass_k == (1, 10)
     assert e.id_items == 200
     assert e.id_temperature == 0.5
-    assert e.pass_temperature == {"countdown3": 1.0, "countdown4e": 0.5}
+    assert e.pass_temperature == {"countdown3": 1.0, "countdown4e": 0.5, "countdown4": 1.0}  # 4: PROTOCOL.md §6 T = 1.0
     tasks = t.tasks
     assert tasks.countdown3.pool == (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 25, 50, 75)
     assert tasks.countdown3.n_operands == 3

@@ -57,3 +57,13 @@ def test_smoke_trial_with_rlvr_stage(run_locally, tmp_path) -> None:
     assert summary["steps"].to_list() == [12]
     assert summary["first"][0] == pytest.approx(reward["value"].head(10).mean())
     assert summary["last"][0] == pytest.approx(reward["value"].tail(10).mean())
+
+
+def test_rlvr_needs_one_worker_before_compute() -> None:
+    from distillab.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"trial.rlvr runs on one worker: set resources.num_workers to 1 \(got 2\)"):
+        load_sweep(REPO / "search_spaces" / "smoke.yaml", {
+            "trial.rlvr": RLVR, "resources.num_workers": 2,
+            "trial.evaluation.countdown_tasks": ["countdown3", "countdown4e", "countdown4"],
+        })
