@@ -25,8 +25,9 @@ from distillab.rollout import SamplingParams, start_rollout_actor  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ray_local():
+    """A local Ray for one test, shut down after it (the sweep test starts its own)."""
     import ray
 
     ray.init(address="local", num_cpus=2, include_dashboard=False)
