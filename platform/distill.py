@@ -38,7 +38,7 @@ from distillab.evals.metrics import update_sparsity
 from distillab.evals.suite import Evaluator, countdown_prompt_ids, countdown_spec, problem_key, test_keys
 from distillab.models import check_same_vocab, load_model, load_tokenizer
 from distillab.ops.kl import distill_loss, entropy_and_cross_entropy, sampled_token_loss, token_divergence
-from distillab.results import report_metrics, write_rows
+from distillab.results import atomic_write_bytes, report_metrics, write_rows
 from distillab.rollout import (
     Rollouts,
     SamplingParams,
@@ -153,10 +153,9 @@ def offpd_rollout_set(trial: TrialConfig, teacher_path: str | Path, tokenizer, r
             cols["completion_ids"] += ro.completion_ids
             cols["logprobs"] += ro.logprobs
             cols["finish_reason"] += ro.finish_reasons
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        pq.write_table(pa.table(cols), tmp)
-        os.replace(tmp, path)
+        buf = pa.BufferOutputStream()
+        pq.write_table(pa.table(cols), buf)
+        atomic_write_bytes(path, buf.getvalue().to_pybytes())
     table = pq.read_table(path).to_pydict()
     out = [Rollouts([], [], [], []) for _ in range(o.steps)]
     for st, p, c, lp, fr in zip(table["step"], table["prompt_ids"], table["completion_ids"], table["logprobs"],
@@ -504,10 +503,7 @@ def _evaluate(evaluator: Evaluator, model, trial: TrialConfig, trial_id: str, st
     else:
         rows = evaluator.evaluate(model, seed=trial.seed)
         if cache is not None:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(rows))
-            os.replace(tmp, cache)
+            atomic_write_bytes(cache, json.dumps(rows).encode())
     if init_state is not None:
         final = {k: v.detach().float() for k, v in model.state_dict().items()}
         for tau in trial.evaluation.sparsity_taus:

@@ -272,10 +272,17 @@ def write_rows(root: str | Path, table: str, rows: list[dict[str, Any]], *, key:
     pq.write_table(arrow, buf)
     data = buf.getvalue()
 
-    directory = Path(root) / table
+    return atomic_write_bytes(Path(root) / table / f"{key}.parquet", data)
+
+
+def atomic_write_bytes(target: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``target`` atomically: a hidden temporary file in the same
+    directory (created if needed), fsynced, then ``os.replace``; on any error the old
+    file stays intact and no temporary file is left. Returns ``target`` as a Path."""
+    target = Path(target)
+    directory = target.parent
     directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"{key}.parquet"
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{key}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.stem}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(memoryview(data))
