@@ -5,8 +5,9 @@
   (harder-task generalisation, same checkpoint, no further training);
 - coverage: pass@1 and pass@k from ``pass_n`` samples per prompt at the task's
   ``pass_temperature`` (unbiased estimator, `distillab.evals.metrics.pass_at_k`);
-- OOD suite: exact-match accuracy on each prior-skill task and their unweighted
-  mean (``ood_mean``; forgetting = after − before).
+- OOD suite (`distillab.evals.ood`): the micro prior-skill tasks or, at full scale,
+  lm-eval-harness tasks, and their unweighted mean (``ood_mean``; forgetting =
+  after − before).
 
 Each result is a row ``{task, metric, value, n}`` for the `evals` table.
 Test splits come from ``tasks.test_seed``, the same for every trial; training
@@ -15,23 +16,22 @@ prompts are drawn from other seeds and exclude the test items.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from distillab.config import EvaluationConfig, TasksConfig
 from distillab.evals.metrics import mean_pass_at_k
+from distillab.evals.ood import ood_backend
 from distillab.rollout import SamplingParams, TransformersEngine
 from distillab.tasks import (
     CountdownProblem,
     CountdownSpec,
-    SkillItem,
     countdown_user_text,
     generate_problems,
-    generate_skill_items,
     render_prompt,
     score_countdown,
-    score_skill,
 )
 
 EVAL_TASKS = ("countdown3", "countdown4e")
@@ -66,19 +66,20 @@ def countdown_prompt_ids(tokenizer: PreTrainedTokenizerBase, tasks: TasksConfig,
     return render_prompt(tokenizer, tasks.system_prompt, user)
 
 
-def ood_items(tasks: TasksConfig, n: int) -> dict[str, list[SkillItem]]:
-    """The OOD test items per prior-skill task (seeded by ``tasks.test_seed``)."""
-    return {t: generate_skill_items(t, n, tasks.test_seed) for t in tasks.ood_skills}
-
-
 @dataclass
 class Evaluator:
-    """Scores a model on the suite. ``batch_size`` is prompts × samples per generate call."""
+    """Scores a model on the suite. ``batch_size`` is prompts × samples per generate
+    call; ``ood`` is the OOD backend (default: the one ``cfg.ood_backend`` names)."""
 
     tokenizer: PreTrainedTokenizerBase
     tasks: TasksConfig
     cfg: EvaluationConfig
     batch_size: int = 512
+    ood: Any = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.ood is None:
+            self.ood = ood_backend(self.tasks, self.cfg, self.batch_size)
 
     def _prompts(self, problems: list[CountdownProblem]) -> list[list[int]]:
         return [countdown_prompt_ids(self.tokenizer, self.tasks, p) for p in problems]
@@ -110,14 +111,5 @@ class Evaluator:
                 rows.append(
                     {"task": name, "metric": f"pass@{k}", "value": mean_pass_at_k(counts, cfg.pass_n, k), "n": len(counts)}
                 )
-        scores = []
-        for j, (skill, items) in enumerate(ood_items(self.tasks, cfg.ood_items).items()):
-            prompts = [render_prompt(tok, "", it.prompt) for it in items]
-            roll = engine.generate(prompts, SamplingParams(cfg.ood_temperature, 1.0, 16, 1, seed + 7 * j + 3))
-            texts = tok.batch_decode(roll.completion_ids, skip_special_tokens=False)
-            acc = sum(score_skill(t, it) for t, it in zip(texts, items)) / len(items)
-            scores.append(acc)
-            rows.append({"task": f"ood/{skill}", "metric": "accuracy", "value": acc, "n": len(items)})
-        if scores:
-            rows.append({"task": "ood", "metric": "ood_mean", "value": sum(scores) / len(scores), "n": len(scores)})
+        rows += self.ood.evaluate(model, tok, seed)
         return rows

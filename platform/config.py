@@ -237,6 +237,62 @@ class OptimizerConfig(_Strict):
         return v
 
 
+class LMEvalTask(_Strict):
+    """One lm-eval-harness task of the full-scale OOD suite: its registered name, the
+    key of its standard metric in lm-eval's results (``"<metric>,<filter>"``) and a
+    ``scale`` that maps that metric to [0, 1] (EQ-Bench reports 0–100)."""
+
+    task: str = Field(min_length=1)
+    metric: str = Field(pattern=r"^[^,]+,[^,]+$")
+    scale: float = Field(default=1.0, gt=0)
+
+
+#: The paper's seven OOD benchmarks (PROTOCOL.md §4) with lm-eval-harness's standard metric of each.
+PAPER_OOD_SUITE: tuple[LMEvalTask, ...] = (
+    LMEvalTask(task="mmlu_pro", metric="exact_match,custom-extract"),
+    LMEvalTask(task="truthfulqa_mc1", metric="acc,none"),
+    LMEvalTask(task="ifeval", metric="prompt_level_strict_acc,none"),
+    LMEvalTask(task="humaneval_instruct", metric="pass@1,create_test"),
+    LMEvalTask(task="eq_bench", metric="eqbench,none", scale=100.0),
+    LMEvalTask(task="bbq", metric="acc,none"),
+    LMEvalTask(task="toxigen", metric="acc,none"),
+)
+
+#: lm-eval tasks that execute model-written code (need ``allow_code_execution``)
+CODE_EXECUTING_TASKS = ("humaneval", "humaneval_instruct", "humaneval_64", "humaneval_64_instruct",
+                        "humaneval_plus", "mbpp", "mbpp_plus")
+
+
+class LMEvalConfig(_Strict):
+    """The full-scale OOD backend (``evaluation.ood_backend: lm_eval``): lm-eval-harness
+    tasks run on the checkpoint at every stage, each scored by its standard metric on
+    at most ``limit`` items, and their unweighted mean (``ood_mean``).
+
+    ``include_path`` adds a folder of task YAMLs (custom tasks on local files).
+    HumanEval-style tasks run model-written code, so they need
+    ``allow_code_execution: true`` (off by default)."""
+
+    tasks: tuple[LMEvalTask, ...] = PAPER_OOD_SUITE
+    limit: int | None = Field(default=500, ge=1)
+    include_path: str | None = None
+    batch_size: int = Field(default=8, ge=1)
+    max_length: int | None = Field(default=None, ge=1)
+    allow_code_execution: bool = False
+
+    @model_validator(mode="after")
+    def _tasks(self) -> "LMEvalConfig":
+        if not self.tasks:
+            raise ValueError("tasks must list at least one lm-eval task")
+        names = [t.task for t in self.tasks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tasks must not repeat a task, got {names}")
+        return self
+
+    def code_tasks(self) -> list[str]:
+        """The configured tasks that execute model-written code."""
+        return [t.task for t in self.tasks if t.task in CODE_EXECUTING_TASKS]
+
+
 class EvaluationConfig(_Strict):
     """What every trial reports before and after (PROTOCOL.md §4)."""
 
@@ -253,6 +309,9 @@ class EvaluationConfig(_Strict):
     max_tokens: int = Field(default=48, ge=1)
     #: Countdown tasks scored (accuracy, pass@k) at every stage; add ``countdown4`` for an RLVR stage
     countdown_tasks: tuple[Literal["countdown3", "countdown4e", "countdown4"], ...] = ("countdown3", "countdown4e")
+    #: OOD suite: ``micro`` = the prior-skill tasks (``tasks.ood_skills``), ``lm_eval`` = lm-eval-harness (``lm_eval``)
+    ood_backend: Literal["micro", "lm_eval"] = "micro"
+    lm_eval: LMEvalConfig = LMEvalConfig()
 
     @model_validator(mode="after")
     def _k(self) -> "EvaluationConfig":
@@ -261,6 +320,10 @@ class EvaluationConfig(_Strict):
             raise ValueError(f"pass_k values must be in 1..pass_n={self.pass_n}, got {bad}")
         if any(t <= 0 for t in self.sparsity_taus):
             raise ValueError("sparsity_taus must be > 0")
+        code = self.lm_eval.code_tasks()
+        if self.ood_backend == "lm_eval" and code and not self.lm_eval.allow_code_execution:
+            raise ValueError(f"lm_eval.tasks {code} execute model-written code: set lm_eval.allow_code_execution: "
+                             "true to run them, or list lm_eval.tasks without them")
         return self
 
 
@@ -614,24 +677,66 @@ class ConfigError(ValueError):
     """A sweep file that does not validate; the message names each bad field."""
 
 
-def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None) -> SweepConfig:
-    """Read a sweep YAML (safe loader) and validate it.
-
-    Args:
-        path: the YAML file.
-        overrides: dotted-key values applied on top (e.g. ``{"storage_path": "/tmp/x"}``).
-
-    Raises:
-        ConfigError: unreadable YAML or any invalid field (named in the message).
-        FileNotFoundError: no such file.
-    """
-    text = Path(path).read_text()
+def _read_yaml_mapping(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"sweep file {path} does not exist") from None
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
+    return data
+
+
+def _merge(base: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    """``child`` on top of ``base``: mappings merge key by key (recursively); any
+    other value (scalars, lists) in ``child`` replaces the base's."""
+    out = copy.deepcopy(base)
+    for k, v in child.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def _resolve_extends(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    path = path.resolve()
+    if path in seen:
+        chain = " -> ".join(str(p) for p in (*seen, path))
+        raise ConfigError(f"{seen[0]}: extends: cycle {chain}")
+    data = _read_yaml_mapping(path)
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str) or not parent:
+        raise ConfigError(f"{path}: extends: must be a path to another sweep YAML (relative to this file), "
+                          f"got {parent!r}")
+    base_path = path.parent / parent
+    if not base_path.exists():
+        raise ConfigError(f"{path}: extends: {base_path} does not exist")
+    return _merge(_resolve_extends(base_path, (*seen, path)), data)
+
+
+def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None) -> SweepConfig:
+    """Read a sweep YAML (safe loader) and validate it.
+
+    A file may start from another with ``extends: <path relative to it>``: the
+    base is read first (itself possibly extending another) and this file's keys go
+    on top; mappings merge key by key, lists and scalars replace (so a ``search.grid``
+    entry replaces that one dimension's values). ``search_spaces/micro_rlvr.yaml``
+    extends ``micro.yaml`` this way.
+
+    Args:
+        path: the YAML file.
+        overrides: dotted-key values applied on top (e.g. ``{"storage_path": "/tmp/x"}``).
+
+    Raises:
+        ConfigError: unreadable YAML, a missing or cyclic ``extends``, or any invalid
+            field (named in the message).
+        FileNotFoundError: no such file.
+    """
+    data = _resolve_extends(Path(path))
     for k, v in (overrides or {}).items():
         set_dotted(data, k, v)
     try:

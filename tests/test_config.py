@@ -206,3 +206,46 @@ def test_sweep_dir_is_absolute(tmp_path: Path) -> None:
     cfg = load_sweep(_write(tmp_path, f"name: t\nstorage_path: {tmp_path}/runs\n"))
     assert cfg.sweep_dir() == (tmp_path / "runs" / "t").resolve()
     assert isinstance(cfg, SweepConfig)
+
+
+# --------------------------------------------------------------------------------------
+# extends: a sweep file on top of another
+# --------------------------------------------------------------------------------------
+
+
+def test_extends_merges_mappings_and_replaces_lists(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text(
+        "name: base\ntrial:\n  optimizer: {lr: 1.0e-3, steps: 7}\n  evaluation: {pass_k: [1, 10]}\n"
+        "search:\n  grid:\n    loss.kind: [forward, reverse]\n    optimizer.lr: [1.0e-3, 3.0e-3]\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "child.yaml").write_text(
+        "extends: ../base.yaml\nname: child\ntrial:\n  optimizer: {lr: 2.0e-3}\n  evaluation: {pass_k: [1]}\n"
+        "search:\n  grid:\n    optimizer.lr: [3.0e-3]\n")
+    cfg = load_sweep(tmp_path / "sub" / "child.yaml")
+    assert cfg.name == "child"
+    assert (cfg.trial.optimizer.lr, cfg.trial.optimizer.steps) == (2e-3, 7)  # merged key by key
+    assert cfg.trial.evaluation.pass_k == (1,)  # a list replaces
+    assert cfg.search.grid == {"loss.kind": ["forward", "reverse"], "optimizer.lr": [3e-3]}
+
+
+def test_extends_errors_name_the_problem(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"extends: cycle .*a\.yaml -> .*b\.yaml -> .*a\.yaml"):
+        load_sweep(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("extends: missing.yaml\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: extends: .*missing\.yaml does not exist"):
+        load_sweep(tmp_path / "c.yaml")
+    (tmp_path / "d.yaml").write_text("extends: [a.yaml]\n")
+    with pytest.raises(ConfigError, match=r"extends: must be a path"):
+        load_sweep(tmp_path / "d.yaml")
+
+
+def test_micro_rlvr_is_the_micro_study_plus_rlvr() -> None:
+    micro, rl = load_sweep(MICRO), load_sweep(MICRO.parent / "micro_rlvr.yaml")
+    assert rl.models == micro.models  # the same prepared teacher and student
+    assert rl.trial.model_dump(exclude={"rlvr", "evaluation"}) == micro.trial.model_dump(exclude={"rlvr", "evaluation"})
+    assert rl.trial.evaluation.countdown_tasks == ("countdown3", "countdown4e", "countdown4")
+    assert rl.trial.rlvr is not None and rl.trial.rlvr.samples_per_prompt == 8
+    assert [t.trial_id.split("-s42")[0] for t in expand_trials(rl)] == [
+        "offpd-forward-lr0.003", "offpd-reverse-lr0.003", "onpd-forward-lr0.003", "onpd-reverse-lr0.003"]

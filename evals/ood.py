@@ -1,0 +1,145 @@
+"""The OOD suite (PROTOCOL.md §4, forgetting): one interface, two backends.
+
+- `MicroSkillsBackend` (micro scale): exact-match accuracy on each prior-skill task
+  the micro student was trained on before distillation (``tasks.ood_skills``);
+- `LMEvalBackend` (full scale): lm-eval-harness tasks (the paper's seven by default,
+  `distillab.config.PAPER_OOD_SUITE`), each scored by its standard metric on at most
+  ``limit`` items.
+
+Both return rows ``{task: "ood/<name>", metric, value, n}`` and a last row
+``{task: "ood", metric: "ood_mean"}``: the unweighted mean over tasks, each value in
+[0, 1]. Forgetting is ``ood_mean`` after minus before (`distillab.results`).
+`ood_backend(trial)` picks the backend from ``evaluation.ood_backend``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from distillab.config import EvaluationConfig, LMEvalConfig, LMEvalTask, TasksConfig
+from distillab.rollout import SamplingParams, TransformersEngine
+from distillab.tasks import SkillItem, generate_skill_items, render_prompt, score_skill
+
+
+class OODBackend(Protocol):
+    """What the evaluation suite calls at every stage."""
+
+    def evaluate(self, model: Any, tokenizer: Any, seed: int) -> list[dict]:
+        """Rows ``{task, metric, value, n}`` per OOD task, then the ``ood_mean`` row."""
+        ...
+
+
+def mean_row(rows: list[dict]) -> dict:
+    """The ``ood_mean`` row: the unweighted mean of the per-task ``value`` s.
+
+    Raises:
+        ValueError: no rows.
+    """
+    if not rows:
+        raise ValueError("the OOD suite produced no task rows")
+    return {"task": "ood", "metric": "ood_mean", "value": sum(r["value"] for r in rows) / len(rows), "n": len(rows)}
+
+
+def ood_items(tasks: TasksConfig, n: int) -> dict[str, list[SkillItem]]:
+    """The micro OOD test items per prior-skill task (seeded by ``tasks.test_seed``)."""
+    return {t: generate_skill_items(t, n, tasks.test_seed) for t in tasks.ood_skills}
+
+
+class MicroSkillsBackend:
+    """Prior-skill tasks (add, mul, reverse, sort), ``cfg.ood_items`` items each,
+    one sample at τ = ``cfg.ood_temperature``, exact match of the ``<answer>``."""
+
+    def __init__(self, tasks: TasksConfig, cfg: EvaluationConfig, batch_size: int = 512):
+        self.tasks, self.cfg, self.batch_size = tasks, cfg, batch_size
+
+    def evaluate(self, model: Any, tokenizer: Any, seed: int) -> list[dict]:
+        engine = TransformersEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size=self.batch_size)
+        rows = []
+        for j, (skill, items) in enumerate(ood_items(self.tasks, self.cfg.ood_items).items()):
+            prompts = [render_prompt(tokenizer, "", it.prompt) for it in items]
+            roll = engine.generate(prompts, SamplingParams(self.cfg.ood_temperature, 1.0, 16, 1, seed + 7 * j + 3))
+            texts = tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=False)
+            acc = sum(score_skill(t, it) for t, it in zip(texts, items)) / len(items)
+            rows.append({"task": f"ood/{skill}", "metric": "accuracy", "value": acc, "n": len(items)})
+        return rows + [mean_row(rows)] if rows else []
+
+
+def lm_eval_rows(results: dict, tasks: tuple[LMEvalTask, ...]) -> list[dict]:
+    """Rows from an lm-eval ``simple_evaluate`` result: each task's standard metric
+    divided by its ``scale``, with ``n`` = the number of items it scored
+    (``n-samples.effective``, or for a group the sum over its subtasks).
+
+    Raises:
+        KeyError: a task or its metric missing from ``results["results"]`` (the
+            message lists the metrics that are there).
+    """
+    rows = []
+    res = results["results"]
+    for t in tasks:
+        if t.task not in res:
+            raise KeyError(f"lm-eval returned no result for task {t.task!r}; it has {sorted(res)}")
+        got = res[t.task]
+        if t.metric not in got or not isinstance(got[t.metric], (int, float)):
+            have = sorted(k for k, v in got.items() if "," in k and isinstance(v, (int, float)))
+            raise KeyError(f"lm-eval task {t.task!r} has no metric {t.metric!r}; it has {have}")
+        rows.append({"task": f"ood/{t.task}", "metric": t.metric.split(",")[0],
+                     "value": float(got[t.metric]) / t.scale, "n": _n_scored(results, t.task)})
+    return rows
+
+
+def _n_scored(results: dict, task: str) -> int:
+    n = results.get("n-samples", {})
+    if task in n:
+        return int(n[task].get("effective", n[task].get("original", 0)))
+    subtasks = results.get("group_subtasks", {}).get(task, [])
+    return sum(_n_scored(results, s) for s in subtasks)
+
+
+class LMEvalBackend:
+    """lm-eval-harness tasks on the model in memory (``HFLM(pretrained=model)``), or on
+    any ``lm_eval.api.model.LM`` passed to `run` (a vLLM-backed LM at full scale, a
+    scripted LM in tests). Seeds: lm-eval's Python, NumPy, torch and few-shot seeds
+    are all set from the stage seed.
+
+    Raises (at construction, before any compute): ImportError naming the ``eval``
+    extra when lm-eval is not installed.
+    """
+
+    def __init__(self, cfg: LMEvalConfig, device: str = "cpu"):
+        try:
+            import lm_eval  # noqa: F401
+        except ImportError as e:
+            raise ImportError("evaluation.ood_backend: lm_eval needs lm-eval-harness: "
+                              "pip install -e '.[eval]'") from e
+        self.cfg, self.device = cfg, device
+
+    def run(self, lm: Any, seed: int) -> dict:
+        """``simple_evaluate`` on every configured task with its item ``limit``; the raw result dict."""
+        from lm_eval import simple_evaluate
+        from lm_eval.tasks import TaskManager
+
+        cfg = self.cfg
+        manager = TaskManager(include_path=cfg.include_path) if cfg.include_path else TaskManager()
+        return simple_evaluate(
+            model=lm, tasks=[t.task for t in cfg.tasks], limit=cfg.limit, task_manager=manager,
+            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+            log_samples=False, bootstrap_iters=0, confirm_run_unsafe_code=cfg.allow_code_execution,
+        )
+
+    def evaluate(self, model: Any, tokenizer: Any, seed: int) -> list[dict]:
+        from lm_eval.models.huggingface import HFLM
+
+        kw = {"max_length": self.cfg.max_length} if self.cfg.max_length else {}
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=self.cfg.batch_size, device=self.device, **kw)
+        rows = lm_eval_rows(self.run(lm, seed), self.cfg.tasks)
+        return rows + [mean_row(rows)]
+
+
+def ood_backend(tasks: TasksConfig, cfg: EvaluationConfig, batch_size: int = 512, device: str = "cpu") -> OODBackend:
+    """The backend named by ``cfg.ood_backend`` (``micro`` or ``lm_eval``)."""
+    if cfg.ood_backend == "lm_eval":
+        return LMEvalBackend(cfg.lm_eval, device=device)
+    return MicroSkillsBackend(tasks, cfg, batch_size)
+
+
+__all__ = ["OODBackend", "MicroSkillsBackend", "LMEvalBackend", "lm_eval_rows", "mean_row", "ood_backend", "ood_items"]
