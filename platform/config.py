@@ -129,6 +129,9 @@ class ModelsConfig(_Strict):
         countdown_examples={"countdown3": 500}, skill_examples=20_000,
     )
     prepare_seed: int = 0
+    #: optional GRPO refinement of the teacher after SFT (PROTOCOL.md §6; `prepare.refine_teacher`):
+    #: the same GRPO/DAPO code as the RLVR stage, e.g. ``correct_reward: 2.0``, ``format_reward: 0.5``
+    teacher_refine: RLVRConfig | None = None
 
 
 class RolloutConfig(_StrictAliased):
@@ -327,6 +330,19 @@ class EvaluationConfig(_Strict):
         return self
 
 
+class LoRAConfig(_Strict):
+    """LoRA adapters (``peft``) for a GRPO stage: rank ``r``, scale ``alpha``/``r``,
+    dropout, and the module names they wrap (Llama/Qwen2 attention and MLP
+    projections by default). After the stage the adapters are merged into the
+    weights, so evaluation and checkpoints see a plain model. Full precision only
+    (a 4-bit base, as in the paper's full-scale runs, is not wired)."""
+
+    r: int = Field(default=16, ge=1)
+    alpha: float = Field(default=32.0, gt=0)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
 class RLVRConfig(_Strict):
     """The RLVR stage after distillation (PROTOCOL.md §6): GRPO with the DAPO
     token-level loss (``rlvr.dapo_loss``), group-normalised advantages, no reference
@@ -356,6 +372,11 @@ class RLVRConfig(_Strict):
     correct_reward: float = Field(default=2.0, ge=0)
     format_reward: float = Field(default=0.0, ge=0, le=0.5)
     train_prompts: int = Field(default=5_000, ge=1)
+    #: LoRA through ``peft`` instead of full fine-tuning (None = full fine-tuning)
+    lora: LoRAConfig | None = None
+
+
+ModelsConfig.model_rebuild()  # teacher_refine refers to RLVRConfig, defined after it
 
 
 class ResourcesConfig(_Strict):

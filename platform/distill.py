@@ -44,6 +44,7 @@ from distillab.rollout import (
     SamplingParams,
     SpectrumEngine,
     TransformersEngine,
+    engine_logprobs,
     pack_rollouts,
     position_ids,
     resolve_engine,
@@ -227,18 +228,6 @@ def sample_rollouts(
     return engine.generate(prompts, sp)
 
 
-def _engine_logprobs(rollouts: Rollouts, cmask: torch.Tensor) -> torch.Tensor:
-    """The engine's sampling log-probabilities placed at the completion positions:
-    float32 ``(B, T)``, 0 elsewhere. Raises ValueError when the rollouts carry no
-    logprob for some token."""
-    flat = [x for row in rollouts.logprobs for x in row]
-    if len(flat) != int(cmask.sum()):
-        raise ValueError(f"rollouts carry {len(flat)} logprobs for {int(cmask.sum())} completion tokens")
-    out = torch.zeros(cmask.shape, dtype=torch.float32)
-    out[cmask] = torch.tensor(flat, dtype=torch.float32)
-    return out
-
-
 @torch.no_grad()
 def _rows_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias, targets: torch.Tensor, tau: float,
                          chunk: int = 1024) -> torch.Tensor:
@@ -261,7 +250,7 @@ def importance_weights(trial: TrialConfig, rollouts: Rollouts, cmask: torch.Tens
     sampling τ, q the engine's logprobs carried by ``rollouts``. Returns (B,) float32."""
     from distillab.ops.kl import engine_mismatch_weights
 
-    return engine_mismatch_weights(policy_logp, _engine_logprobs(rollouts, cmask), cmask)
+    return engine_mismatch_weights(policy_logp, engine_logprobs(rollouts, cmask), cmask)
 
 
 def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: int, gen: torch.Generator):
@@ -641,12 +630,15 @@ def train_loop_per_worker(config: dict) -> None:
 
 def _rlvr_stage(trial: TrialConfig, engine, tok, trial_id: str, root: Path, rank: int, world: int, gauges):
     """Run `rlvr.run_rlvr` on the distilled student, writing its per-step metrics
-    (stage ``rlvr``, 10-step windows) and reporting to Ray Train as it goes. Returns
-    the engine that holds the trained student. One worker only (the RLVR batch is
+    (stage ``rlvr``, 10-step windows) and reporting to Ray Train as it goes. The
+    stage gets its own DeepSpeed engine around the same module (AdamW rebuilt: the
+    distillation optimizer's moments are not carried over), or around its LoRA
+    wrapper (``rlvr.lora``), whose adapters are merged back afterwards. Returns
+    ``engine``, whose module now holds the trained student. One worker only (the RLVR batch is
     not split across ranks yet)."""
     import ray.train
 
-    from distillab.rlvr import run_rlvr
+    from distillab.rlvr import apply_lora, merge_lora, rlvr_problems, rlvr_schedule, run_rlvr
 
     if world != 1:
         raise NotImplementedError("the RLVR stage runs on one worker (resources.num_workers: 1)")
@@ -664,7 +656,14 @@ def _rlvr_stage(trial: TrialConfig, engine, tok, trial_id: str, root: Path, rank
             pending = []
             ray.train.report({"step": trial.optimizer.steps + step, **metrics})
 
-    run_rlvr(trial, engine, tok, rank, report)
+    r = trial.rlvr
+    module = engine.module if r.lora is None else apply_lora(engine.module, r.lora)
+    stepper, _, _ = setup_engine(module, trial, 1, lr=r.lr, schedule=rlvr_schedule(r),
+                                 batch=r.prompts_per_step * r.samples_per_prompt, clip=r.clip)
+    problems = rlvr_problems(r, trial.tasks, trial.evaluation, trial.seed, rank)
+    run_rlvr(r, stepper, tok, trial.tasks, problems, trial.seed + rank, report)
+    if r.lora is not None:
+        merge_lora(module)  # the adapters folded into engine.module's weights
     return engine
 
 

@@ -2,7 +2,10 @@
 
 - teacher: SFT on solver-written Countdown demonstrations (PROTOCOL.md §6, micro);
 - student: SFT on the prior-skill mix (the micro OOD suite) plus a little
-  Countdown, so it knows the answer format but not the task.
+  Countdown, so it knows the answer format but not the task;
+- optionally (``models.teacher_refine``), the teacher is then refined with GRPO
+  (`refine_teacher`: the same GRPO/DAPO code as the RLVR stage; PROTOCOL.md §6),
+  the micro teacher after its SFT or an explicit ``models.teacher_path``.
 
 Both are saved with ``save_pretrained`` (safetensors) together with the shared
 character-level tokenizer under ``<models.cache_dir>/{teacher,student}-<hash>``,
@@ -24,7 +27,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from distillab.config import MicroModelConfig, SweepConfig, config_hash
 from distillab.evals.suite import EVAL_TASKS, Evaluator, countdown_prompt_ids, countdown_spec, problem_key, test_keys
@@ -99,9 +102,6 @@ def _train_one(role: str, sweep: SweepConfig, mcfg: MicroModelConfig, out_dir: P
     )
     train_s = time.perf_counter() - t0
     rows = Evaluator(tok, sweep.trial.tasks, sweep.trial.evaluation).evaluate(model, seed=sweep.trial.seed)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{role}-", dir=out_dir.parent))
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
     info = {
         "role": role,
         "params": sum(p.numel() for p in model.parameters()),
@@ -110,6 +110,16 @@ def _train_one(role: str, sweep: SweepConfig, mcfg: MicroModelConfig, out_dir: P
         "final_loss": sum(losses[-50:]) / min(50, len(losses)),
         "evals": rows,
     }
+    return _save_model_dir(model, tok, info, out_dir)
+
+
+def _save_model_dir(model, tok, info: dict, out_dir: Path) -> dict:
+    """Save model (safetensors), tokenizer and ``prepare.json`` into a temp dir next to
+    ``out_dir``, then rename it to ``out_dir`` (replacing an older one): a prepared
+    directory exists only once complete. Returns ``info``."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
     (tmp / "prepare.json").write_text(json.dumps(info, indent=1))
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -117,10 +127,77 @@ def _train_one(role: str, sweep: SweepConfig, mcfg: MicroModelConfig, out_dir: P
     return info
 
 
+def refine_key(sweep: SweepConfig, base: str) -> str:
+    """Hash (12 hex chars) of a GRPO-refined teacher: the teacher it starts from
+    (``base``: its prepare key or path), ``models.teacher_refine``, the seed, the tasks
+    and the evaluated test items it must not train on."""
+    ev = sweep.trial.evaluation
+    data = {
+        "base": base,
+        "refine": sweep.models.teacher_refine.model_dump(mode="json"),
+        "seed": sweep.models.prepare_seed,
+        "tasks": sweep.trial.tasks.model_dump(mode="json"),
+        "test": [max(ev.id_items, ev.pass_items), list(ev.countdown_tasks)],
+        "version": 1,
+    }
+    return config_hash(data)[:12]
+
+
+def refine_teacher(sweep: SweepConfig, teacher_dir: Path, out_dir: Path, threads: int) -> dict:
+    """GRPO refinement of the teacher in ``teacher_dir`` (PROTOCOL.md §6: correctness
+    reward ``correct_reward`` 2.0 plus a format reward ≤ 0.5), with `rlvr.run_rlvr` and
+    the settings of ``models.teacher_refine`` (its own LR, warm-up and cosine; AdamW
+    without DeepSpeed, since ``prepare`` runs outside Ray Train; LoRA adapters,
+    merged afterwards, with ``teacher_refine.lora``). Training problems
+    exclude every evaluated test item. The refined teacher is evaluated and saved
+    (safetensors, with its tokenizer) to ``out_dir`` (written to a temp dir, then
+    renamed); ``prepare.json`` records the reward curve and the evaluation rows.
+
+    Returns:
+        the ``prepare.json`` dict: ``reward_first10`` / ``reward_last10`` (mean
+        training reward of the first and last 10 steps), ``evals`` rows, ``train_seconds``.
+    """
+    from distillab.rlvr import TorchStepper, apply_lora, merge_lora, rlvr_problems, rlvr_schedule, run_rlvr
+
+    torch.set_num_threads(threads)
+    cfg, seed = sweep.models.teacher_refine, sweep.models.prepare_seed
+    tok = AutoTokenizer.from_pretrained(teacher_dir)
+    model = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
+    tasks, ev = sweep.trial.tasks, sweep.trial.evaluation
+    t0 = time.perf_counter()
+    trained = model if cfg.lora is None else apply_lora(model, cfg.lora)
+    history = run_rlvr(cfg, TorchStepper(trained, cfg.lr, rlvr_schedule(cfg)), tok, tasks,
+                       rlvr_problems(cfg, tasks, ev, seed), seed, lambda step, metrics: None)
+    if cfg.lora is not None:
+        model = merge_lora(trained)
+    train_s = time.perf_counter() - t0
+    rewards = [h["rlvr/reward_mean"] for h in history]
+    rows = Evaluator(tok, tasks, ev).evaluate(model, seed=sweep.trial.seed)
+    info = {
+        "role": "teacher",
+        "refined_from": str(teacher_dir),
+        "params": sum(p.numel() for p in model.parameters()),
+        "steps": cfg.steps,
+        "train_seconds": round(train_s, 1),
+        "reward_first10": sum(rewards[:10]) / len(rewards[:10]),
+        "reward_last10": sum(rewards[-10:]) / len(rewards[-10:]),
+        "reward": rewards,
+        "evals": rows,
+    }
+    return _save_model_dir(model, tok, info, out_dir)
+
+
+def _summary(rows: list[dict]) -> dict[str, float]:
+    return {r["task"] + ":" + r["metric"]: round(r["value"], 3) for r in rows}
+
+
 def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = False) -> tuple[Path, Path]:
     """Return ``(teacher_dir, student_dir)``, training the micro models if they are
     not cached (or ``force``). Explicit ``models.teacher_path``/``student_path``
-    are returned as they are (nothing is trained for them).
+    are returned as they are (nothing is trained for them), except that with
+    ``models.teacher_refine`` the teacher (micro or explicit) is GRPO-refined
+    (`refine_teacher`, cached under ``teacher-grpo-<refine_key>``) and that refined
+    directory is returned.
 
     Raises:
         FileNotFoundError: an explicit model path that does not exist.
@@ -144,13 +221,26 @@ def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = Fal
         if force or not (out / "prepare.json").exists():
             t0 = time.perf_counter()
             info = _train_one(role, sweep, mcfg, out, threads)
-            summary = {r["task"] + ":" + r["metric"]: round(r["value"], 3) for r in info["evals"]}
+            summary = _summary(info["evals"])
             log.info("prepared %s in %.0f s: %s", role, time.perf_counter() - t0, summary)
             print(f"[prepare] {role}: {info['params']/1e6:.2f}M params, {info['train_seconds']:.0f} s SFT, {summary}", flush=True)
         else:
             print(f"[prepare] {role}: cached at {out}", flush=True)
         paths.append(out)
+    if m.teacher_refine is not None:
+        base = paths[0]
+        base_id = str(base.resolve()) if m.teacher_path is not None else base.name
+        out = cache / f"teacher-grpo-{refine_key(sweep, base_id)}"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if force or not (out / "prepare.json").exists():
+            info = refine_teacher(sweep, base, out, threads)
+            print(f"[prepare] teacher GRPO: {info['steps']} steps in {info['train_seconds']:.0f} s, mean reward "
+                  f"first 10 steps {info['reward_first10']:.3f} -> last 10 {info['reward_last10']:.3f}, "
+                  f"{_summary(info['evals'])}", flush=True)
+        else:
+            print(f"[prepare] teacher GRPO: cached at {out}", flush=True)
+        paths[0] = out
     return paths[0], paths[1]
 
 
-__all__ = ["prepare", "prepare_key", "EVAL_TASKS"]
+__all__ = ["prepare", "prepare_key", "refine_key", "refine_teacher", "EVAL_TASKS"]

@@ -143,19 +143,18 @@ def dapo_loss(
     return loss, stats
 
 
-def rlvr_problems(trial, rank: int) -> list[CountdownProblem]:
-    """RLVR training problems of ``rlvr.task`` (test items of every evaluated task
-    excluded), shuffled per rank."""
+def rlvr_problems(cfg, tasks, evaluation, seed: int, rank: int = 0) -> list[CountdownProblem]:
+    """``cfg.train_prompts`` training problems of ``cfg.task`` (an `RLVRConfig`), with
+    the test items of every task ``evaluation`` scores removed, shuffled per rank."""
     import random
 
     from distillab.evals.suite import countdown_spec, problem_key, test_keys
     from distillab.tasks import generate_problems
 
-    r, ev = trial.rlvr, trial.evaluation
-    exclude = test_keys(trial.tasks, max(ev.id_items, ev.pass_items), tuple(ev.countdown_tasks))
-    problems = [p for p in generate_problems(countdown_spec(trial.tasks, r.task), r.train_prompts, 104729 + trial.seed)
+    exclude = test_keys(tasks, max(evaluation.id_items, evaluation.pass_items), tuple(evaluation.countdown_tasks))
+    problems = [p for p in generate_problems(countdown_spec(tasks, cfg.task), cfg.train_prompts, 104729 + seed)
                 if problem_key(p) not in exclude]
-    random.Random(trial.seed * 1000 + 17 + rank).shuffle(problems)
+    random.Random(seed * 1000 + 17 + rank).shuffle(problems)
     return problems
 
 
@@ -172,62 +171,126 @@ def _token_logprobs(model, rollouts, pad_id: int, tau: float):
     return torch.where(cmask, logp, 0.0), cmask
 
 
-def run_rlvr(trial, engine, tokenizer, rank: int, report) -> list[dict]:
-    """The RLVR stage: ``rlvr.steps`` GRPO/DAPO optimizer steps on the DeepSpeed
-    ``engine``'s module (the distilled student), which it trains in place.
+def apply_lora(module, cfg):
+    """Wrap ``module`` (a causal LM) with LoRA adapters (``peft.get_peft_model``) from
+    ``cfg`` (a `config.LoRAConfig`); only the adapters are trainable. Returns the
+    ``PeftModel``; `merge_lora` folds the adapters back into ``module``.
 
-    ``report(step, metrics)`` is called after every step (1-based) with
-    ``rlvr/reward_mean``, ``rlvr/accuracy`` (share of correct samples), ``rlvr/loss``,
-    ``rlvr/clip_frac``, ``rlvr/kl``, ``rlvr/grad_norm`` and ``rlvr/lr``. Returns the
-    per-step metrics. The LR follows a linear warm-up over ``warmup_ratio`` of the
-    steps, then a cosine to 10 % (`sft.lr_lambda`); AdamW is rebuilt for this stage
-    (the distillation optimizer's moments are not carried over).
+    Raises:
+        ValueError: none of ``cfg.target_modules`` is a module of ``module`` (peft's
+            message names them).
+    """
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(module, LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                                             target_modules=list(cfg.target_modules), task_type="CAUSAL_LM"))
+
+
+def merge_lora(peft_model):
+    """Merge the adapters into the base weights (W + (α/r)·B·A) and return the base
+    model, unwrapped (the same object `apply_lora` wrapped)."""
+    return peft_model.merge_and_unload()
+
+
+class TorchStepper:
+    """The optimizer side of `run_rlvr` without DeepSpeed (``distillab prepare``'s teacher
+    refinement runs outside Ray Train): AdamW with the stage's LR schedule, the same
+    ``__call__`` / ``backward`` / ``step`` / ``get_lr`` calls as a DeepSpeed engine."""
+
+    def __init__(self, module, lr: float, schedule, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.module = module
+        self.opt = torch.optim.AdamW(module.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=0.0)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def backward(self, loss: Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> None:
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def get_lr(self) -> list[float]:
+        return self.sched.get_last_lr()
+
+
+def rlvr_schedule(cfg):
+    """LR multiplier per step of an RLVR stage: linear warm-up over ``warmup_ratio`` of
+    the steps, then cosine to 10 % (`sft.lr_lambda`)."""
+    from distillab.sft import lr_lambda
+
+    return lr_lambda(max(1, round(cfg.warmup_ratio * cfg.steps)), cfg.steps, "cosine")
+
+
+def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], seed: int, report,
+             reward_fn=None) -> list[dict]:
+    """GRPO with the DAPO loss (PROTOCOL.md §6): ``cfg.steps`` optimizer steps (``cfg`` an
+    `RLVRConfig`) on ``stepper.module``, trained in place. Used by the RLVR stage of a
+    trial (``stepper`` = the DeepSpeed engine) and by ``prepare``'s teacher refinement
+    (`TorchStepper`).
+
+    Per step: ``prompts_per_step`` problems in order from ``problems`` (wrapping
+    around), ``samples_per_prompt`` samples each from the current weights at
+    τ = ``temperature``, top-p (so π_old = π_θ at sampling time; one optimizer step per
+    batch), reward (`countdown_reward`), group advantages, `dapo_loss`, clipped step.
+    ``report(step, metrics)`` gets, after every step (1-based), ``rlvr/reward_mean``,
+    ``rlvr/accuracy`` (share of correct samples), ``rlvr/loss``, ``rlvr/clip_frac``,
+    ``rlvr/kl``, ``rlvr/grad_norm`` and ``rlvr/lr``. Returns the per-step metrics.
+    ``reward_fn(completion_text, problem) -> float`` replaces `countdown_reward` with
+    ``cfg``'s rewards (then ``rlvr/accuracy`` is the share of rewards ≥ ``correct_reward``).
+
+    Raises:
+        ValueError: fewer ``problems`` than ``prompts_per_step``.
     """
     import copy
 
-    from distillab.distill import _engine_logprobs, setup_engine
     from distillab.evals.suite import countdown_prompt_ids
-    from distillab.rollout import SamplingParams, TransformersEngine
-    from distillab.sft import lr_lambda
+    from distillab.rollout import SamplingParams, TransformersEngine, engine_logprobs
 
-    r = trial.rlvr
-    module = engine.module
-    ds, _, _ = setup_engine(module, trial, 1, lr=r.lr, schedule=lr_lambda(max(1, round(r.warmup_ratio * r.steps)),
-                            r.steps, "cosine"), batch=r.prompts_per_step * r.samples_per_prompt, clip=r.clip)
-    ref = copy.deepcopy(module).eval().requires_grad_(False) if r.beta > 0 else None
-    problems = rlvr_problems(trial, rank)
+    if len(problems) < cfg.prompts_per_step:
+        raise ValueError(f"{len(problems)} RLVR training problems for prompts_per_step {cfg.prompts_per_step}: "
+                         "raise train_prompts")
+    module = stepper.module
+    ref = copy.deepcopy(module).eval().requires_grad_(False) if cfg.beta > 0 else None
     sampler = TransformersEngine(module, tokenizer.eos_token_id, tokenizer.pad_token_id)
     history = []
-    for step in range(r.steps):
-        lo = (step * r.prompts_per_step) % max(1, len(problems) - r.prompts_per_step)
-        batch = problems[lo : lo + r.prompts_per_step]
-        prompts = [countdown_prompt_ids(tokenizer, trial.tasks, p) for p in batch]
-        sp = SamplingParams(r.temperature, r.top_p, r.max_tokens, r.samples_per_prompt,
-                            trial.seed * 7919 + step * 31 + rank)
+    for step in range(cfg.steps):
+        lo = (step * cfg.prompts_per_step) % max(1, len(problems) - cfg.prompts_per_step)
+        batch = problems[lo : lo + cfg.prompts_per_step]
+        prompts = [countdown_prompt_ids(tokenizer, tasks, p) for p in batch]
+        sp = SamplingParams(cfg.temperature, cfg.top_p, cfg.max_tokens, cfg.samples_per_prompt, seed * 7919 + step * 31)
+        module.eval()
         rollouts = sampler.generate(prompts, sp)  # π_old = the current weights
         texts = tokenizer.batch_decode(rollouts.completion_ids, skip_special_tokens=False)
-        rewards = torch.tensor([
-            countdown_reward(t, batch[k // r.samples_per_prompt], correct=r.correct_reward,
-                             format_reward=r.format_reward) for k, t in enumerate(texts)
-        ])
-        adv = group_advantages(rewards, r.samples_per_prompt)
+        if reward_fn is None:
+            rewards = torch.tensor([
+                countdown_reward(t, batch[k // cfg.samples_per_prompt], correct=cfg.correct_reward,
+                                 format_reward=cfg.format_reward) for k, t in enumerate(texts)
+            ])
+        else:
+            rewards = torch.tensor([float(reward_fn(t, batch[k // cfg.samples_per_prompt]))
+                                    for k, t in enumerate(texts)])
+        adv = group_advantages(rewards, cfg.samples_per_prompt)
         module.train()
-        logp, cmask = _token_logprobs(ds, rollouts, tokenizer.pad_token_id, r.temperature)
-        old = _engine_logprobs(rollouts, cmask)
+        logp, cmask = _token_logprobs(stepper, rollouts, tokenizer.pad_token_id, cfg.temperature)
+        old = engine_logprobs(rollouts, cmask)
         ref_logp = None
         if ref is not None:
             with torch.no_grad():
-                ref_logp, _ = _token_logprobs(ref, rollouts, tokenizer.pad_token_id, r.temperature)
-        loss, stats = dapo_loss(logp, old, adv, cmask, eps_low=r.eps_low, eps_high=r.eps_high, beta=r.beta,
+                ref_logp, _ = _token_logprobs(ref, rollouts, tokenizer.pad_token_id, cfg.temperature)
+        loss, stats = dapo_loss(logp, old, adv, cmask, eps_low=cfg.eps_low, eps_high=cfg.eps_high, beta=cfg.beta,
                                 ref_logp=ref_logp)
-        ds.backward(loss)
+        stepper.backward(loss)
         params = [p for p in module.parameters() if p.grad is not None]
-        gn = float(torch.nn.utils.clip_grad_norm_(params, r.clip if r.clip is not None else float("inf")))
-        lr = ds.get_lr()[0]
-        ds.step()
+        gn = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip if cfg.clip is not None else float("inf")))
+        lr = stepper.get_lr()[0]
+        stepper.step()
         m = {
             "rlvr/reward_mean": float(rewards.mean()),
-            "rlvr/accuracy": float((rewards >= r.correct_reward).float().mean()) if r.correct_reward > 0 else 0.0,
+            "rlvr/accuracy": float((rewards >= cfg.correct_reward).float().mean()) if cfg.correct_reward > 0 else 0.0,
             "rlvr/loss": float(loss.detach()), "rlvr/clip_frac": stats["clip_frac"], "rlvr/kl": stats["kl"],
             "rlvr/grad_norm": gn, "rlvr/lr": lr,
         }
@@ -237,4 +300,5 @@ def run_rlvr(trial, engine, tokenizer, rank: int, report) -> list[dict]:
     return history
 
 
-__all__ = ["countdown_reward", "group_advantages", "dapo_loss", "rlvr_problems", "run_rlvr"]
+__all__ = ["countdown_reward", "group_advantages", "dapo_loss", "rlvr_problems", "rlvr_schedule", "run_rlvr",
+           "TorchStepper", "apply_lora", "merge_lora"]

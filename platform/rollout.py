@@ -695,3 +695,20 @@ def loglik_along_lambda(
             "length": sum(ro.lengths) / k,
         })
     return rows
+
+
+def engine_logprobs(rollouts: Rollouts, cmask: torch.Tensor) -> torch.Tensor:
+    """The sampling engine's log-probabilities (``Rollouts.logprobs``) placed at the
+    completion positions of a packed batch: float32 ``(B, T)``, 0 elsewhere, for the
+    ``(B, T)`` bool completion mask ``cmask`` of `pack_rollouts`.
+
+    Raises:
+        ValueError: the rollouts carry a different number of logprobs than ``cmask``
+            has completion tokens.
+    """
+    flat = [x for row in rollouts.logprobs for x in row]
+    if len(flat) != int(cmask.sum()):
+        raise ValueError(f"rollouts carry {len(flat)} logprobs for {int(cmask.sum())} completion tokens")
+    out = torch.zeros(cmask.shape, dtype=torch.float32)
+    out[cmask] = torch.tensor(flat, dtype=torch.float32)
+    return out

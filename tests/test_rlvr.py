@@ -90,3 +90,44 @@ def test_countdown_reward() -> None:
     assert countdown_reward("<answer>__import__('os').system('true')</answer>", p, format_reward=0.5) == 0.5
     with pytest.raises(ValueError, match="format_reward"):
         countdown_reward("", p, format_reward=0.6)
+
+
+def test_run_rlvr_with_lora_trains_only_the_adapters_and_merges_them() -> None:
+    """GRPO steps on a LoRA-wrapped micro model (`TorchStepper`, as `prepare`'s teacher
+    refinement runs it): the base weights stay put during training, the adapters move,
+    and merging gives W + (α/r)·B·A in the base model's own modules."""
+    from transformers import LlamaForCausalLM
+
+    from distillab.config import LoRAConfig, RLVRConfig, TasksConfig
+    from distillab.models import build_char_tokenizer, micro_llama_config
+    from distillab.rlvr import TorchStepper, apply_lora, merge_lora, rlvr_schedule, run_rlvr
+    from distillab.tasks import CountdownProblem
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(micro_llama_config(len(tok), 64, 1, 2, 64, 256, tok))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = RLVRConfig(task="countdown3", steps=3, prompts_per_step=2, samples_per_prompt=4, lr=1e-2, max_tokens=8,
+                     format_reward=0.5, lora=LoRAConfig(r=4, alpha=8.0, target_modules=("q_proj", "v_proj")))
+    peft_model = apply_lora(model, cfg.lora)
+    trainable = {n for n, p in peft_model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    problems = [CountdownProblem((1, 2, 3), 6), CountdownProblem((2, 5, 4), 40)]
+    # a random model never writes a correct answer: a reward on the parity of the sample's character codes makes
+    # the rewards in each group differ, so the advantages are non-zero and the adapters must move
+    history = run_rlvr(cfg, TorchStepper(peft_model, cfg.lr, rlvr_schedule(cfg)), tok, TasksConfig(), problems, 0,
+                       lambda step, m: None, reward_fn=lambda text, problem: float(sum(map(ord, text)) % 2))
+    assert len(history) == 3 and all(h["rlvr/grad_norm"] > 0 for h in history)
+    base_now = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
+                for k, v in peft_model.state_dict().items() if "lora_" not in k}
+    assert all(torch.equal(base_now[k], before[k]) for k in before)  # frozen base during training
+    lora = {k: v.clone() for k, v in peft_model.state_dict().items() if "lora_" in k}
+    merged = merge_lora(peft_model)
+    assert merged is model
+    q = "model.layers.0.self_attn.q_proj"
+    a = lora[f"base_model.model.{q}.lora_A.default.weight"].double()  # (r, H)
+    b = lora[f"base_model.model.{q}.lora_B.default.weight"].double()  # (H, r)
+    assert b.abs().max() > 1e-4  # lora_B starts at 0: the GRPO steps moved it
+    expected = before[f"{q}.weight"].double() + (8.0 / 4) * b @ a
+    torch.testing.assert_close(model.state_dict()[f"{q}.weight"].double(), expected, rtol=0, atol=1e-6)
+    assert set(model.state_dict()) == set(before)  # a plain model again
