@@ -5,6 +5,8 @@
   (harder-task generalisation, same checkpoint, no further training);
 - coverage: pass@1 and pass@k from ``pass_n`` samples per prompt at the task's
   ``pass_temperature`` (unbiased estimator, `distillab.evals.metrics.pass_at_k`);
+- style (teacher conditioning, ``evaluation.style``): ``style_share`` of the first
+  Countdown task's answers (`distillab.evals.style`);
 - OOD suite (`distillab.evals.ood`): the micro prior-skill tasks or, at full scale,
   lm-eval-harness tasks, and their unweighted mean (``ood_mean``; forgetting =
   after − before).
@@ -24,6 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from distillab.config import EvaluationConfig, TasksConfig
 from distillab.evals.metrics import mean_pass_at_k
 from distillab.evals.ood import ood_backend
+from distillab.evals.style import style_share
 from distillab.rollout import SamplingParams, TransformersEngine
 from distillab.tasks import (
     CountdownProblem,
@@ -59,11 +62,23 @@ def test_keys(tasks: TasksConfig, n: int, names: tuple[str, ...] = EVAL_TASKS) -
     return {problem_key(p) for name in names for p in countdown_test_split(tasks, name, n)}
 
 
-def countdown_prompt_ids(tokenizer: PreTrainedTokenizerBase, tasks: TasksConfig, problem: CountdownProblem) -> list[int]:
+def countdown_prompt_ids(tokenizer: PreTrainedTokenizerBase, tasks: TasksConfig, problem: CountdownProblem,
+                         role: str = "student") -> list[int]:
     """Prompt token ids of a Countdown problem: the task's system prompt and user
-    template, rendered with the tokenizer's chat template."""
-    user = countdown_user_text(problem, tasks.user_template, tasks.sort_operands)
-    return render_prompt(tokenizer, tasks.system_prompt, user)
+    template, rendered with the tokenizer's chat template. ``role="teacher"`` uses
+    the teacher's conditioning (``tasks.teacher_system_prompt`` /
+    ``teacher_user_template``) where set.
+
+    Raises:
+        ValueError: ``role`` not "student" or "teacher".
+    """
+    if role not in ("student", "teacher"):
+        raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
+    system, template = tasks.system_prompt, tasks.user_template
+    if role == "teacher":
+        system = tasks.teacher_system_prompt if tasks.teacher_system_prompt is not None else system
+        template = tasks.teacher_user_template if tasks.teacher_user_template is not None else template
+    return render_prompt(tokenizer, system, countdown_user_text(problem, template, tasks.sort_operands))
 
 
 @dataclass
@@ -86,13 +101,14 @@ class Evaluator:
 
     def _countdown_correct(
         self, engine: TransformersEngine, problems: list[CountdownProblem], sampling: SamplingParams
-    ) -> list[int]:
+    ) -> tuple[list[int], list[list[int]]]:
+        """Correct samples per problem, and the completion ids."""
         roll = engine.generate(self._prompts(problems), sampling)
         texts = self.tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=False)
         counts = [0] * len(problems)
         for k, text in enumerate(texts):
             counts[k // sampling.n] += int(score_countdown(text, problems[k // sampling.n]))
-        return counts
+        return counts, roll.completion_ids
 
     def evaluate(self, model: PreTrainedModel, seed: int) -> list[dict]:
         """All rows of the suite for ``model`` (sampling seeded by ``seed``)."""
@@ -102,11 +118,15 @@ class Evaluator:
         for i, name in enumerate(cfg.countdown_tasks):
             problems = countdown_test_split(self.tasks, name, max(cfg.id_items, cfg.pass_items))
             sp = SamplingParams(cfg.id_temperature, cfg.top_p, cfg.max_tokens, 1, seed + 101 * i)
-            correct = self._countdown_correct(engine, problems[: cfg.id_items], sp)
+            correct, completions = self._countdown_correct(engine, problems[: cfg.id_items], sp)
             rows.append({"task": name, "metric": "accuracy", "value": sum(correct) / len(correct), "n": len(correct)})
+            if cfg.style is not None and i == 0:  # teacher conditioning: the student's answers in the teacher's style
+                texts = tok.batch_decode(completions, skip_special_tokens=True)
+                rows.append({"task": name, "metric": "style_share", "value": style_share(texts, cfg.style),
+                             "n": len(texts)})
             temp = cfg.pass_temperature.get(name, 1.0)
             sp = SamplingParams(temp, cfg.top_p, cfg.max_tokens, cfg.pass_n, seed + 101 * i + 1)
-            counts = self._countdown_correct(engine, problems[: cfg.pass_items], sp)
+            counts, _ = self._countdown_correct(engine, problems[: cfg.pass_items], sp)
             for k in cfg.pass_k:
                 rows.append(
                     {"task": name, "metric": f"pass@{k}", "value": mean_pass_at_k(counts, cfg.pass_n, k), "n": len(counts)}

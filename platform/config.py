@@ -75,14 +75,34 @@ class TasksConfig(_Strict):
     user_template: str = "{nums} -> {target}"
     #: show the operands largest-first in the prompt (the instance is a multiset)
     sort_operands: bool = True
+    #: teacher conditioning (the paper's style-transfer experiment): the teacher sees this system prompt
+    #: and/or task template instead of the student's, for its rollouts and its scoring (None = the student's)
+    teacher_system_prompt: str | None = None
+    teacher_user_template: str | None = None
 
-    @field_validator("user_template")
+    @field_validator("user_template", "teacher_user_template")
     @classmethod
-    def _template(cls, v: str) -> str:
+    def _template(cls, v: str | None, info) -> str | None:
         for key in ("{nums}", "{target}"):
-            if key not in v:
-                raise ValueError(f"user_template must contain {key}")
+            if v is not None and key not in v:
+                raise ValueError(f"{info.field_name} must contain {key}")
         return v
+
+    @property
+    def teacher_conditioned(self) -> bool:
+        """True when the teacher's prompt differs from the student's."""
+        return (self.teacher_system_prompt not in (None, self.system_prompt)
+                or self.teacher_user_template not in (None, self.user_template))
+
+    def key_dump(self, *, teacher: bool) -> dict[str, Any]:
+        """The settings that determine a cached artefact, for hashing: the teacher
+        conditioning fields only when ``teacher`` (teacher rollouts) and only when set,
+        so artefacts cached before these fields existed keep their keys."""
+        d = self.model_dump(mode="json")
+        for k in ("teacher_system_prompt", "teacher_user_template"):
+            if not teacher or d[k] is None:
+                d.pop(k)
+        return d
 
 
 class MicroModelConfig(_Strict):
@@ -296,6 +316,31 @@ class LMEvalConfig(_Strict):
         return [t.task for t in self.tasks if t.task in CODE_EXECUTING_TASKS]
 
 
+class StyleConfig(_Strict):
+    """The style metric of the teacher-conditioning experiment (`distillab.evals.style`):
+    the share of the student's in-distribution answers written in the teacher's style.
+    ``kind: language``: the answer's language detected by ``langdetect`` is
+    ``language`` (ISO 639-1, e.g. ``de``); ``kind: regex``: ``pattern`` (Python
+    ``re``) is found in the answer."""
+
+    kind: Literal["language", "regex"]
+    language: str | None = Field(default=None, pattern=r"^[a-z]{2}(-[a-z]{2})?$")
+    pattern: str | None = None
+
+    @model_validator(mode="after")
+    def _fields(self) -> "StyleConfig":
+        if self.kind == "language" and self.language is None:
+            raise ValueError("kind 'language' needs language (ISO 639-1 code, e.g. 'de')")
+        if self.kind == "regex":
+            if self.pattern is None:
+                raise ValueError("kind 'regex' needs pattern")
+            try:
+                re.compile(self.pattern)
+            except re.error as e:
+                raise ValueError(f"pattern {self.pattern!r} is not a valid regular expression: {e}") from None
+        return self
+
+
 class EvaluationConfig(_Strict):
     """What every trial reports before and after (PROTOCOL.md §4)."""
 
@@ -315,6 +360,8 @@ class EvaluationConfig(_Strict):
     #: OOD suite: ``micro`` = the prior-skill tasks (``tasks.ood_skills``), ``lm_eval`` = lm-eval-harness (``lm_eval``)
     ood_backend: Literal["micro", "lm_eval"] = "micro"
     lm_eval: LMEvalConfig = LMEvalConfig()
+    #: the style metric (teacher conditioning): a ``style_share`` row on the first Countdown task's answers
+    style: StyleConfig | None = None
 
     @model_validator(mode="after")
     def _k(self) -> "EvaluationConfig":
@@ -578,6 +625,13 @@ class TrialConfig(_Strict):
                 f"rlvr.task {self.rlvr.task!r} must be in evaluation.countdown_tasks "
                 f"{list(self.evaluation.countdown_tasks)} so that it is scored at pre, distill and rlvr"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_teacher_conditioning(self) -> "TrialConfig":
+        if self.tasks.teacher_conditioned and self.rollout.policy == "spectrum":
+            raise ValueError("tasks.teacher_system_prompt / teacher_user_template (teacher conditioning) do not work "
+                             "with rollout.policy 'spectrum' (its pair sampler needs one prompt); use offpd or onpd")
         return self
 
     @model_validator(mode="after")

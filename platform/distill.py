@@ -21,6 +21,7 @@ Stages are functions, read top to bottom: `setup_models`, `setup_engine`,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -60,15 +61,53 @@ WORKER_ENV = {
 }
 
 
-def train_prompts(trial: TrialConfig, tokenizer, rank: int) -> list[list[int]]:
-    """Training prompts (Countdown-3), test items excluded; each rank its own draw."""
+def train_prompts(trial: TrialConfig, tokenizer, rank: int, role: str = "student") -> list[list[int]]:
+    """Training prompts (Countdown-3), test items excluded; each rank its own draw.
+    ``role="teacher"``: the same problems in the same order, rendered with the
+    teacher's conditioning (``tasks.teacher_*``), so entry i of both lists is one problem."""
     tasks, ev = trial.tasks, trial.evaluation
     exclude = test_keys(tasks, max(ev.id_items, ev.pass_items))
     problems = generate_problems(countdown_spec(tasks, "countdown3"), trial.optimizer.train_prompts, 7919 + trial.seed)
     problems = [p for p in problems if problem_key(p) not in exclude]
     rng = random.Random(trial.seed * 1000 + rank)
     rng.shuffle(problems)
-    return [countdown_prompt_ids(tokenizer, tasks, p) for p in problems]
+    return [countdown_prompt_ids(tokenizer, tasks, p, role) for p in problems]
+
+
+class TeacherPrompts:
+    """Teacher conditioning (``tasks.teacher_system_prompt`` / ``teacher_user_template``):
+    the map between a training problem's student prompt and its teacher prompt.
+
+    The teacher samples OffPD rollouts from its own prompts, and scores every rollout
+    given its own prompt; the student trains on the same completions given the
+    student prompt. `condition` puts both prompts on a `Rollouts` (``prompt_ids`` =
+    student's, ``teacher_prompt_ids`` = teacher's), which `loss_step` packs to one
+    width so that the completion positions coincide.
+
+    Raises (at construction): ValueError when two problems render to one student or
+    one teacher prompt (the map would be ambiguous).
+    """
+
+    def __init__(self, student: list[list[int]], teacher: list[list[int]]):
+        self.to_teacher = {tuple(s): list(t) for s, t in zip(student, teacher)}
+        self.to_student = {tuple(t): list(s) for s, t in zip(student, teacher)}
+        if len(self.to_teacher) != len(self.to_student):
+            raise ValueError("teacher conditioning: two training problems share a prompt under one template")
+
+    def sampling_prompts(self, trial: TrialConfig, batch: list[list[int]]) -> list[list[int]]:
+        """The prompts the rollout policy samples from: the teacher's for OffPD."""
+        return [self.to_teacher[tuple(p)] for p in batch] if trial.rollout.policy == "offpd" else batch
+
+    def condition(self, trial: TrialConfig, rollouts: Rollouts) -> Rollouts:
+        """``rollouts`` (sampled from the teacher's prompts for OffPD, the student's
+        otherwise) with ``prompt_ids`` the student's and ``teacher_prompt_ids`` the teacher's."""
+        if trial.rollout.policy == "offpd":
+            teacher = [list(p) for p in rollouts.prompt_ids]
+            student = [self.to_student[tuple(p)] for p in teacher]
+        else:
+            student = [list(p) for p in rollouts.prompt_ids]
+            teacher = [self.to_teacher[tuple(p)] for p in student]
+        return dataclasses.replace(rollouts, prompt_ids=student, teacher_prompt_ids=teacher)
 
 
 def step_prompts(prompts: list[list[int]], step: int, per_worker: int, rollouts_per_prompt: int) -> list[list[int]]:
@@ -108,7 +147,7 @@ def offpd_rollout_path(cache_dir: str | Path, trial: TrialConfig, teacher_path: 
         "teacher": _checkpoint_identity(teacher_path), "engine": resolve_engine(r.engine, batched=True),
         "sampling": [r.tau_t, r.top_p, r.max_tokens],
         "schedule": [o.steps, o.prompts_per_step, o.rollouts_per_prompt, o.train_prompts, trial.seed],
-        "tasks": trial.tasks.model_dump(mode="json"),
+        "tasks": trial.tasks.key_dump(teacher=True),
         "exclude": max(trial.evaluation.id_items, trial.evaluation.pass_items),
         "rank": [rank, world_size], "version": 1,
     })[:16]
@@ -139,7 +178,7 @@ def offpd_rollout_set(trial: TrialConfig, teacher_path: str | Path, tokenizer, r
     if not path.exists():
         if generate is None and generate_many is None:
             raise FileNotFoundError(f"no cached OffPD rollouts at {path}")
-        prompts = train_prompts(trial, tokenizer, rank)
+        prompts = train_prompts(trial, tokenizer, rank, role="teacher")  # the teacher's conditioning, if any
         per_worker = _per_worker(trial, world_size)
         jobs = [
             (step_prompts(prompts, step, per_worker, o.rollouts_per_prompt),
@@ -264,6 +303,10 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
     diagnostics come from the same pass. ``reference`` (and the sampled estimator):
     full (B, T, V) logits and ``ops.kl``.
 
+    With teacher conditioning (``rollouts.teacher_prompt_ids``) the teacher's forward
+    pass sees its own prompts before the same completions; both packs are
+    left-padded to one width, so the completion positions (and ``cmask``) coincide.
+
     With ``loss.importance_weight`` each sequence's loss is multiplied by
     `importance_weights` (the rollout policy's log p_θ at its sampling τ against the
     engine's logprobs in ``rollouts.logprobs``), and ``is/weight_mean`` is added to
@@ -280,14 +323,25 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
     from distillab.ops.chunked import chunked_distill_loss, pad_vocab
 
     L, r = trial.loss, trial.rollout
-    ids, attn, cmask = pack_rollouts(rollouts.prompt_ids, rollouts.completion_ids, pad_id)  # (B, T)
+    t_prompts = rollouts.teacher_prompt_ids
+    width = None
+    if t_prompts is not None:  # teacher conditioning: one width, so both packs have the same completion mask
+        width = max(len(p) + len(c) for ps in (rollouts.prompt_ids, t_prompts)
+                    for p, c in zip(ps, rollouts.completion_ids))
+    ids, attn, cmask = pack_rollouts(rollouts.prompt_ids, rollouts.completion_ids, pad_id, width=width)  # (B, T)
     targets = torch.roll(ids, shifts=-1, dims=1)  # (B, T): the token each position's logits predict
     pos = position_ids(attn)
     inputs = dict(input_ids=ids, attention_mask=attn, position_ids=pos)
+    t_inputs = inputs  # the teacher's view of the same completions
+    if t_prompts is not None:
+        t_ids, t_attn, t_cmask = pack_rollouts(t_prompts, rollouts.completion_ids, pad_id, width=width)
+        if not torch.equal(t_cmask, cmask):
+            raise AssertionError("teacher and student completion masks differ")  # pack_rollouts right-aligns
+        t_inputs = dict(input_ids=t_ids, attention_mask=t_attn, position_ids=position_ids(t_attn))
 
     if L.estimator == "sampled" or L.impl == "reference":
         with torch.no_grad():
-            t_logits = teacher(**inputs).logits  # (B, T, V_T)
+            t_logits = teacher(**t_inputs).logits  # (B, T, V_T)
         s_logits = engine(**inputs).logits  # (B, T, V_S)
         if L.pad_vocab and s_logits.shape[-1] != t_logits.shape[-1]:  # -inf columns for the missing rows
             V = max(s_logits.shape[-1], t_logits.shape[-1])
@@ -325,13 +379,13 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
         head = model.get_output_embeddings()
         return head.weight, getattr(head, "bias", None)
 
-    def forward_kwargs(model):
+    def forward_kwargs(model, model_inputs):
         keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-        return {**inputs, "output_hidden_states": True, **({"logits_to_keep": 1} if keep else {})}
+        return {**model_inputs, "output_hidden_states": True, **({"logits_to_keep": 1} if keep else {})}
 
     with torch.no_grad():
-        h_t = teacher(**forward_kwargs(teacher)).hidden_states[-1]  # (B, T, H_T), final norm applied
-    h_s = engine(**forward_kwargs(engine.module)).hidden_states[-1]  # (B, T, H_S); engine() runs DeepSpeed's hooks
+        h_t = teacher(**forward_kwargs(teacher, t_inputs)).hidden_states[-1]  # (B, T, H_T), final norm applied
+    h_s = engine(**forward_kwargs(engine.module, inputs)).hidden_states[-1]  # (B, T, H_S); engine() runs DeepSpeed's hooks
     w_s, b_s = lm_head(engine.module)  # (V_S, H_S)
     w_t, b_t = lm_head(teacher)  # (V_T, H_T)
     if L.pad_vocab and w_s.shape[0] < w_t.shape[0]:
@@ -479,7 +533,7 @@ def pre_eval_path(cache_dir: str | Path, trial: TrialConfig, student_path: str |
 
     key = config_hash({
         "student": _checkpoint_identity(student_path), "evaluation": trial.evaluation.model_dump(mode="json"),
-        "tasks": trial.tasks.model_dump(mode="json"), "seed": trial.seed, "version": 1,
+        "tasks": trial.tasks.key_dump(teacher=False), "seed": trial.seed, "version": 1,
     })[:16]
     return Path(cache_dir) / f"pre-eval-{key}.json"
 
@@ -542,6 +596,8 @@ def train_loop_per_worker(config: dict) -> None:
     for _ in range(start_step):  # LR schedule position after a resume
         engine.lr_scheduler.step()
     prompts = train_prompts(trial, tok, rank)
+    conditioning = TeacherPrompts(prompts, train_prompts(trial, tok, rank, role="teacher")) \
+        if trial.tasks.teacher_conditioned else None
     source = RolloutSource(trial, config, tok, teacher, engine.module, rank, world)
     gen = torch.Generator().manual_seed(trial.seed * 7 + rank)
     pending: list[dict] = []
@@ -558,7 +614,11 @@ def train_loop_per_worker(config: dict) -> None:
     for step in range(start_step, o.steps):
         t0 = time.perf_counter()
         batch = step_prompts(prompts, step, per_worker, o.rollouts_per_prompt)
+        if conditioning is not None:  # OffPD: the teacher samples from its own prompts
+            batch = conditioning.sampling_prompts(trial, batch)
         rollouts = source.get(step, batch, rollout_seed(trial, step, rank), engine.module)
+        if conditioning is not None:
+            rollouts = conditioning.condition(trial, rollouts)
         t_gen = time.perf_counter() - t0
         engine.module.train()
         loss, diag = loss_step(trial, engine, teacher, rollouts, tok.pad_token_id, gen)

@@ -53,7 +53,7 @@ def prepare_key(sweep: SweepConfig, role: str) -> str:
         "role": role,
         "model": mcfg.model_dump(mode="json"),
         "seed": sweep.models.prepare_seed,
-        "tasks": sweep.trial.tasks.model_dump(mode="json"),
+        "tasks": sweep.trial.tasks.key_dump(teacher=False),
         "test_items": max(sweep.trial.evaluation.id_items, sweep.trial.evaluation.pass_items),
         "version": 1,
     }
@@ -136,7 +136,7 @@ def refine_key(sweep: SweepConfig, base: str) -> str:
         "base": base,
         "refine": sweep.models.teacher_refine.model_dump(mode="json"),
         "seed": sweep.models.prepare_seed,
-        "tasks": sweep.trial.tasks.model_dump(mode="json"),
+        "tasks": sweep.trial.tasks.key_dump(teacher=False),
         "test": [max(ev.id_items, ev.pass_items), list(ev.countdown_tasks)],
         "version": 1,
     }

@@ -51,6 +51,8 @@ class Rollouts:
     - ``logprobs[k]``: per-token log-probabilities (nats, float) of the sampled
       tokens under the engine's sampling distribution (softmax(z/τ)).
     - ``finish_reasons[k]``: ``"stop"`` (eos) or ``"length"``.
+    - ``teacher_prompt_ids[k]`` (teacher conditioning only, else None): the
+      teacher's prompt for the same problem; ``prompt_ids`` is then the student's.
     """
 
     prompt_ids: list[list[int]]
@@ -58,6 +60,7 @@ class Rollouts:
     logprobs: list[list[float]]
     finish_reasons: list[str]
     extras: dict[str, list[float]] = field(default_factory=dict)
+    teacher_prompt_ids: list[list[int]] | None = None
 
     @property
     def lengths(self) -> list[int]:
@@ -77,9 +80,17 @@ class RolloutEngine(Protocol):
         ...
 
 
-def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token lists into ``(ids, attention_mask)``, both int64 ``(B, T)``."""
-    width = max(len(s) for s in seqs)
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists into ``(ids, attention_mask)``, both int64 ``(B, T)``, with
+    T = ``width`` or the longest list.
+
+    Raises:
+        ValueError: ``width`` shorter than the longest list.
+    """
+    longest = max(len(s) for s in seqs)
+    if width is not None and width < longest:
+        raise ValueError(f"left_pad: width {width} < longest sequence {longest}")
+    width = longest if width is None else width
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
@@ -96,9 +107,12 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def pack_rollouts(
-    prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], pad_id: int
+    prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], pad_id: int,
+    width: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Prompt + completion, left-padded, for a teacher/student forward pass.
+    """Prompt + completion, left-padded (to ``width`` when given), for a teacher/student
+    forward pass. Completions are right-aligned, so two packs of the same completions
+    under different prompts and one ``width`` share their completion mask.
 
     Returns ``(ids, attention_mask, completion_mask)``, each int64/bool ``(B, T)``;
     ``completion_mask[b, t]`` is True where the *logits at position t* predict a
@@ -107,7 +121,7 @@ def pack_rollouts(
     sampled from.
     """
     seqs = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
-    ids, attn = left_pad(seqs, pad_id)
+    ids, attn = left_pad(seqs, pad_id, width)
     width = ids.shape[1]
     cmask = torch.zeros_like(ids, dtype=torch.bool)
     for i, c in enumerate(completion_ids):

@@ -16,18 +16,9 @@ from distillab.distill import loss_step
 from distillab.ops.kl import distill_loss
 from distillab.rollout import Rollouts, pack_rollouts, position_ids
 
+from _helpers import EngineStandIn
+
 V, PAD = 41, 0
-
-
-class _Engine(torch.nn.Module):
-    """Stands in for the DeepSpeed engine: ``engine(...)`` forwards, ``engine.module`` is the model."""
-
-    def __init__(self, module):
-        super().__init__()
-        self.module = module
-
-    def forward(self, **kw):
-        return self.module(**kw)
 
 
 def _models(teacher_vocab=V, student_vocab=V):
@@ -55,7 +46,7 @@ def _rollouts():
 def _run(impl, kind="forward", teacher_vocab=V, student_vocab=V, pad=False):
     teacher, student = _models(teacher_vocab, student_vocab)
     trial = TrialConfig(loss=LossConfig(kind=kind, impl=impl, pad_vocab=pad))
-    loss, diag = loss_step(trial, _Engine(student), teacher, _rollouts(), PAD, torch.Generator().manual_seed(0))
+    loss, diag = loss_step(trial, EngineStandIn(student), teacher, _rollouts(), PAD, torch.Generator().manual_seed(0))
     loss.backward()
     grads = {n: p.grad.clone() for n, p in student.named_parameters() if p.grad is not None}
     return loss, diag, grads
@@ -104,7 +95,7 @@ def test_vocab_mismatch_is_an_error_unless_padded():
 def test_sampled_estimator_stays_on_the_reference_path():
     teacher, student = _models()
     trial = TrialConfig(loss=LossConfig(estimator="sampled", impl="chunked"))
-    loss, diag = loss_step(trial, _Engine(student), teacher, _rollouts(), PAD, torch.Generator().manual_seed(0))
+    loss, diag = loss_step(trial, EngineStandIn(student), teacher, _rollouts(), PAD, torch.Generator().manual_seed(0))
     assert torch.isfinite(loss) and set(diag) >= {"kl/forward", "kl/reverse"}
 
 
@@ -157,7 +148,7 @@ def test_importance_weight_in_the_loss(char_models, impl, policy) -> None:
     prompts = step_prompts(train_prompts(trial, tok, 0), 0, 4, 1)
     ro = sample_rollouts(trial, teacher, student, tok, prompts, seed=3)  # q = the trainer's own distribution
     gen = torch.Generator().manual_seed(0)
-    eng = _Engine(student)
+    eng = EngineStandIn(student)
     loss_w, diag = loss_step(trial, eng, teacher, ro, tok.pad_token_id, gen)
     loss_0, _ = loss_step(plain, eng, teacher, ro, tok.pad_token_id, gen)
     assert diag["is/weight_mean"] == pytest.approx(1.0, abs=1e-5)  # exp(0) = 1 for every token
