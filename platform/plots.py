@@ -395,8 +395,9 @@ def fig_pass_at_k(res: Results) -> Figure:
 
 
 def fig_rlvr(res: Results) -> Figure:
-    """(e) RLVR: mean training reward per step, one curve per distilled checkpoint's
-    configuration (mean over seeds, SEM band); and Countdown-4E accuracy before
+    """(e) RLVR: mean training reward per 10-step window (plotted at the window's last
+    step), one curve per distilled checkpoint's configuration (mean over seeds, SEM
+    band); and Countdown-4E accuracy before
     distillation, after it and after RLVR (finding 5)."""
     fig, axes = _new_figure(2, "(e) RLVR from each distilled checkpoint", width=6.0)
     cfg = swept_columns(res)
@@ -413,9 +414,14 @@ def fig_rlvr(res: Results) -> Figure:
         )
         if df.height == 0:
             _no_data(fig, axes[0], "RLVR training reward", "no completed trial has RLVR metrics")
-        else:
+        else:  # 10-step windows (a step's reward is a mean of only prompts × samples rollouts), then seeds
+            keys_t = [c for c in ("sweep", "trial_id") if c in df.columns]
+            df = (df.with_columns(((pl.col("step") - 1) // 10 * 10 + 10).alias("window"))
+                  .group_by([*keys_t, *[c for c in cfg if c in df.columns], "window"], maintain_order=True)
+                  .agg(pl.col("value").mean()).rename({"window": "step"}))
             agg = aggregate(_with_dims(df, cfg), ["step", *cfg])
-            _lines(axes[0], agg, "step", cfg, f"mean reward ({name})", "RLVR training reward", band=True)
+            _lines(axes[0], agg, "step", cfg, f"mean reward per 10 steps ({name})", "RLVR training reward",
+                   band=True)
     has_rlvr = final_evals(res).filter(
         (pl.col("stage") == "rlvr") & (pl.col("task") == HARD_TASK) & (pl.col("metric") == "accuracy")
     ).select(pl.len()).collect().item()
