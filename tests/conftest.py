@@ -29,6 +29,14 @@ for _var, _sub in (
     _dir.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault(_var, str(_dir))
 
+# Without CUDA the Triton kernels run under the interpreter. Triton fixes the mode when it
+# is first imported, and some libraries (lm-eval's dependencies) import it, so set it here,
+# before any test module is collected (tests/ops/conftest.py says the same for ops alone).
+import torch  # noqa: E402  (after the cache variables above)
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # tempfile caches its directory on first use; make it re-read TMPDIR.
 tempfile.tempdir = None
 
