@@ -2,7 +2,8 @@
 
 - in-distribution accuracy: one sample per test prompt at τ = ``id_temperature``
   on the first ``id_items`` Countdown-3 test items, and the same on Countdown-4E
-  (harder-task generalisation, same checkpoint, no further training);
+  (harder-task generalisation, same checkpoint, no further training), Countdown-4
+  when listed, and the multiple-choice task (``mcq_items`` > 0; task ``mcq``);
 - coverage: pass@1 and pass@k from ``pass_n`` samples per prompt at the task's
   ``pass_temperature`` (unbiased estimator, `distillab.evals.metrics.pass_at_k`);
 - style (teacher conditioning, ``evaluation.style``): ``style_share`` of the first
@@ -27,6 +28,7 @@ from distillab.config import EvaluationConfig, TasksConfig
 from distillab.evals.metrics import mean_pass_at_k
 from distillab.evals.ood import ood_backend
 from distillab.evals.style import style_share
+from distillab.mcq import mcq_prompt_ids, mcq_test_split, score_mcq
 from distillab.rollout import SamplingParams, TransformersEngine
 from distillab.tasks import (
     CountdownProblem,
@@ -99,16 +101,32 @@ class Evaluator:
     def _prompts(self, problems: list[CountdownProblem]) -> list[list[int]]:
         return [countdown_prompt_ids(self.tokenizer, self.tasks, p) for p in problems]
 
-    def _countdown_correct(
-        self, engine: TransformersEngine, problems: list[CountdownProblem], sampling: SamplingParams
-    ) -> tuple[list[int], list[list[int]]]:
-        """Correct samples per problem, and the completion ids."""
-        roll = engine.generate(self._prompts(problems), sampling)
+    def _correct(self, engine: TransformersEngine, prompts: list[list[int]], score, sampling: SamplingParams
+                 ) -> tuple[list[int], list[list[int]]]:
+        """Correct samples per prompt (``score(text, i)`` for prompt i), and the completion ids."""
+        roll = engine.generate(prompts, sampling)
         texts = self.tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=False)
-        counts = [0] * len(problems)
+        counts = [0] * len(prompts)
         for k, text in enumerate(texts):
-            counts[k // sampling.n] += int(score_countdown(text, problems[k // sampling.n]))
+            counts[k // sampling.n] += int(score(text, k // sampling.n))
         return counts, roll.completion_ids
+
+    def _accuracy_and_pass(self, engine, name: str, prompts: list[list[int]], score, seed: int
+                           ) -> tuple[list[dict], list[list[int]]]:
+        """Rows ``accuracy`` (one sample at ``id_temperature`` on the first ``id_items``
+        prompts, or ``mcq_items`` for ``mcq``) and ``pass@k`` (``pass_n`` samples at the
+        task's ``pass_temperature`` on the first ``pass_items``); and the accuracy
+        samples' completion ids."""
+        cfg = self.cfg
+        n_acc = cfg.mcq_items if name == "mcq" else cfg.id_items
+        sp = SamplingParams(cfg.id_temperature, cfg.top_p, cfg.max_tokens, 1, seed)
+        correct, completions = self._correct(engine, prompts[:n_acc], score, sp)
+        rows = [{"task": name, "metric": "accuracy", "value": sum(correct) / len(correct), "n": len(correct)}]
+        sp = SamplingParams(cfg.pass_temperature.get(name, 1.0), cfg.top_p, cfg.max_tokens, cfg.pass_n, seed + 1)
+        counts, _ = self._correct(engine, prompts[: cfg.pass_items], score, sp)
+        rows += [{"task": name, "metric": f"pass@{k}", "value": mean_pass_at_k(counts, cfg.pass_n, k),
+                  "n": len(counts)} for k in cfg.pass_k]
+        return rows, completions
 
     def evaluate(self, model: PreTrainedModel, seed: int) -> list[dict]:
         """All rows of the suite for ``model`` (sampling seeded by ``seed``)."""
@@ -117,19 +135,18 @@ class Evaluator:
         rows: list[dict] = []
         for i, name in enumerate(cfg.countdown_tasks):
             problems = countdown_test_split(self.tasks, name, max(cfg.id_items, cfg.pass_items))
-            sp = SamplingParams(cfg.id_temperature, cfg.top_p, cfg.max_tokens, 1, seed + 101 * i)
-            correct, completions = self._countdown_correct(engine, problems[: cfg.id_items], sp)
-            rows.append({"task": name, "metric": "accuracy", "value": sum(correct) / len(correct), "n": len(correct)})
+            task_rows, completions = self._accuracy_and_pass(
+                engine, name, self._prompts(problems), lambda t, j, ps=problems: score_countdown(t, ps[j]), seed + 101 * i)
+            rows += task_rows
             if cfg.style is not None and i == 0:  # teacher conditioning: the student's answers in the teacher's style
                 texts = tok.batch_decode(completions, skip_special_tokens=True)
                 rows.append({"task": name, "metric": "style_share", "value": style_share(texts, cfg.style),
                              "n": len(texts)})
-            temp = cfg.pass_temperature.get(name, 1.0)
-            sp = SamplingParams(temp, cfg.top_p, cfg.max_tokens, cfg.pass_n, seed + 101 * i + 1)
-            counts, _ = self._countdown_correct(engine, problems[: cfg.pass_items], sp)
-            for k in cfg.pass_k:
-                rows.append(
-                    {"task": name, "metric": f"pass@{k}", "value": mean_pass_at_k(counts, cfg.pass_n, k), "n": len(counts)}
-                )
+        if cfg.mcq_items:  # the second domain (tasks.mcq)
+            items = mcq_test_split(self.tasks.mcq, max(cfg.mcq_items, cfg.pass_items), self.tasks.test_seed)
+            prompts = [mcq_prompt_ids(tok, self.tasks.mcq, it) for it in items]
+            task_rows, _ = self._accuracy_and_pass(engine, "mcq", prompts, lambda t, j: score_mcq(t, items[j]),
+                                                   seed + 404)
+            rows += task_rows
         rows += self.ood.evaluate(model, tok, seed)
         return rows

@@ -58,6 +58,32 @@ class CountdownTaskConfig(_Strict):
 _PAPER_POOL = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 25, 50, 75)
 
 
+class MCQTaskConfig(_Strict):
+    """The multiple-choice task (PROTOCOL.md §5, `distillab.mcq`), the study's second
+    domain (``trial.domain: mcq``). ``source: synthetic``: the synthetic "which number
+    is the largest?" task that micro models learn (``train_items`` training questions);
+    ``source: files``: local ``train_path`` / ``test_path`` (JSONL or Parquet in the
+    schema of `distillab.mcq`, ``field_map`` for other column names), e.g. Science or
+    MedReason. The option letter goes inside ``<answer></answer>``."""
+
+    source: Literal["synthetic", "files"] = "synthetic"
+    train_path: str | None = None
+    test_path: str | None = None
+    field_map: dict[str, str] = {}
+    system_prompt: str = "Multiple choice."
+    #: the prompt's last line (the answer format); "" for none (micro models learn the format from SFT)
+    instruction: str = "Answer with the letter of the correct option inside <answer></answer>."
+    train_items: int = Field(default=20_000, ge=1)
+
+    @model_validator(mode="after")
+    def _paths(self) -> "MCQTaskConfig":
+        if self.source == "files" and (self.train_path is None or self.test_path is None):
+            raise ValueError("source 'files' needs train_path and test_path (local JSONL or Parquet)")
+        if self.source == "synthetic" and (self.train_path or self.test_path):
+            raise ValueError("train_path / test_path are read only with source: files")
+        return self
+
+
 class TasksConfig(_Strict):
     """The task suite: the in-distribution task, the harder generalisation task,
     and the prior-skill tasks that form the micro OOD suite."""
@@ -79,6 +105,8 @@ class TasksConfig(_Strict):
     #: and/or task template instead of the student's, for its rollouts and its scoring (None = the student's)
     teacher_system_prompt: str | None = None
     teacher_user_template: str | None = None
+    #: the multiple-choice task (``trial.domain: mcq``)
+    mcq: MCQTaskConfig = MCQTaskConfig()
 
     @field_validator("user_template", "teacher_user_template")
     @classmethod
@@ -94,14 +122,17 @@ class TasksConfig(_Strict):
         return (self.teacher_system_prompt not in (None, self.system_prompt)
                 or self.teacher_user_template not in (None, self.user_template))
 
-    def key_dump(self, *, teacher: bool) -> dict[str, Any]:
+    def key_dump(self, *, teacher: bool, mcq: bool = False) -> dict[str, Any]:
         """The settings that determine a cached artefact, for hashing: the teacher
         conditioning fields only when ``teacher`` (teacher rollouts) and only when set,
-        so artefacts cached before these fields existed keep their keys."""
+        the multiple-choice task only when ``mcq`` (the artefact uses it), so artefacts
+        cached before these fields existed keep their keys."""
         d = self.model_dump(mode="json")
         for k in ("teacher_system_prompt", "teacher_user_template"):
             if not teacher or d[k] is None:
                 d.pop(k)
+        if not mcq:
+            d.pop("mcq")
         return d
 
 
@@ -121,6 +152,12 @@ class MicroModelConfig(_Strict):
     #: SFT data: Countdown demonstrations per task name, and examples per prior skill
     countdown_examples: dict[Literal["countdown2", "countdown3", "countdown4e", "countdown4"], int] = {}
     skill_examples: int = Field(default=0, ge=0)
+    #: multiple-choice demonstrations (``tasks.mcq``; the study's second domain)
+    mcq_examples: int = Field(default=0, ge=0)
+    #: Countdown-3 demonstrations under the teacher's conditioning prompt (``tasks.teacher_system_prompt`` /
+    #: ``teacher_user_template``) written in the spaced style (``2 + 3 = 5, 5 * 4 = 20``): a teacher that
+    #: answers in that style only when conditioned (the style-transfer experiment)
+    styled_examples: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _heads(self) -> "MicroModelConfig":
@@ -362,6 +399,8 @@ class EvaluationConfig(_Strict):
     lm_eval: LMEvalConfig = LMEvalConfig()
     #: the style metric (teacher conditioning): a ``style_share`` row on the first Countdown task's answers
     style: StyleConfig | None = None
+    #: multiple-choice test items (``tasks.mcq``) scored at every stage, task ``mcq`` (0: none)
+    mcq_items: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _k(self) -> "EvaluationConfig":
@@ -439,7 +478,7 @@ class ResourcesConfig(_Strict):
 
 #: Paths a grid may sweep (dotted into `TrialConfig`).
 SEARCHABLE = (
-    "seed",
+    "seed", "domain",
     "rollout.policy", "rollout.lambda", "rollout.alpha", "rollout.clip_c", "rollout.tau_t", "rollout.tau_s",
     "rollout.top_p", "rollout.max_tokens", "rollout.engine", "rollout.sync_every", "rollout.offpd_reuse",
     "loss.kind", "loss.importance_weight", "loss.estimator", "loss.tau_t", "loss.tau_s", "loss.reduction",
@@ -615,8 +654,19 @@ class TrialConfig(_Strict):
     optimizer: OptimizerConfig = OptimizerConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     tasks: TasksConfig = TasksConfig()
+    #: the distillation task: ``countdown`` (Countdown-3 prompts) or ``mcq`` (``tasks.mcq``, the second domain)
+    domain: Literal["countdown", "mcq"] = "countdown"
     #: optional RLVR stage after distillation (``null``: none)
     rlvr: RLVRConfig | None = None
+
+    @model_validator(mode="after")
+    def _check_domain(self) -> "TrialConfig":
+        if self.domain == "mcq" and self.evaluation.mcq_items == 0:
+            raise ValueError("domain 'mcq' needs evaluation.mcq_items > 0 so that the task it distils is scored")
+        if self.domain == "mcq" and self.tasks.teacher_conditioned:
+            raise ValueError("tasks.teacher_system_prompt / teacher_user_template condition the Countdown prompts; "
+                             "they do not apply to domain 'mcq'")
+        return self
 
     @model_validator(mode="after")
     def _check_rlvr_task_evaluated(self) -> "TrialConfig":
@@ -671,6 +721,12 @@ class SweepConfig(_Strict):
 
     @model_validator(mode="after")
     def _validate_grid(self) -> "SweepConfig":
+        m = self.models
+        styled = [r for r, c in (("micro_teacher", m.micro_teacher), ("micro_student", m.micro_student))
+                  if c.styled_examples]
+        if styled and not self.trial.tasks.teacher_conditioned:
+            raise ValueError(f"models.{styled[0]}.styled_examples needs trial.tasks.teacher_system_prompt or "
+                             "teacher_user_template (the prompt the styled demonstrations are written under)")
         if self.trial.rlvr is not None and self.resources.num_workers != 1:
             raise ValueError(f"trial.rlvr runs on one worker: set resources.num_workers to 1 "
                              f"(got {self.resources.num_workers})")

@@ -62,10 +62,17 @@ WORKER_ENV = {
 
 
 def train_prompts(trial: TrialConfig, tokenizer, rank: int, role: str = "student") -> list[list[int]]:
-    """Training prompts (Countdown-3), test items excluded; each rank its own draw.
+    """Training prompts of ``trial.domain`` (Countdown-3, or the multiple-choice task
+    ``tasks.mcq``), test items excluded; each rank its own draw.
     ``role="teacher"``: the same problems in the same order, rendered with the
     teacher's conditioning (``tasks.teacher_*``), so entry i of both lists is one problem."""
     tasks, ev = trial.tasks, trial.evaluation
+    if trial.domain == "mcq":
+        from distillab.mcq import mcq_prompt_ids, mcq_train_items
+
+        items = mcq_train_items(tasks.mcq, max(ev.mcq_items, ev.pass_items), tasks.test_seed, 7919 + trial.seed)
+        random.Random(trial.seed * 1000 + rank).shuffle(items)
+        return [mcq_prompt_ids(tokenizer, tasks.mcq, it) for it in items]
     exclude = test_keys(tasks, max(ev.id_items, ev.pass_items))
     problems = generate_problems(countdown_spec(tasks, "countdown3"), trial.optimizer.train_prompts, 7919 + trial.seed)
     problems = [p for p in problems if problem_key(p) not in exclude]
@@ -147,7 +154,8 @@ def offpd_rollout_path(cache_dir: str | Path, trial: TrialConfig, teacher_path: 
         "teacher": _checkpoint_identity(teacher_path), "engine": resolve_engine(r.engine, batched=True),
         "sampling": [r.tau_t, r.top_p, r.max_tokens],
         "schedule": [o.steps, o.prompts_per_step, o.rollouts_per_prompt, o.train_prompts, trial.seed],
-        "tasks": trial.tasks.key_dump(teacher=True),
+        "tasks": trial.tasks.key_dump(teacher=True, mcq=trial.domain == "mcq"),
+        **({"domain": "mcq", "mcq_exclude": trial.evaluation.mcq_items} if trial.domain == "mcq" else {}),
         "exclude": max(trial.evaluation.id_items, trial.evaluation.pass_items),
         "rank": [rank, world_size], "version": 1,
     })[:16]
@@ -533,7 +541,8 @@ def pre_eval_path(cache_dir: str | Path, trial: TrialConfig, student_path: str |
 
     key = config_hash({
         "student": _checkpoint_identity(student_path), "evaluation": trial.evaluation.model_dump(mode="json"),
-        "tasks": trial.tasks.key_dump(teacher=False), "seed": trial.seed, "version": 1,
+        "tasks": trial.tasks.key_dump(teacher=False, mcq=trial.evaluation.mcq_items > 0), "seed": trial.seed,
+        "version": 1,
     })[:16]
     return Path(cache_dir) / f"pre-eval-{key}.json"
 

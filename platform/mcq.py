@@ -95,10 +95,15 @@ def load_mcq(path: str | Path, *, split: str = "train", field_map: Mapping[str, 
     return items
 
 
-def mcq_user_text(item: MCQItem) -> str:
-    """The task prompt: the question, the lettered options, and the answer format."""
+#: the answer-format line of the task prompt (PROTOCOL.md §5)
+INSTRUCTION = "Answer with the letter of the correct option inside <answer></answer>."
+
+
+def mcq_user_text(item: MCQItem, instruction: str = INSTRUCTION) -> str:
+    """The task prompt: the question, the lettered options, and the answer-format
+    ``instruction`` (a last line; none when empty)."""
     lines = [item.question] + [f"{k}. {o}" for k, o in zip(LETTERS, item.options)]
-    return "\n".join(lines) + "\nAnswer with the letter of the correct option inside <answer></answer>."
+    return "\n".join(lines + ([instruction] if instruction else []))
 
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -145,5 +150,59 @@ def generate_synthetic_mcq(n: int, seed: int) -> list[MCQItem]:
     return items
 
 
+def item_key(item: MCQItem) -> tuple[str, tuple[str, ...]]:
+    """(question, options): the identity of a question, to keep test items out of training."""
+    return item.question, tuple(item.options)
+
+
+def mcq_test_split(cfg, n: int, test_seed: int) -> list[MCQItem]:
+    """The first ``n`` test questions of the multiple-choice task ``cfg`` (a
+    `config.MCQTaskConfig`): synthetic ones seeded by ``test_seed``, or the test file's.
+
+    Raises:
+        ValueError: the test file has fewer than ``n`` rows (or the file errors of `load_mcq`).
+    """
+    if cfg.source == "synthetic":
+        return generate_synthetic_mcq(n, test_seed + 11)
+    items = load_mcq(cfg.test_path, split="test", field_map=cfg.field_map)
+    if len(items) < n:
+        raise ValueError(f"{cfg.test_path}: {len(items)} test rows, evaluation needs {n} (lower mcq_items)")
+    return items[:n]
+
+
+def mcq_train_items(cfg, exclude_test: int, test_seed: int, seed: int) -> list[MCQItem]:
+    """Training questions of ``cfg``, with the first ``exclude_test`` test questions
+    removed: ``cfg.train_items`` synthetic ones seeded by ``seed``, or the train file's.
+
+    Raises:
+        ValueError: nothing left after the exclusion (or the file errors of `load_mcq`).
+    """
+    if cfg.source == "synthetic":
+        items = generate_synthetic_mcq(cfg.train_items, seed)
+    else:
+        items = load_mcq(cfg.train_path, split="train", field_map=cfg.field_map)
+    test = {item_key(it) for it in mcq_test_split(cfg, exclude_test, test_seed)} if exclude_test else set()
+    out = [it for it in items if item_key(it) not in test]
+    if not out:
+        raise ValueError("multiple-choice task: no training question is left once the test items are excluded")
+    return out
+
+
+def mcq_prompt_ids(tokenizer, cfg, item: MCQItem) -> list[int]:
+    """Prompt token ids: ``cfg.system_prompt`` and `mcq_user_text` (with ``cfg.instruction``), rendered with the
+    tokenizer's chat template (`tasks.render_prompt`)."""
+    from distillab.tasks import render_prompt
+
+    return render_prompt(tokenizer, cfg.system_prompt, mcq_user_text(item, cfg.instruction))
+
+
+def mcq_target_text(item: MCQItem) -> str:
+    """The SFT target of a question: ``<think>demonstration</think>`` when it has one
+    (PROTOCOL.md §5), then ``<answer>LETTER</answer>``."""
+    think = f"<think>{item.demonstration}</think>" if item.demonstration else ""
+    return f"{think}<answer>{item.answer}</answer>"
+
+
 __all__ = ["MCQItem", "LETTERS", "load_mcq", "mcq_user_text", "extract_option_letter", "score_mcq",
-           "generate_synthetic_mcq"]
+           "generate_synthetic_mcq", "item_key", "mcq_test_split", "mcq_train_items", "mcq_prompt_ids",
+           "mcq_target_text"]

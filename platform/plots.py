@@ -488,7 +488,8 @@ def summary_table(res: Results, group_by: list[str] | None = None) -> pl.DataFra
     """One row per configuration (``group_by``, default :func:`swept_columns`): the
     headline numbers as ``mean ± SEM`` strings over completed seeds (ID and
     Countdown-4E accuracy, ΔOOD, Countdown-4E gain, sparsity, pass@1/pass@k on
-    Countdown-3, RLVR gain when present), then ``n_completed`` and ``n_failed``."""
+    Countdown-3; RLVR gain, multiple-choice accuracy and Countdown-3 style share when
+    present), then ``n_completed`` and ``n_failed``."""
     group = list(swept_columns(res) if group_by is None else group_by)
     key = group or ["__all__"]
     lit = [pl.lit(0).alias("__all__")] if not group else []
@@ -506,6 +507,10 @@ def summary_table(res: Results, group_by: list[str] | None = None) -> pl.DataFra
     gain = rlvr_gain(res).collect()
     if gain.height:
         quantities.append(("RLVR gain", gain))
+    for task, metric in (("mcq", "accuracy"), (ID_TASK, "style_share")):  # second domain, teacher conditioning
+        df = _final(res, "distill", task, metric)
+        if df.height:
+            quantities.append((f"{task} {'acc' if metric == 'accuracy' else metric}", df))
 
     counts = trial_counts(res, group).with_columns(*lit).drop("n_trials")
     out = counts.select(key)

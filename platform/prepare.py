@@ -31,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from distillab.config import MicroModelConfig, SweepConfig, config_hash
 from distillab.evals.suite import EVAL_TASKS, Evaluator, countdown_prompt_ids, countdown_spec, problem_key, test_keys
+from distillab.mcq import mcq_prompt_ids, mcq_target_text, mcq_train_items
 from distillab.models import build_char_tokenizer, micro_llama_config
 from distillab.sft import Example, sft_train
 from distillab.tasks import (
@@ -51,10 +52,14 @@ def prepare_key(sweep: SweepConfig, role: str) -> str:
     mcfg = sweep.models.micro_teacher if role == "teacher" else sweep.models.micro_student
     data = {
         "role": role,
-        "model": mcfg.model_dump(mode="json"),
+        # (mcq_examples, styled_examples only when set: models prepared before them keep their keys)
+        "model": mcfg.model_dump(mode="json", exclude={k for k in ("mcq_examples", "styled_examples")
+                                                       if not getattr(mcfg, k)}),
         "seed": sweep.models.prepare_seed,
-        "tasks": sweep.trial.tasks.key_dump(teacher=False),
+        "tasks": sweep.trial.tasks.key_dump(teacher=mcfg.styled_examples > 0, mcq=mcfg.mcq_examples > 0),
         "test_items": max(sweep.trial.evaluation.id_items, sweep.trial.evaluation.pass_items),
+        **({"mcq_test_items": max(sweep.trial.evaluation.mcq_items, sweep.trial.evaluation.pass_items)}
+           if mcfg.mcq_examples else {}),
         "version": 1,
     }
     return config_hash(data)[:12]
@@ -75,6 +80,21 @@ def _examples(tok, sweep: SweepConfig, mcfg: MicroModelConfig, seed: int) -> lis
             steps = solve(p.operands, p.target)
             prompt = countdown_prompt_ids(tok, tasks, p)
             completion = tok(f"<answer>{render_solution(steps)}</answer>{eos}", add_special_tokens=False)["input_ids"]
+            out.append(Example(tuple(prompt), tuple(completion)))
+    if mcfg.styled_examples:  # the teacher's conditioning prompt -> the spaced answer style
+        problems = generate_problems(countdown_spec(tasks, "countdown3"), mcfg.styled_examples, seed * 1000 + 29)
+        for p in problems:
+            if problem_key(p) in exclude:
+                continue
+            prompt = countdown_prompt_ids(tok, tasks, p, role="teacher")
+            text = f"<answer>{render_solution(solve(p.operands, p.target), spaced=True)}</answer>{eos}"
+            out.append(Example(tuple(prompt), tuple(tok(text, add_special_tokens=False)["input_ids"])))
+    if mcfg.mcq_examples:  # the second domain: "<answer>LETTER</answer>" (after <think>demo</think> if given)
+        ev = sweep.trial.evaluation
+        items = mcq_train_items(tasks.mcq, max(ev.mcq_items, ev.pass_items), tasks.test_seed, seed * 1000 + 23)
+        for it in items[: mcfg.mcq_examples]:
+            prompt = mcq_prompt_ids(tok, tasks.mcq, it)
+            completion = tok(mcq_target_text(it) + eos, add_special_tokens=False)["input_ids"]
             out.append(Example(tuple(prompt), tuple(completion)))
     for skill in tasks.ood_skills if mcfg.skill_examples else ():
         for it in generate_skill_items(skill, mcfg.skill_examples, seed * 1000 + 17):

@@ -158,8 +158,11 @@ def solve(operands: Sequence[int], target: int) -> list[Step] | None:
     return rec(pool)
 
 
-def render_solution(steps: Sequence[Step]) -> str:
-    """Steps as the answer format: ``2+3=5,5*4=20``."""
+def render_solution(steps: Sequence[Step], spaced: bool = False) -> str:
+    """Steps as the answer format: ``2+3=5,5*4=20``; ``spaced``: ``2 + 3 = 5, 5 * 4 = 20``
+    (the styled teacher's answers; the verifier accepts both)."""
+    if spaced:
+        return ", ".join(f"{a} {op} {b} = {r}" for a, op, b, r in steps)
     return ",".join(f"{a}{op}{b}={r}" for a, op, b, r in steps)
 
 

@@ -114,10 +114,11 @@ def test_conditioning_config_and_cache_keys():
     assert TasksConfig(**COND).teacher_conditioned
     # unset conditioning leaves the hashed settings as they were before the fields existed
     plain = TasksConfig().model_dump(mode="json")
-    for k in ("teacher_system_prompt", "teacher_user_template"):
+    for k in ("teacher_system_prompt", "teacher_user_template", "mcq"):
         plain.pop(k)
     assert TasksConfig().key_dump(teacher=True) == plain == TasksConfig(**COND).key_dump(teacher=False)
     assert TasksConfig(**COND).key_dump(teacher=True)["teacher_system_prompt"] == COND["teacher_system_prompt"]
+    assert TasksConfig().key_dump(teacher=False, mcq=True)["mcq"]["source"] == "synthetic"
 
 
 def test_style_metric_language_and_regex():
@@ -140,3 +141,35 @@ def test_style_metric_language_and_regex():
         StyleConfig(kind="regex", pattern="(")
     with pytest.raises(ValidationError, match="language"):
         StyleConfig(kind="language", language="German")
+
+
+def test_styled_teacher_demonstrations(tmp_path):
+    """models.*.styled_examples: Countdown-3 demonstrations under the teacher's prompt,
+    written spaced, that the verifier accepts; keyed into the prepared model's hash."""
+    from pathlib import Path
+
+    from distillab.config import ConfigError, load_sweep
+    from distillab.models import build_char_tokenizer
+    from distillab.prepare import _examples, prepare_key
+    from distillab.tasks import CountdownProblem, score_countdown
+
+    repo = Path(__file__).resolve().parents[1]
+    tok = build_char_tokenizer()
+    style = load_sweep(repo / "search_spaces" / "micro_style.yaml")
+    micro = load_sweep(repo / "search_spaces" / "micro.yaml")
+    assert prepare_key(style, "teacher") != prepare_key(micro, "teacher")
+    assert prepare_key(style, "student") == prepare_key(micro, "student")  # the student is the study's
+    small = load_sweep(repo / "search_spaces" / "micro_style.yaml", {
+        "models.micro_teacher.styled_examples": 30, "models.micro_teacher.countdown_examples": {"countdown3": 20}})
+    ex = _examples(tok, small, small.models.micro_teacher, 0)
+    plain = [e for e in ex if tok.decode(e.prompt_ids).startswith("<|system|>Countdown.<|user|>")]
+    spaced = [e for e in ex if tok.decode(e.prompt_ids).startswith("<|system|>Countdown. Spaced.<|user|>")]
+    assert len(plain) + len(spaced) == len(ex) and 0 < len(plain) <= 20 and 0 < len(spaced) <= 30
+    for e in spaced:
+        text = tok.decode(e.completion_ids)
+        assert style_share([text], style.trial.evaluation.style) == 1.0, text
+    assert style_share([tok.decode(e.completion_ids) for e in plain], style.trial.evaluation.style) == 0.0
+    # the verifier accepts the spaced style
+    assert score_countdown("<answer>25 + 25 = 50, 50 + 12 = 62</answer>", CountdownProblem((25, 25, 12), 62))
+    with pytest.raises(ConfigError, match="styled_examples needs trial.tasks.teacher_system_prompt"):
+        load_sweep(repo / "search_spaces" / "micro.yaml", {"models.micro_teacher.styled_examples": 10})
