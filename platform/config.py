@@ -436,8 +436,8 @@ class RLVRConfig(_Strict):
     current student (transformers engine), reward ``correct_reward`` if the verifier
     accepts the answer else 0 (+ ``format_reward`` ≤ 0.5 for a well-formed answer
     block), its own AdamW LR with linear warm-up over ``warmup_ratio`` of the steps
-    then cosine to 10 %. One optimizer step per batch (so π_old = π_θ at sampling
-    time and the ratio starts at 1). Starts from the trial's distilled student.
+    then cosine to 10 %. One optimizer step per batch (π_old = π_θ at sampling time,
+    so the ratio is 1). Starts from the trial's distilled student.
 
     Paper: 300 steps, 8 samples at T = 1.0, top-p 0.95, LR 2e-6, on Countdown-4.
     """

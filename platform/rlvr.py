@@ -234,11 +234,15 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
 
     Per step: ``prompts_per_step`` problems in order from ``problems`` (wrapping
     around), ``samples_per_prompt`` samples each from the current weights at
-    τ = ``temperature``, top-p (so π_old = π_θ at sampling time; one optimizer step per
-    batch), reward (`countdown_reward`), group advantages, `dapo_loss`, clipped step.
+    τ = ``temperature``, top-p, reward (`countdown_reward`), group advantages,
+    `dapo_loss`, clipped step. log π_old is the trainer's own log softmax(z/τ) of the
+    sampled tokens, detached: with one optimizer step per batch the ratio is exactly 1
+    and its gradient ∇ log π_θ (the sampler's logprobs are renormalised over the top-p
+    nucleus and would start the ratio below 1).
     ``report(step, metrics)`` gets, after every step (1-based), ``rlvr/reward_mean``,
     ``rlvr/accuracy`` (share of correct samples), ``rlvr/loss``, ``rlvr/clip_frac``,
-    ``rlvr/kl``, ``rlvr/grad_norm`` and ``rlvr/lr``. Returns the per-step metrics.
+    ``rlvr/ratio_mean``, ``rlvr/kl``, ``rlvr/grad_norm`` and ``rlvr/lr``. Returns the
+    per-step metrics.
     ``reward_fn(completion_text, problem) -> float`` replaces `countdown_reward` with
     ``cfg``'s rewards (then ``rlvr/accuracy`` is the share of rewards ≥ ``correct_reward``).
 
@@ -248,7 +252,7 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
     import copy
 
     from distillab.evals.suite import countdown_prompt_ids
-    from distillab.rollout import SamplingParams, TransformersEngine, engine_logprobs
+    from distillab.rollout import SamplingParams, TransformersEngine
 
     if len(problems) < cfg.prompts_per_step:
         raise ValueError(f"{len(problems)} RLVR training problems for prompts_per_step {cfg.prompts_per_step}: "
@@ -276,7 +280,7 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
         adv = group_advantages(rewards, cfg.samples_per_prompt)
         module.train()
         logp, cmask = _token_logprobs(stepper, rollouts, tokenizer.pad_token_id, cfg.temperature)
-        old = engine_logprobs(rollouts, cmask)
+        old = logp.detach()  # π_old = the weights that sampled, at τ, without the top-p renormalisation
         ref_logp = None
         if ref is not None:
             with torch.no_grad():
@@ -291,7 +295,8 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
         m = {
             "rlvr/reward_mean": float(rewards.mean()),
             "rlvr/accuracy": float((rewards >= cfg.correct_reward).float().mean()) if cfg.correct_reward > 0 else 0.0,
-            "rlvr/loss": float(loss.detach()), "rlvr/clip_frac": stats["clip_frac"], "rlvr/kl": stats["kl"],
+            "rlvr/loss": float(loss.detach()), "rlvr/clip_frac": stats["clip_frac"],
+            "rlvr/ratio_mean": stats["ratio_mean"], "rlvr/kl": stats["kl"],
             "rlvr/grad_norm": gn, "rlvr/lr": lr,
         }
         history.append(m)

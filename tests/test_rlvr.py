@@ -118,6 +118,8 @@ def test_run_rlvr_with_lora_trains_only_the_adapters_and_merges_them() -> None:
     history = run_rlvr(cfg, TorchStepper(peft_model, cfg.lr, rlvr_schedule(cfg)), tok, TasksConfig(), problems, 0,
                        lambda step, m: None, reward_fn=lambda text, problem: float(sum(map(ord, text)) % 2))
     assert len(history) == 3 and all(h["rlvr/grad_norm"] > 0 for h in history)
+    # π_old is the sampling weights at τ (not the sampler's top-p-renormalised logprobs): the ratio is exactly 1
+    assert cfg.top_p == 0.95 and all(h["rlvr/ratio_mean"] == pytest.approx(1.0, abs=1e-6) for h in history)
     base_now = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
                 for k, v in peft_model.state_dict().items() if "lora_" not in k}
     assert all(torch.equal(base_now[k], before[k]) for k in before)  # frozen base during training
