@@ -249,3 +249,20 @@ def test_micro_rlvr_is_the_micro_study_plus_rlvr() -> None:
     assert rl.trial.rlvr is not None and rl.trial.rlvr.samples_per_prompt == 8
     assert [t.trial_id.split("-s42")[0] for t in expand_trials(rl)] == [
         "offpd-forward-lr0.003", "offpd-reverse-lr0.003", "onpd-forward-lr0.003", "onpd-reverse-lr0.003"]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "search_spaces").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_sweep_file_validates(path: Path) -> None:
+    cfg = load_sweep(path)
+    assert cfg.name == path.stem and expand_trials(cfg)  # the name is the file's, so runs/<name> is unambiguous
+
+
+def test_second_domain_and_style_files() -> None:
+    micro = load_sweep(MICRO)
+    mcq = load_sweep(MICRO.parent / "micro_mcq.yaml")
+    assert mcq.trial.domain == "mcq" and mcq.trial.evaluation.mcq_items == 200
+    assert mcq.models.micro_student == micro.models.micro_student  # the same student as the study
+    assert mcq.models.micro_teacher.mcq_examples > 0 and sum(mcq.models.micro_teacher.countdown_examples.values()) == 0
+    style = load_sweep(MICRO.parent / "micro_style.yaml")
+    assert style.trial.tasks.teacher_conditioned and style.trial.evaluation.style.kind == "regex"
+    assert [t.rollout.policy for t in expand_trials(style)] == ["offpd", "onpd"]
