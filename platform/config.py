@@ -190,6 +190,13 @@ class ModelsConfig(_Strict):
     #: the same GRPO/DAPO code as the RLVR stage, e.g. ``correct_reward: 2.0``, ``format_reward: 0.5``
     teacher_refine: RLVRConfig | None = None
 
+    @model_validator(mode="after")
+    def _refine_engine(self) -> "ModelsConfig":
+        if self.teacher_refine is not None and self.teacher_refine.engine == "vllm":
+            raise ValueError("models.teacher_refine.engine: prepare's refinement samples with transformers "
+                             "(allowed: auto, transformers; got 'vllm')")
+        return self
+
 
 class RolloutConfig(_StrictAliased):
     """Rollout policy ρ and its sampling (PROTOCOL.md §1, §2, §3).
@@ -433,7 +440,7 @@ class RLVRConfig(_Strict):
     """The RLVR stage after distillation (PROTOCOL.md §6): GRPO with the DAPO
     token-level loss (``rlvr.dapo_loss``), group-normalised advantages, no reference
     KL by default (``beta: 0``), ``samples_per_prompt`` rollouts per prompt from the
-    current student (transformers engine), reward ``correct_reward`` if the verifier
+    current student (``engine``: vLLM or transformers), reward ``correct_reward`` if the verifier
     accepts the answer else 0 (+ ``format_reward`` ≤ 0.5 for a well-formed answer
     block), its own AdamW LR with linear warm-up over ``warmup_ratio`` of the steps
     then cosine to 10 %. One optimizer step per batch (π_old = π_θ at sampling time,
@@ -460,6 +467,12 @@ class RLVRConfig(_Strict):
     train_prompts: int = Field(default=5_000, ge=1)
     #: LoRA through ``peft`` instead of full fine-tuning (None = full fine-tuning)
     lora: LoRAConfig | None = None
+    #: the sampling engine (`rollout.resolve_engine`, per-step): ``auto`` = vLLM on a GPU,
+    #: transformers on CPU; ``vllm`` = a `rollout.RolloutActor` started from the
+    #: student's checkpoint and synced to the trained weights before every step
+    #: (merged LoRA weights with ``lora``). ``prepare``'s teacher refinement always
+    #: samples with transformers.
+    engine: Literal["auto", "vllm", "transformers"] = "auto"
 
 
 ModelsConfig.model_rebuild()  # teacher_refine refers to RLVRConfig, defined after it

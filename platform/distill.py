@@ -685,7 +685,7 @@ def train_loop_per_worker(config: dict) -> None:
                    key=f"{trial_id}__distill__train_time")  # in-loop seconds (of this run, after a resume)
         _evaluate(evaluator, engine.module, trial, trial_id, "distill", o.steps, root, init_state)
     if trial.rlvr is not None:  # GRPO/DAPO on the distilled student, then the suite again (stage rlvr)
-        engine = _rlvr_stage(trial, engine, tok, trial_id, root, rank, world, gauges)
+        engine = _rlvr_stage(trial, config, engine, tok, trial_id, root, rank, world, gauges)
         final.update(step=o.steps + trial.rlvr.steps)
         if rank == 0:
             _evaluate(evaluator, engine.module, trial, trial_id, "rlvr", trial.rlvr.steps, root, init_state)
@@ -697,14 +697,19 @@ def train_loop_per_worker(config: dict) -> None:
         shutil.rmtree(checkpoint.path, ignore_errors=True)
 
 
-def _rlvr_stage(trial: TrialConfig, engine, tok, trial_id: str, root: Path, rank: int, world: int, gauges):
+def _rlvr_stage(trial: TrialConfig, config: dict, engine, tok, trial_id: str, root: Path, rank: int, world: int,
+                gauges):
     """Run `rlvr.run_rlvr` on the distilled student, writing its per-step metrics
     (stage ``rlvr``, 10-step windows) and reporting to Ray Train as it goes. The
     stage gets its own DeepSpeed engine around the same module (AdamW rebuilt: the
     distillation optimizer's moments are not carried over), or around its LoRA
-    wrapper (``rlvr.lora``), whose adapters are merged back afterwards. Returns
+    wrapper (``rlvr.lora``), whose adapters are merged back afterwards. With
+    ``rlvr.engine`` resolving to vLLM the samples come from a `rollout.RolloutActor`
+    started from the student's checkpoint and synced to the trained (merged) weights
+    before every step (`rlvr.ActorSampler`), else from the module itself. Returns
     ``engine``, whose module now holds the trained student. One worker only (the RLVR batch is
     not split across ranks yet)."""
+    import ray
     import ray.train
 
     from distillab.rlvr import apply_lora, merge_lora, rlvr_problems, rlvr_schedule, run_rlvr
@@ -730,7 +735,23 @@ def _rlvr_stage(trial: TrialConfig, engine, tok, trial_id: str, root: Path, rank
     stepper, _, _ = setup_engine(module, trial, 1, lr=r.lr, schedule=rlvr_schedule(r),
                                  batch=r.prompts_per_step * r.samples_per_prompt, clip=r.clip)
     problems = rlvr_problems(r, trial.tasks, trial.evaluation, trial.seed, rank)
-    run_rlvr(r, stepper, tok, trial.tasks, problems, trial.seed + rank, report)
+    sampler = None
+    if resolve_engine(r.engine, batched=False) == "vllm":
+        from distillab.rlvr import ActorSampler
+        from distillab.rollout import start_rollout_actor
+
+        ro = trial.rollout
+        sampler = ActorSampler(start_rollout_actor(
+            "vllm", config["student_path"], tok.eos_token_id, tok.pad_token_id,
+            threads=int(config.get("torch_threads", 1)), num_gpus=0.0, seed=trial.seed,
+            max_model_len=ro.vllm_max_model_len, kv_cache_gib=ro.vllm_kv_cache_gib,
+            gpu_memory_utilization=ro.vllm_gpu_memory_utilization,
+        ))
+    try:
+        run_rlvr(r, stepper, tok, trial.tasks, problems, trial.seed + rank, report, sampler=sampler)
+    finally:
+        if sampler is not None:
+            ray.kill(sampler.actor)
     if r.lora is not None:
         merge_lora(module)  # the adapters folded into engine.module's weights
     return engine

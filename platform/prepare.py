@@ -154,7 +154,7 @@ def refine_key(sweep: SweepConfig, base: str) -> str:
     ev = sweep.trial.evaluation
     data = {
         "base": base,
-        "refine": sweep.models.teacher_refine.model_dump(mode="json"),
+        "refine": sweep.models.teacher_refine.model_dump(mode="json", exclude={"engine"}),  # always transformers
         "seed": sweep.models.prepare_seed,
         "tasks": sweep.trial.tasks.key_dump(teacher=False),
         "test": [max(ev.id_items, ev.pass_items), list(ev.countdown_tasks)],

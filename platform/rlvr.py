@@ -225,8 +225,64 @@ def rlvr_schedule(cfg):
     return lr_lambda(max(1, round(cfg.warmup_ratio * cfg.steps)), cfg.steps, "cosine")
 
 
+def policy_weights(module) -> list[tuple[str, Tensor]]:
+    """The full weights of ``module`` under the plain model's parameter names, for a
+    weight sync into an inference engine: ``module.state_dict()`` items, or for a
+    ``peft`` LoRA model the base weights plus each active adapter's delta
+    (W + (α/r)·B·A, peft's ``get_delta_weight``) computed out of place (the model is
+    not touched: merging in place and back would drift W by rounding), named without
+    peft's ``base_model.model.`` prefix and ``.base_layer`` infix and without the
+    adapter tensors. Tensors are detached CPU copies, in the module's dtype."""
+    try:
+        from peft import PeftModel
+        from peft.tuners.lora import LoraLayer
+    except ImportError:  # peft not installed: no LoRA model can exist
+        PeftModel = LoraLayer = ()
+    if not isinstance(module, PeftModel):
+        return [(k, v.detach().to("cpu")) for k, v in module.state_dict().items()]
+
+    def plain(name: str) -> str:
+        return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+    out = {plain(k): v.detach().to("cpu") for k, v in module.state_dict().items() if "lora_" not in k}
+    with torch.no_grad():
+        for name, m in module.named_modules():
+            if isinstance(m, LoraLayer) and not m.merged:
+                key = plain(f"{name}.weight")
+                w = out[key].clone()
+                for a in m.active_adapters:
+                    if a in m.lora_A:
+                        w += m.get_delta_weight(a).detach().to("cpu", w.dtype)
+                out[key] = w
+    return list(out.items())
+
+
+class ActorSampler:
+    """`run_rlvr`'s sampler over a `rollout.RolloutActor` (vLLM): ``sync(module)`` sends
+    `policy_weights` of the trained module into the engine (before every sampling
+    step, so π_old is the current policy), ``generate`` samples there."""
+
+    def __init__(self, actor):
+        self.actor = actor
+        self.sync_s = 0.0
+
+    def sync(self, module) -> None:
+        import time
+
+        import ray
+
+        t0 = time.perf_counter()
+        ray.get(self.actor.update_weights.remote(policy_weights(module)))
+        self.sync_s = time.perf_counter() - t0
+
+    def generate(self, prompts, sp):
+        import ray
+
+        return ray.get(self.actor.generate.remote(prompts, sp))
+
+
 def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], seed: int, report,
-             reward_fn=None) -> list[dict]:
+             reward_fn=None, sampler=None) -> list[dict]:
     """GRPO with the DAPO loss (PROTOCOL.md §6): ``cfg.steps`` optimizer steps (``cfg`` an
     `RLVRConfig`) on ``stepper.module``, trained in place. Used by the RLVR stage of a
     trial (``stepper`` = the DeepSpeed engine) and by ``prepare``'s teacher refinement
@@ -241,8 +297,15 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
     nucleus and would start the ratio below 1).
     ``report(step, metrics)`` gets, after every step (1-based), ``rlvr/reward_mean``,
     ``rlvr/accuracy`` (share of correct samples), ``rlvr/loss``, ``rlvr/clip_frac``,
-    ``rlvr/ratio_mean``, ``rlvr/kl``, ``rlvr/grad_norm`` and ``rlvr/lr``. Returns the
-    per-step metrics.
+    ``rlvr/ratio_mean``, ``rlvr/kl``, ``rlvr/grad_norm``, ``rlvr/lr`` and
+    ``rlvr/sampler_logp_gap``: the mean over completion tokens of log π_old − the
+    sampler's logprob (0 with ``top_p`` 1 when the sampler holds the trained weights;
+    log of the kept nucleus mass, ≤ 0, with top-p < 1; a stale engine shows here).
+    Returns the per-step metrics.
+    ``sampler`` (default: a `rollout.TransformersEngine` over ``stepper.module``, which
+    always samples with the current weights) is any object with
+    ``generate(prompt_ids, SamplingParams) -> Rollouts`` and ``sync(module)``, called
+    before each step's sampling (`ActorSampler`: the vLLM engine).
     ``reward_fn(completion_text, problem) -> float`` replaces `countdown_reward` with
     ``cfg``'s rewards (then ``rlvr/accuracy`` is the share of rewards ≥ ``correct_reward``).
 
@@ -252,14 +315,16 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
     import copy
 
     from distillab.evals.suite import countdown_prompt_ids
-    from distillab.rollout import SamplingParams, TransformersEngine
+    from distillab.rollout import SamplingParams, TransformersEngine, engine_logprobs
 
     if len(problems) < cfg.prompts_per_step:
         raise ValueError(f"{len(problems)} RLVR training problems for prompts_per_step {cfg.prompts_per_step}: "
                          "raise train_prompts")
     module = stepper.module
     ref = copy.deepcopy(module).eval().requires_grad_(False) if cfg.beta > 0 else None
-    sampler = TransformersEngine(module, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    if sampler is None:
+        sampler = TransformersEngine(module, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    sync = getattr(sampler, "sync", None)
     history = []
     for step in range(cfg.steps):
         lo = (step * cfg.prompts_per_step) % max(1, len(problems) - cfg.prompts_per_step)
@@ -267,6 +332,8 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
         prompts = [countdown_prompt_ids(tokenizer, tasks, p) for p in batch]
         sp = SamplingParams(cfg.temperature, cfg.top_p, cfg.max_tokens, cfg.samples_per_prompt, seed * 7919 + step * 31)
         module.eval()
+        if sync is not None:
+            sync(module)
         rollouts = sampler.generate(prompts, sp)  # π_old = the current weights
         texts = tokenizer.batch_decode(rollouts.completion_ids, skip_special_tokens=False)
         if reward_fn is None:
@@ -281,6 +348,7 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
         module.train()
         logp, cmask = _token_logprobs(stepper, rollouts, tokenizer.pad_token_id, cfg.temperature)
         old = logp.detach()  # π_old = the weights that sampled, at τ, without the top-p renormalisation
+        gap = float(((old - engine_logprobs(rollouts, cmask)) * cmask).sum() / cmask.sum().clamp(min=1))
         ref_logp = None
         if ref is not None:
             with torch.no_grad():
@@ -297,7 +365,7 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
             "rlvr/accuracy": float((rewards >= cfg.correct_reward).float().mean()) if cfg.correct_reward > 0 else 0.0,
             "rlvr/loss": float(loss.detach()), "rlvr/clip_frac": stats["clip_frac"],
             "rlvr/ratio_mean": stats["ratio_mean"], "rlvr/kl": stats["kl"],
-            "rlvr/grad_norm": gn, "rlvr/lr": lr,
+            "rlvr/grad_norm": gn, "rlvr/lr": lr, "rlvr/sampler_logp_gap": gap,
         }
         history.append(m)
         report(step + 1, m)
@@ -306,4 +374,4 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
 
 
 __all__ = ["countdown_reward", "group_advantages", "dapo_loss", "rlvr_problems", "rlvr_schedule", "run_rlvr",
-           "TorchStepper", "apply_lora", "merge_lora"]
+           "TorchStepper", "apply_lora", "merge_lora", "policy_weights", "ActorSampler"]

@@ -133,3 +133,101 @@ def test_run_rlvr_with_lora_trains_only_the_adapters_and_merges_them() -> None:
     expected = before[f"{q}.weight"].double() + (8.0 / 4) * b @ a
     torch.testing.assert_close(model.state_dict()[f"{q}.weight"].double(), expected, rtol=0, atol=1e-6)
     assert set(model.state_dict()) == set(before)  # a plain model again
+
+
+def _micro_lora_model(seed: int = 0, lora: bool = True):
+    from transformers import LlamaForCausalLM
+
+    from distillab.config import LoRAConfig
+    from distillab.models import build_char_tokenizer, micro_llama_config
+    from distillab.rlvr import apply_lora
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(micro_llama_config(len(tok), 64, 1, 2, 64, 256, tok))
+    plain = {k: v.clone() for k, v in model.state_dict().items()}
+    if not lora:
+        return tok, plain, model
+    peft_model = apply_lora(model, LoRAConfig(r=4, alpha=8.0, target_modules=("q_proj", "v_proj")))
+    return tok, plain, peft_model
+
+
+def test_policy_weights_of_a_lora_model_are_merged_under_plain_names_and_training_stays_unmerged() -> None:
+    """What the vLLM engine gets in a LoRA RLVR stage: W + (α/r)·B·A for every wrapped
+    projection under the plain model's names (float64 reference), the other weights
+    as they are; afterwards the peft model computes what it computed before."""
+    from distillab.rlvr import policy_weights
+
+    tok, plain, peft_model = _micro_lora_model()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:  # lora_B starts at 0 (merged = base); give it values
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    ids = torch.tensor([[1, 5, 9, 13, 7]])
+    with torch.no_grad():
+        out_before = peft_model(input_ids=ids).logits.clone()
+    sd = peft_model.state_dict()
+    weights = dict(policy_weights(peft_model))
+    assert set(weights) == set(plain)  # plain names, no adapter tensors
+    for q in ("model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj"):
+        a = sd[f"base_model.model.{q}.lora_A.default.weight"].double()
+        b = sd[f"base_model.model.{q}.lora_B.default.weight"].double()
+        expected = plain[f"{q}.weight"].double() + (8.0 / 4) * b @ a
+        assert (expected - plain[f"{q}.weight"].double()).abs().max() > 1e-3
+        torch.testing.assert_close(weights[f"{q}.weight"].double(), expected, rtol=0, atol=1e-6)
+    k = "model.layers.0.self_attn.k_proj.weight"  # not wrapped: unchanged
+    assert torch.equal(weights[k], plain[k])
+    with torch.no_grad():
+        assert torch.equal(peft_model(input_ids=ids).logits, out_before)  # unmerged again
+    assert all(torch.equal(peft_model.state_dict()[n], v) for n, v in sd.items())
+
+
+class _CopySampler:
+    """A sampler over a separate copy of the policy (as the vLLM engine is): ``sync``
+    loads `policy_weights` into the copy, or does nothing when ``stale``."""
+
+    def __init__(self, model, tok, stale: bool):
+        import copy
+
+        from distillab.rollout import TransformersEngine
+
+        self.copy = copy.deepcopy(model).eval()
+        if hasattr(self.copy, "merge_and_unload"):  # the engine holds a plain model
+            self.copy = self.copy.merge_and_unload()
+        self.engine = TransformersEngine(self.copy, tok.eos_token_id, tok.pad_token_id)
+        self.stale, self.syncs = stale, 0
+
+    def sync(self, module) -> None:
+        from distillab.rlvr import policy_weights
+
+        self.syncs += 1
+        if not self.stale:
+            self.copy.load_state_dict(dict(policy_weights(module)))
+
+    def generate(self, prompts, sp):
+        return self.engine.generate(prompts, sp)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_run_rlvr_samples_from_a_synced_engine_and_a_stale_one_shows_in_the_logp_gap(lora) -> None:
+    """``rlvr/sampler_logp_gap`` (top-p 1): 0 while the sampler holds the trained
+    weights (synced before each step, merged LoRA weights included), non-zero from the
+    second step on when it keeps the initial ones."""
+    from distillab.config import RLVRConfig, TasksConfig
+    from distillab.rlvr import TorchStepper, rlvr_schedule, run_rlvr
+
+    problems = [CountdownProblem((1, 2, 3), 6), CountdownProblem((2, 5, 4), 40)]
+    gaps = {}
+    for stale in (False, True):
+        tok, _, model = _micro_lora_model(lora=lora)
+        cfg = RLVRConfig(task="countdown3", steps=3, prompts_per_step=2, samples_per_prompt=4, lr=3e-2, top_p=1.0,
+                         max_tokens=8, warmup_ratio=0.0)
+        sampler = _CopySampler(model, tok, stale)
+        history = run_rlvr(cfg, TorchStepper(model, cfg.lr, rlvr_schedule(cfg)), tok, TasksConfig(), problems, 0,
+                           lambda step, m: None, reward_fn=lambda text, problem: float(sum(map(ord, text)) % 2),
+                           sampler=sampler)
+        assert sampler.syncs == 3 and all(h["rlvr/grad_norm"] > 0 for h in history)
+        gaps[stale] = [abs(h["rlvr/sampler_logp_gap"]) for h in history]
+    assert max(gaps[False]) < 1e-5, gaps
+    assert gaps[True][0] < 1e-5 and min(gaps[True][1:]) > 1e-3, gaps

@@ -25,6 +25,13 @@ def test_rlvr_config_errors_name_the_field() -> None:
     with pytest.raises(ValidationError, match="format_reward"):
         TrialConfig.model_validate({"rlvr": {"format_reward": 0.6},
                                     "evaluation": {"countdown_tasks": ["countdown3", "countdown4"]}})
+    with pytest.raises(ValidationError, match=r"rlvr.engine\n  Input should be 'auto', 'vllm' or 'transformers'"):
+        TrialConfig.model_validate({"rlvr": {"engine": "sglang"},
+                                    "evaluation": {"countdown_tasks": ["countdown3", "countdown4"]}})
+    from distillab.config import ModelsConfig
+
+    with pytest.raises(ValidationError, match=r"models.teacher_refine.engine: .*allowed: auto, transformers"):
+        ModelsConfig.model_validate({"teacher_refine": {"task": "countdown3", "engine": "vllm"}})
     ok = TrialConfig.model_validate({"rlvr": {}, "evaluation": {"countdown_tasks": ["countdown3", "countdown4e",
                                                                                     "countdown4"]}})
     assert ok.rlvr.samples_per_prompt == 8 and ok.rlvr.beta == 0.0 and ok.rlvr.top_p == 0.95  # PROTOCOL.md §6

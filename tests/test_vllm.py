@@ -104,6 +104,46 @@ def test_engine_samples_match_trainer_and_sync_tracks_an_optimizer_step(ray_loca
         ray.kill(actor)
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_rlvr_samples_from_the_vllm_engine_synced_every_step(ray_local, tiny, lora) -> None:
+    """GRPO steps (`rlvr.run_rlvr`) sampling from a vLLM `RolloutActor` through
+    `rlvr.ActorSampler`: after each step's sync (merged LoRA weights with ``lora``) the
+    engine's sampling logprobs equal the trainer's (``rlvr/sampler_logp_gap`` at top-p 1,
+    ≤ 1e-3) while the weights move (a stale engine shows a gap > 1e-3 from the second step
+    on: tests/test_rlvr.py)."""
+    from distillab.config import LoRAConfig, RLVRConfig, TasksConfig
+    from distillab.rlvr import ActorSampler, TorchStepper, apply_lora, rlvr_schedule, run_rlvr
+    from distillab.tasks import CountdownProblem
+
+    path, tok, model = tiny
+    trainer = LlamaForCausalLM(model.config)
+    trainer.load_state_dict(model.state_dict())
+    before = {k: v.clone() for k, v in trainer.state_dict().items()}
+    cfg = RLVRConfig(task="countdown3", steps=3, prompts_per_step=2, samples_per_prompt=4, lr=3e-2, top_p=1.0,
+                     max_tokens=8, warmup_ratio=0.0,
+                     lora=LoRAConfig(r=4, alpha=8.0, target_modules=("q_proj", "v_proj")) if lora else None)
+    module = trainer if cfg.lora is None else apply_lora(trainer, cfg.lora)
+    actor = start_rollout_actor("vllm", path, tok.eos_token_id, tok.pad_token_id, threads=1, seed=0,
+                                max_model_len=512, kv_cache_gib=1)
+    try:
+        sampler = ActorSampler(actor)
+        history = run_rlvr(cfg, TorchStepper(module, cfg.lr, rlvr_schedule(cfg)), tok, TasksConfig(),
+                           [CountdownProblem((1, 2, 3), 6), CountdownProblem((2, 5, 4), 40)], 0,
+                           lambda step, m: None, reward_fn=lambda text, problem: float(sum(map(ord, text)) % 2),
+                           sampler=sampler)
+    finally:
+        import ray
+
+        ray.kill(actor)
+    gaps = [h["rlvr/sampler_logp_gap"] for h in history]
+    assert all(abs(g) <= 1e-3 for g in gaps), gaps
+    assert all(h["rlvr/grad_norm"] > 0 for h in history) and sampler.sync_s > 0
+    if lora:
+        module = module.merge_and_unload()
+    moved = max(float((v - before[k]).abs().max()) for k, v in module.state_dict().items())
+    assert moved > 1e-3  # the engine tracked weights that changed
+
+
 def test_smoke_sweep_with_vllm_rollouts(run_locally, tmp_path) -> None:
     """Two real trials through Tune/Train with vLLM rollouts: OnPD syncs the student
     into its engine after every step, OffPD reuses a teacher rollout set generated
