@@ -427,13 +427,35 @@ class LoRAConfig(_Strict):
     """LoRA adapters (``peft``) for a GRPO stage: rank ``r``, scale ``alpha``/``r``,
     dropout, and the module names they wrap (Llama/Qwen2 attention and MLP
     projections by default). After the stage the adapters are merged into the
-    weights, so evaluation and checkpoints see a plain model. Full precision only
-    (a 4-bit base, as in the paper's full-scale runs, is not wired)."""
+    weights, so evaluation and checkpoints see a plain model.
+
+    ``load_in_4bit`` (QLoRA, the paper's full-scale RLVR; `rlvr.quantized_lora`): the
+    adapters train on a ``bitsandbytes`` 4-bit copy of the student (``quant_type``
+    nf4 or fp4, ``double_quant`` of the scales; compute in the student's dtype), and
+    the trained policy, the dequantised base plus the adapters, is written back into
+    the full-precision student. bitsandbytes runs on CUDA and on CPU
+    (``pip install 'distillab[qlora]'``).
+
+    Raises (validation):
+        ValueError: ``load_in_4bit`` without bitsandbytes installed.
+    """
 
     r: int = Field(default=16, ge=1)
     alpha: float = Field(default=32.0, gt=0)
     dropout: float = Field(default=0.0, ge=0, lt=1)
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    load_in_4bit: bool = False
+    quant_type: Literal["nf4", "fp4"] = "nf4"
+    double_quant: bool = True
+
+    @model_validator(mode="after")
+    def _bitsandbytes(self) -> "LoRAConfig":
+        import importlib.util
+
+        if self.load_in_4bit and importlib.util.find_spec("bitsandbytes") is None:
+            raise ValueError("load_in_4bit: true needs bitsandbytes, which is not installed "
+                             "(pip install 'distillab[qlora]', or set load_in_4bit: false)")
+        return self
 
 
 class RLVRConfig(_Strict):

@@ -703,7 +703,9 @@ def _rlvr_stage(trial: TrialConfig, config: dict, engine, tok, trial_id: str, ro
     (stage ``rlvr``, 10-step windows) and reporting to Ray Train as it goes. The
     stage gets its own DeepSpeed engine around the same module (AdamW rebuilt: the
     distillation optimizer's moments are not carried over), or around its LoRA
-    wrapper (``rlvr.lora``), whose adapters are merged back afterwards. With
+    wrapper (``rlvr.lora``), whose adapters are merged back afterwards; with
+    ``rlvr.lora.load_in_4bit`` the adapters train on a 4-bit copy (`rlvr.quantized_lora`,
+    plain AdamW) and the trained policy is written back into the module. With
     ``rlvr.engine`` resolving to vLLM the samples come from a `rollout.RolloutActor`
     started from the student's checkpoint and synced to the trained (merged) weights
     before every step (`rlvr.ActorSampler`), else from the module itself. Returns
@@ -712,7 +714,8 @@ def _rlvr_stage(trial: TrialConfig, config: dict, engine, tok, trial_id: str, ro
     import ray
     import ray.train
 
-    from distillab.rlvr import apply_lora, merge_lora, rlvr_problems, rlvr_schedule, run_rlvr
+    from distillab.rlvr import (TorchStepper, apply_lora, merge_into, merge_lora, quantized_lora, rlvr_problems,
+                                rlvr_schedule, run_rlvr)
 
     if world != 1:
         raise NotImplementedError("the RLVR stage runs on one worker (resources.num_workers: 1)")
@@ -731,9 +734,14 @@ def _rlvr_stage(trial: TrialConfig, config: dict, engine, tok, trial_id: str, ro
             ray.train.report({"step": trial.optimizer.steps + step, **metrics})
 
     r = trial.rlvr
-    module = engine.module if r.lora is None else apply_lora(engine.module, r.lora)
-    stepper, _, _ = setup_engine(module, trial, 1, lr=r.lr, schedule=rlvr_schedule(r),
-                                 batch=r.prompts_per_step * r.samples_per_prompt, clip=r.clip)
+    quantized = r.lora is not None and r.lora.load_in_4bit
+    if quantized:  # QLoRA: adapters on a 4-bit copy, plain AdamW over them (DeepSpeed does not take 4-bit params)
+        module = quantized_lora(engine.module, r.lora)
+        stepper = TorchStepper(module, r.lr, rlvr_schedule(r))
+    else:
+        module = engine.module if r.lora is None else apply_lora(engine.module, r.lora)
+        stepper, _, _ = setup_engine(module, trial, 1, lr=r.lr, schedule=rlvr_schedule(r),
+                                     batch=r.prompts_per_step * r.samples_per_prompt, clip=r.clip)
     problems = rlvr_problems(r, trial.tasks, trial.evaluation, trial.seed, rank)
     sampler = None
     if resolve_engine(r.engine, batched=False) == "vllm":
@@ -752,7 +760,9 @@ def _rlvr_stage(trial: TrialConfig, config: dict, engine, tok, trial_id: str, ro
     finally:
         if sampler is not None:
             ray.kill(sampler.actor)
-    if r.lora is not None:
+    if quantized:
+        merge_into(engine.module, module)  # the trained policy (dequantised base + adapters) in full precision
+    elif r.lora is not None:
         merge_lora(module)  # the adapters folded into engine.module's weights
     return engine
 

@@ -168,7 +168,8 @@ def refine_teacher(sweep: SweepConfig, teacher_dir: Path, out_dir: Path, threads
     reward ``correct_reward`` 2.0 plus a format reward ≤ 0.5), with `rlvr.run_rlvr` and
     the settings of ``models.teacher_refine`` (its own LR, warm-up and cosine; AdamW
     without DeepSpeed, since ``prepare`` runs outside Ray Train; LoRA adapters,
-    merged afterwards, with ``teacher_refine.lora``). Training problems
+    merged afterwards, with ``teacher_refine.lora``; on a 4-bit copy with
+    ``lora.load_in_4bit``). Training problems
     exclude every evaluated test item. The refined teacher is evaluated and saved
     (safetensors, with its tokenizer) to ``out_dir`` (written to a temp dir, then
     renamed); ``prepare.json`` records the reward curve and the evaluation rows.
@@ -177,7 +178,8 @@ def refine_teacher(sweep: SweepConfig, teacher_dir: Path, out_dir: Path, threads
         the ``prepare.json`` dict: ``reward_first10`` / ``reward_last10`` (mean
         training reward of the first and last 10 steps), ``evals`` rows, ``train_seconds``.
     """
-    from distillab.rlvr import TorchStepper, apply_lora, merge_lora, rlvr_problems, rlvr_schedule, run_rlvr
+    from distillab.rlvr import (TorchStepper, apply_lora, merge_into, merge_lora, quantized_lora, rlvr_problems,
+                                rlvr_schedule, run_rlvr)
 
     torch.set_num_threads(threads)
     cfg, seed = sweep.models.teacher_refine, sweep.models.prepare_seed
@@ -185,10 +187,16 @@ def refine_teacher(sweep: SweepConfig, teacher_dir: Path, out_dir: Path, threads
     model = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
     tasks, ev = sweep.trial.tasks, sweep.trial.evaluation
     t0 = time.perf_counter()
-    trained = model if cfg.lora is None else apply_lora(model, cfg.lora)
+    quantized = cfg.lora is not None and cfg.lora.load_in_4bit
+    if quantized:
+        trained = quantized_lora(model, cfg.lora)
+    else:
+        trained = model if cfg.lora is None else apply_lora(model, cfg.lora)
     history = run_rlvr(cfg, TorchStepper(trained, cfg.lr, rlvr_schedule(cfg)), tok, tasks,
                        rlvr_problems(cfg, tasks, ev, seed), seed, lambda step, metrics: None)
-    if cfg.lora is not None:
+    if quantized:
+        merge_into(model, trained)
+    elif cfg.lora is not None:
         model = merge_lora(trained)
     train_s = time.perf_counter() - t0
     rewards = [h["rlvr/reward_mean"] for h in history]

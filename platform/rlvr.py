@@ -199,7 +199,7 @@ class TorchStepper:
 
     def __init__(self, module, lr: float, schedule, betas=(0.9, 0.999), eps: float = 1e-8):
         self.module = module
-        self.opt = torch.optim.AdamW(module.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=0.0)
+        self.opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr, betas=betas, eps=eps, weight_decay=0.0)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
 
     def __call__(self, *args, **kwargs):
@@ -227,12 +227,15 @@ def rlvr_schedule(cfg):
 
 def policy_weights(module) -> list[tuple[str, Tensor]]:
     """The full weights of ``module`` under the plain model's parameter names, for a
-    weight sync into an inference engine: ``module.state_dict()`` items, or for a
-    ``peft`` LoRA model the base weights plus each active adapter's delta
-    (W + (α/r)·B·A, peft's ``get_delta_weight``) computed out of place (the model is
-    not touched: merging in place and back would drift W by rounding), named without
-    peft's ``base_model.model.`` prefix and ``.base_layer`` infix and without the
-    adapter tensors. Tensors are detached CPU copies, in the module's dtype."""
+    weight sync into an inference engine or the merge after a (Q)LoRA stage:
+    ``module.state_dict()`` items, or for a ``peft`` LoRA model the base weights plus
+    each active adapter's delta (W + (α/r)·B·A, peft's ``get_delta_weight``) computed
+    out of place (the model is not touched: merging in place and back would drift W by
+    rounding), named without peft's ``base_model.model.`` prefix and ``.base_layer``
+    infix and without the adapter tensors. A 4-bit ``bitsandbytes`` base weight is
+    dequantised (``dequantize_4bit``), so the result is the policy being trained,
+    W_q + (α/r)·B·A, and bitsandbytes' quantisation-state entries are left out.
+    Tensors are detached CPU copies."""
     try:
         from peft import PeftModel
         from peft.tuners.lora import LoraLayer
@@ -244,17 +247,66 @@ def policy_weights(module) -> list[tuple[str, Tensor]]:
     def plain(name: str) -> str:
         return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
 
-    out = {plain(k): v.detach().to("cpu") for k, v in module.state_dict().items() if "lora_" not in k}
+    tensors = {**dict(module.named_parameters(remove_duplicate=False)),
+               **dict(module.named_buffers(remove_duplicate=False))}
+    out = {}
+    for k in module.state_dict():
+        if "lora_" in k or k not in tensors:  # adapters; bitsandbytes' quant-state entries (absmax, quant_map, ...)
+            continue
+        t = tensors[k]
+        if getattr(t, "quant_state", None) is not None:  # a bitsandbytes Params4bit
+            from bitsandbytes.functional import dequantize_4bit
+
+            out[plain(k)] = dequantize_4bit(t.data, t.quant_state).detach().to("cpu")
+        else:
+            out[plain(k)] = t.detach().to("cpu")
     with torch.no_grad():
         for name, m in module.named_modules():
             if isinstance(m, LoraLayer) and not m.merged:
                 key = plain(f"{name}.weight")
-                w = out[key].clone()
+                w = out[key]
                 for a in m.active_adapters:
                     if a in m.lora_A:
-                        w += m.get_delta_weight(a).detach().to("cpu", w.dtype)
+                        delta = m.get_delta_weight(a).detach().to("cpu")
+                        w = w.to(torch.promote_types(w.dtype, delta.dtype)) + delta  # a 4-bit base may dequantise to bf16
                 out[key] = w
     return list(out.items())
+
+
+def quantized_lora(module, cfg):
+    """QLoRA (``cfg.load_in_4bit``; Dettmers et al. 2023): a ``bitsandbytes`` 4-bit
+    copy of ``module`` (a causal LM in full precision; saved as safetensors to a
+    temporary directory and reloaded with ``BitsAndBytesConfig(load_in_4bit=True,
+    bnb_4bit_quant_type=cfg.quant_type, bnb_4bit_use_double_quant=cfg.double_quant,
+    bnb_4bit_compute_dtype=<module dtype>)`` on the module's device), prepared with
+    ``peft.prepare_model_for_kbit_training`` and wrapped by `apply_lora`. ``module`` is
+    not changed; `merge_into` writes the trained policy back into it.
+
+    Raises:
+        ImportError: bitsandbytes is not installed (`config.LoRAConfig` checks this first).
+    """
+    import tempfile
+
+    from peft import prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    p = next(module.parameters())
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=cfg.quant_type,
+                           bnb_4bit_use_double_quant=cfg.double_quant, bnb_4bit_compute_dtype=p.dtype)
+    with tempfile.TemporaryDirectory(prefix="distillab-4bit-") as d:
+        module.save_pretrained(d, safe_serialization=True)
+        base = AutoModelForCausalLM.from_pretrained(d, quantization_config=q, dtype=p.dtype,
+                                                    device_map={"": str(p.device)})
+    base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
+    return apply_lora(base, cfg)
+
+
+def merge_into(module, peft_model):
+    """Write `policy_weights` of ``peft_model`` (the trained LoRA policy, its 4-bit base
+    dequantised) into ``module``, a plain model with the same parameter names
+    (``load_state_dict``, strict). Returns ``module``."""
+    module.load_state_dict(dict(policy_weights(peft_model)))
+    return module
 
 
 class ActorSampler:
@@ -374,4 +426,5 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
 
 
 __all__ = ["countdown_reward", "group_advantages", "dapo_loss", "rlvr_problems", "rlvr_schedule", "run_rlvr",
-           "TorchStepper", "apply_lora", "merge_lora", "policy_weights", "ActorSampler"]
+           "TorchStepper", "apply_lora", "merge_lora", "policy_weights", "ActorSampler",
+           "quantized_lora", "merge_into"]

@@ -231,3 +231,73 @@ def test_run_rlvr_samples_from_a_synced_engine_and_a_stale_one_shows_in_the_logp
         gaps[stale] = [abs(h["rlvr/sampler_logp_gap"]) for h in history]
     assert max(gaps[False]) < 1e-5, gaps
     assert gaps[True][0] < 1e-5 and min(gaps[True][1:]) > 1e-3, gaps
+
+
+def test_qlora_trains_adapters_on_a_4bit_base_and_writes_the_trained_policy_back() -> None:
+    """``lora.load_in_4bit``: the adapters train on a bitsandbytes nf4 copy (its packed
+    weights never change), a sampler synced with `policy_weights` samples from exactly
+    the trained policy (dequantised base + adapters: sampler_logp_gap ~0 at top-p 1),
+    and `merge_into` leaves the full-precision model computing what the 4-bit LoRA
+    model computes."""
+    pytest.importorskip("bitsandbytes")
+    from transformers import LlamaForCausalLM
+
+    from distillab.config import LoRAConfig, RLVRConfig, TasksConfig
+    from distillab.models import build_char_tokenizer, micro_llama_config
+    from distillab.rlvr import TorchStepper, merge_into, policy_weights, quantized_lora, rlvr_schedule, run_rlvr
+
+    tok = build_char_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(micro_llama_config(len(tok), 64, 1, 2, 64, 256, tok)).eval()
+    fp = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = RLVRConfig(task="countdown3", steps=3, prompts_per_step=2, samples_per_prompt=4, lr=3e-2, top_p=1.0,
+                     max_tokens=8, warmup_ratio=0.0,
+                     lora=LoRAConfig(r=4, alpha=8.0, target_modules=("q_proj", "v_proj"), load_in_4bit=True))
+    peft4 = quantized_lora(model, cfg.lora)
+    q = "model.layers.0.self_attn.q_proj"
+    layer = peft4.get_submodule(f"base_model.model.{q}")
+    assert type(layer.base_layer).__name__ == "Linear4bit"
+    packed = layer.base_layer.weight.data.clone()
+    deq = dict(policy_weights(peft4))[f"{q}.weight"]  # B = 0 so far: the dequantised base
+    err = (deq - fp[f"{q}.weight"]).abs().max()
+    assert 1e-4 < err < 0.2 * fp[f"{q}.weight"].abs().max()  # nf4 rounding: close to, not equal to, the fp weight
+    sampler = _CopySampler(model, tok, stale=False)  # a full-precision engine, synced every step
+    history = run_rlvr(cfg, TorchStepper(peft4, cfg.lr, rlvr_schedule(cfg)), tok, TasksConfig(),
+                       [CountdownProblem((1, 2, 3), 6), CountdownProblem((2, 5, 4), 40)], 0, lambda step, m: None,
+                       reward_fn=lambda text, problem: float(sum(map(ord, text)) % 2), sampler=sampler)
+    assert all(h["rlvr/grad_norm"] > 0 for h in history)
+    assert max(abs(h["rlvr/sampler_logp_gap"]) for h in history) < 1e-4, history
+    assert torch.equal(layer.base_layer.weight.data, packed)  # the 4-bit base is frozen
+    assert all(torch.equal(model.state_dict()[k], fp[k]) for k in fp)  # training never touched the fp model
+    b = peft4.state_dict()[f"base_model.model.{q}.lora_B.default.weight"]
+    assert b.abs().max() > 1e-4  # the adapters moved
+    ids = torch.tensor([[1, 5, 9, 13, 7, 22]])
+    naive = LlamaForCausalLM(model.config).eval()  # the full-precision base + the adapters' deltas
+    naive.load_state_dict(fp)
+    for name in (q, "model.layers.0.self_attn.v_proj"):
+        delta = peft4.get_submodule(f"base_model.model.{name}").get_delta_weight("default").detach()
+        naive.get_submodule(name).weight.data += delta
+    with torch.no_grad():
+        want = peft4(input_ids=ids).logits
+        merge_into(model, peft4)
+        got = model(input_ids=ids).logits
+        far = (naive(input_ids=ids).logits - want).abs().max()
+    assert model.model.layers[0].self_attn.q_proj.weight.dtype == torch.float32
+    # bitsandbytes' CPU 4-bit matmul is not bit-identical to a dense one (~2e-3 here); skipping the dequantisation
+    # (merging into the original weights) is off by the quantisation error, several times more
+    near = (got - want).abs().max()
+    assert near < 5e-3 and far > 4 * near, (float(near), float(far))
+
+
+def test_load_in_4bit_without_bitsandbytes_is_a_named_error(monkeypatch) -> None:
+    import importlib.util
+
+    from pydantic import ValidationError
+
+    from distillab.config import RLVRConfig
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    with pytest.raises(ValidationError, match=r"lora\n.*load_in_4bit: true needs bitsandbytes"):
+        RLVRConfig.model_validate({"lora": {"load_in_4bit": True}})
+    assert RLVRConfig.model_validate({"lora": {}}).lora.load_in_4bit is False

@@ -38,12 +38,17 @@ def test_rlvr_config_errors_name_the_field() -> None:
 
 
 @pytest.mark.slow
-def test_smoke_trial_with_rlvr_stage(run_locally, tmp_path) -> None:
+@pytest.mark.parametrize("lora", [None, {"r": 8, "alpha": 16, "load_in_4bit": True}], ids=["full", "qlora"])
+def test_smoke_trial_with_rlvr_stage(run_locally, tmp_path, lora) -> None:
+    """A smoke trial distils, then runs 12 GRPO steps (full fine-tuning through DeepSpeed,
+    or LoRA on a 4-bit copy), with every stage evaluated."""
     from distillab.results import load, rlvr_reward_summary
 
+    if lora is not None:
+        pytest.importorskip("bitsandbytes")
     sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
         "storage_path": str(tmp_path), "models.cache_dir": str(REPO / ".cache" / "models"),
-        "search.grid": {"rollout.policy": ["offpd"]}, "trial.rlvr": RLVR,
+        "search.grid": {"rollout.policy": ["offpd"]}, "trial.rlvr": {**RLVR, "lora": lora},
         "trial.evaluation.countdown_tasks": ["countdown3", "countdown4e", "countdown4"],
     })
     res = load(run_locally(sweep))
