@@ -100,8 +100,36 @@ python3 benchmarks/kl_ops.py --device cuda --vocab 128256 --hidden 4096 --tokens
 # logprobs against the trainer, weight sync after an optimizer step, and throughput of
 # vLLM vs transformers on a 100M-parameter Llama built from config
 if python3 -c "import vllm" 2>/dev/null; then
-  python3 -m pytest -q -p no:cacheprovider -m slow tests/test_vllm.py -k engine_samples 2>&1 | tail -3
+  python3 -m pytest -q -p no:cacheprovider -m slow tests/test_vllm.py -k "engine_samples or rlvr_samples" 2>&1 | tail -3
   python3 benchmarks/rollout.py --no-micro --threads 4
 else
   echo "vllm is not installed on this machine: rollout-engine checks skipped"
+fi
+
+# --- QLoRA on CUDA (only where peft and bitsandbytes are installed): a micro Llama's
+# adapters on an nf4 copy; the merged full-precision model against the 4-bit one
+if python3 -c "import peft, bitsandbytes" 2>/dev/null; then
+python3 - <<'PY'
+import torch
+from transformers import LlamaForCausalLM
+from distillab.config import LoRAConfig
+from distillab.models import build_char_tokenizer, micro_llama_config
+from distillab.rlvr import merge_into, quantized_lora
+tok = build_char_tokenizer()
+torch.manual_seed(0)
+for dtype in (torch.float32, torch.bfloat16):
+    model = LlamaForCausalLM(micro_llama_config(len(tok), 256, 2, 4, 512, 256, tok)).to("cuda", dtype).eval()
+    peft4 = quantized_lora(model, LoRAConfig(r=8, alpha=16.0, load_in_4bit=True))
+    with torch.no_grad():
+        for n, p in peft4.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.02)
+        ids = torch.randint(4, len(tok), (2, 64), device="cuda")
+        want = peft4(input_ids=ids).logits.float()
+        got = merge_into(model, peft4)(input_ids=ids).logits.float()
+    print(f"qlora {dtype}: merged vs 4-bit logits max abs diff {(got - want).abs().max().item():.2e} "
+          f"(logit scale {want.abs().max().item():.2f})")
+PY
+else
+  echo "peft/bitsandbytes not installed on this machine: QLoRA check skipped"
 fi
