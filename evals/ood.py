@@ -14,6 +14,8 @@ Both return rows ``{task: "ood/<name>", metric, value, n}`` and a last row
 
 from __future__ import annotations
 
+import os
+
 from typing import Any, Protocol
 
 from distillab.config import EvaluationConfig, LMEvalConfig, LMEvalTask, TasksConfig
@@ -119,6 +121,8 @@ class LMEvalBackend:
         from lm_eval.tasks import TaskManager
 
         cfg = self.cfg
+        if cfg.allow_code_execution:  # HumanEval's `evaluate` code_eval metric refuses to run without it
+            os.environ["HF_ALLOW_CODE_EVAL"] = "1"
         manager = TaskManager(include_path=cfg.include_path) if cfg.include_path else TaskManager()
         return simple_evaluate(
             model=lm, tasks=[t.task for t in cfg.tasks], limit=cfg.limit, task_manager=manager,

@@ -337,7 +337,9 @@ class LMEvalConfig(_Strict):
 
     ``include_path`` adds a folder of task YAMLs (custom tasks on local files).
     HumanEval-style tasks run model-written code, so they need
-    ``allow_code_execution: true`` (off by default)."""
+    ``allow_code_execution: true`` (off by default; it also sets ``HF_ALLOW_CODE_EVAL=1``
+    for the ``evaluate`` library's code_eval metric). The hub tasks download their
+    datasets: run with ``HF_HUB_OFFLINE=0`` or with them already in ``HF_HOME``."""
 
     tasks: tuple[LMEvalTask, ...] = PAPER_OOD_SUITE
     limit: int | None = Field(default=500, ge=1)

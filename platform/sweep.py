@@ -137,7 +137,8 @@ def init_ray(address: str | None, dashboard: bool, num_cpus: int | None = None) 
     start a local Ray whose dashboard binds to 127.0.0.1."""
     import ray
 
-    env = {"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}}
+    # offline unless the caller says otherwise (HF_HUB_OFFLINE=0 lets lm-eval fetch its hub datasets)
+    env = {"env_vars": {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}}
     if address or os.environ.get("RAY_ADDRESS"):
         ray.init(address=address, runtime_env=env)
     else:
