@@ -436,7 +436,7 @@ class LoRAConfig(_Strict):
     nf4 or fp4, ``double_quant`` of the scales; compute in the student's dtype), and
     the trained policy, the dequantised base plus the adapters, is written back into
     the full-precision student. bitsandbytes runs on CUDA and on CPU
-    (``pip install 'distillab[qlora]'``).
+    (``pip install 'distillab[qlora]'``). One Train worker only (plain AdamW).
 
     Raises (validation):
         ValueError: ``load_in_4bit`` without bitsandbytes installed.
@@ -468,7 +468,8 @@ class RLVRConfig(_Strict):
     accepts the answer else 0 (+ ``format_reward`` ≤ 0.5 for a well-formed answer
     block), its own AdamW LR with linear warm-up over ``warmup_ratio`` of the steps
     then cosine to 10 %. One optimizer step per batch (π_old = π_θ at sampling time,
-    so the ratio is 1). Starts from the trial's distilled student.
+    so the ratio is 1). Starts from the trial's distilled student. Data-parallel over
+    the trial's workers (``prompts_per_step`` a multiple of ``resources.num_workers``).
 
     Paper: 300 steps, 8 samples at T = 1.0, top-p 0.95, LR 2e-6, on Countdown-4.
     """
@@ -764,9 +765,13 @@ class SweepConfig(_Strict):
         if styled and not self.trial.tasks.teacher_conditioned:
             raise ValueError(f"models.{styled[0]}.styled_examples needs trial.tasks.teacher_system_prompt or "
                              "teacher_user_template (the prompt the styled demonstrations are written under)")
-        if self.trial.rlvr is not None and self.resources.num_workers != 1:
-            raise ValueError(f"trial.rlvr runs on one worker: set resources.num_workers to 1 "
-                             f"(got {self.resources.num_workers})")
+        r, w = self.trial.rlvr, self.resources.num_workers
+        if r is not None and r.prompts_per_step % w:
+            raise ValueError(f"trial.rlvr.prompts_per_step ({r.prompts_per_step}) must be a multiple of "
+                             f"resources.num_workers ({w}): each worker samples prompts_per_step / num_workers prompts")
+        if r is not None and r.lora is not None and r.lora.load_in_4bit and w != 1:
+            raise ValueError(f"trial.rlvr.lora.load_in_4bit runs on one worker (plain AdamW, no gradient "
+                             f"all-reduce): set resources.num_workers to 1 (got {w})")
         expand_trials(self)  # every grid point (and every edge of a Bayesian domain) must validate first
         return self
 

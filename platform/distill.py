@@ -709,16 +709,15 @@ def _rlvr_stage(trial: TrialConfig, config: dict, engine, tok, trial_id: str, ro
     ``rlvr.engine`` resolving to vLLM the samples come from a `rollout.RolloutActor`
     started from the student's checkpoint and synced to the trained (merged) weights
     before every step (`rlvr.ActorSampler`), else from the module itself. Returns
-    ``engine``, whose module now holds the trained student. One worker only (the RLVR batch is
-    not split across ranks yet)."""
+    ``engine``, whose module now holds the trained student. With W workers each samples
+    ``prompts_per_step / W`` prompts (the sweep checks divisibility) and DeepSpeed
+    averages the gradients; QLoRA runs on one worker."""
     import ray
     import ray.train
 
     from distillab.rlvr import (TorchStepper, apply_lora, merge_into, merge_lora, quantized_lora, rlvr_problems,
                                 rlvr_schedule, run_rlvr)
 
-    if world != 1:
-        raise NotImplementedError("the RLVR stage runs on one worker (resources.num_workers: 1)")
     pending: list[dict] = []
 
     def report(step: int, metrics: dict[str, float]) -> None:
@@ -733,16 +732,18 @@ def _rlvr_stage(trial: TrialConfig, config: dict, engine, tok, trial_id: str, ro
             pending = []
             ray.train.report({"step": trial.optimizer.steps + step, **metrics})
 
-    r = trial.rlvr
+    # data-parallel over the trial's workers: each samples prompts_per_step / world prompts of its own
+    # (a disjoint stride of one shuffled problem list); run_rlvr normalises the loss over all ranks
+    r = trial.rlvr.model_copy(update={"prompts_per_step": trial.rlvr.prompts_per_step // world})
     quantized = r.lora is not None and r.lora.load_in_4bit
     if quantized:  # QLoRA: adapters on a 4-bit copy, plain AdamW over them (DeepSpeed does not take 4-bit params)
         module = quantized_lora(engine.module, r.lora)
         stepper = TorchStepper(module, r.lr, rlvr_schedule(r))
     else:
         module = engine.module if r.lora is None else apply_lora(engine.module, r.lora)
-        stepper, _, _ = setup_engine(module, trial, 1, lr=r.lr, schedule=rlvr_schedule(r),
+        stepper, _, _ = setup_engine(module, trial, world, lr=r.lr, schedule=rlvr_schedule(r),
                                      batch=r.prompts_per_step * r.samples_per_prompt, clip=r.clip)
-    problems = rlvr_problems(r, trial.tasks, trial.evaluation, trial.seed, rank)
+    problems = rlvr_problems(r, trial.tasks, trial.evaluation, trial.seed)[rank::world]
     sampler = None
     if resolve_engine(r.engine, batched=False) == "vllm":
         from distillab.rlvr import ActorSampler

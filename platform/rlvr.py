@@ -333,6 +333,24 @@ class ActorSampler:
         return ray.get(self.actor.generate.remote(prompts, sp))
 
 
+def _global_sums(*values: float) -> list[float]:
+    """``values`` summed over the ranks of the default ``torch.distributed`` group
+    (float64 all-reduce); unchanged when it is not initialised or has one rank."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
 def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], seed: int, report,
              reward_fn=None, sampler=None) -> list[dict]:
     """GRPO with the DAPO loss (PROTOCOL.md §6): ``cfg.steps`` optimizer steps (``cfg`` an
@@ -358,6 +376,12 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
     always samples with the current weights) is any object with
     ``generate(prompt_ids, SamplingParams) -> Rollouts`` and ``sync(module)``, called
     before each step's sampling (`ActorSampler`: the vLLM engine).
+    Data-parallel (``torch.distributed`` initialised with W > 1 ranks, as in a Ray
+    Train trial with W workers): each rank runs ``cfg`` on its own ``problems`` and
+    seed, its loss is scaled by W·n_rank / n_all (n: completion tokens, all-reduced)
+    so that the gradient the stepper averages over ranks (DeepSpeed does) is that of
+    the token-level DAPO loss over the whole batch; reward, accuracy and loss are
+    reported over all ranks, the other metrics on each rank's own batch.
     ``reward_fn(completion_text, problem) -> float`` replaces `countdown_reward` with
     ``cfg``'s rewards (then ``rlvr/accuracy`` is the share of rewards ≥ ``correct_reward``).
 
@@ -407,15 +431,19 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
                 ref_logp, _ = _token_logprobs(ref, rollouts, tokenizer.pad_token_id, cfg.temperature)
         loss, stats = dapo_loss(logp, old, adv, cmask, eps_low=cfg.eps_low, eps_high=cfg.eps_high, beta=cfg.beta,
                                 ref_logp=ref_logp)
-        stepper.backward(loss)
+        n_rank = float(cmask.sum())
+        correct = float((rewards >= cfg.correct_reward).sum()) if cfg.correct_reward > 0 else 0.0
+        n_all, loss_all, reward_all, correct_all, samples_all = _global_sums(
+            n_rank, float(loss.detach()) * n_rank, float(rewards.sum()), correct, float(len(rewards)))
+        stepper.backward(loss * (n_rank * _world_size() / max(n_all, 1.0)))  # × 1 on one rank
         params = [p for p in module.parameters() if p.grad is not None]
         gn = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip if cfg.clip is not None else float("inf")))
         lr = stepper.get_lr()[0]
         stepper.step()
         m = {
-            "rlvr/reward_mean": float(rewards.mean()),
-            "rlvr/accuracy": float((rewards >= cfg.correct_reward).float().mean()) if cfg.correct_reward > 0 else 0.0,
-            "rlvr/loss": float(loss.detach()), "rlvr/clip_frac": stats["clip_frac"],
+            "rlvr/reward_mean": reward_all / samples_all,
+            "rlvr/accuracy": correct_all / samples_all,
+            "rlvr/loss": loss_all / max(n_all, 1.0), "rlvr/clip_frac": stats["clip_frac"],
             "rlvr/ratio_mean": stats["ratio_mean"], "rlvr/kl": stats["kl"],
             "rlvr/grad_norm": gn, "rlvr/lr": lr, "rlvr/sampler_logp_gap": gap,
         }

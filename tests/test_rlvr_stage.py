@@ -38,10 +38,12 @@ def test_rlvr_config_errors_name_the_field() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("lora", [None, {"r": 8, "alpha": 16, "load_in_4bit": True}], ids=["full", "qlora"])
-def test_smoke_trial_with_rlvr_stage(run_locally, tmp_path, lora) -> None:
+@pytest.mark.parametrize("lora, workers", [(None, 1), ({"r": 8, "alpha": 16, "load_in_4bit": True}, 1), (None, 2)],
+                         ids=["full", "qlora", "two-workers"])
+def test_smoke_trial_with_rlvr_stage(run_locally, tmp_path, lora, workers) -> None:
     """A smoke trial distils, then runs 12 GRPO steps (full fine-tuning through DeepSpeed,
-    or LoRA on a 4-bit copy), with every stage evaluated."""
+    LoRA on a 4-bit copy, or data-parallel over two Train workers), with every stage
+    evaluated."""
     from distillab.results import load, rlvr_reward_summary
 
     if lora is not None:
@@ -49,6 +51,7 @@ def test_smoke_trial_with_rlvr_stage(run_locally, tmp_path, lora) -> None:
     sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
         "storage_path": str(tmp_path), "models.cache_dir": str(REPO / ".cache" / "models"),
         "search.grid": {"rollout.policy": ["offpd"]}, "trial.rlvr": {**RLVR, "lora": lora},
+        "resources.num_workers": workers, "resources.max_concurrent_trials": 1,
         "trial.evaluation.countdown_tasks": ["countdown3", "countdown4e", "countdown4"],
     })
     res = load(run_locally(sweep))
@@ -71,11 +74,16 @@ def test_smoke_trial_with_rlvr_stage(run_locally, tmp_path, lora) -> None:
     assert summary["last"][0] == pytest.approx(reward["value"].tail(10).mean())
 
 
-def test_rlvr_needs_one_worker_before_compute() -> None:
+def test_rlvr_worker_count_errors_before_compute() -> None:
     from distillab.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"trial.rlvr runs on one worker: set resources.num_workers to 1 \(got 2\)"):
+    tasks = {"trial.evaluation.countdown_tasks": ["countdown3", "countdown4e", "countdown4"]}
+    with pytest.raises(ConfigError, match=r"trial.rlvr.prompts_per_step \(4\) must be a multiple of "
+                                          r"resources.num_workers \(3\)"):
+        load_sweep(REPO / "search_spaces" / "smoke.yaml", {"trial.rlvr": RLVR, "resources.num_workers": 3, **tasks})
+    pytest.importorskip("bitsandbytes")
+    with pytest.raises(ConfigError, match=r"trial.rlvr.lora.load_in_4bit runs on one worker .* \(got 2\)"):
         load_sweep(REPO / "search_spaces" / "smoke.yaml", {
-            "trial.rlvr": RLVR, "resources.num_workers": 2,
-            "trial.evaluation.countdown_tasks": ["countdown3", "countdown4e", "countdown4"],
-        })
+            "trial.rlvr": {**RLVR, "lora": {"load_in_4bit": True}}, "resources.num_workers": 2, **tasks})
+    ok = load_sweep(REPO / "search_spaces" / "smoke.yaml", {"trial.rlvr": RLVR, "resources.num_workers": 2, **tasks})
+    assert ok.resources.num_workers == 2
