@@ -843,7 +843,14 @@ def expand_trials(sweep: SweepConfig) -> list[TrialConfig]:
 
 
 def _errors(e: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+    """Each error as ``field.path: message`` (a model-level error, whose message names
+    its fields itself, without the empty path), pydantic's "Value error, " dropped."""
+    out = []
+    for err in e.errors():
+        msg = err["msg"].removeprefix("Value error, ")
+        loc = ".".join(map(str, err["loc"]))
+        out.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(out)
 
 
 class ConfigError(ValueError):
@@ -915,4 +922,5 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None) -> Swe
     try:
         return SweepConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"{path}: {_errors(e)}") from None
+        given = f" (with --set {', '.join(overrides)})" if overrides else ""
+        raise ConfigError(f"{path}{given}: {_errors(e)}") from None
