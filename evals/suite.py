@@ -143,7 +143,7 @@ class Evaluator:
                 rows.append({"task": name, "metric": "style_share", "value": style_share(texts, cfg.style),
                              "n": len(texts)})
         if cfg.mcq_items:  # the second domain (tasks.mcq)
-            items = mcq_test_split(self.tasks.mcq, max(cfg.mcq_items, cfg.pass_items), self.tasks.test_seed)
+            items = mcq_test_split(self.tasks.mcq, cfg.mcq_test_items, self.tasks.test_seed)
             prompts = [mcq_prompt_ids(tok, self.tasks.mcq, it) for it in items]
             task_rows, _ = self._accuracy_and_pass(engine, "mcq", prompts, lambda t, j: score_mcq(t, items[j]),
                                                    seed + 404)

@@ -23,6 +23,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from distillab.mcq import INSTRUCTION
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -72,7 +74,7 @@ class MCQTaskConfig(_Strict):
     field_map: dict[str, str] = {}
     system_prompt: str = "Multiple choice."
     #: the prompt's last line (the answer format); "" for none (micro models learn the format from SFT)
-    instruction: str = "Answer with the letter of the correct option inside <answer></answer>."
+    instruction: str = INSTRUCTION
     train_items: int = Field(default=20_000, ge=1)
 
     @model_validator(mode="after")
@@ -410,6 +412,12 @@ class EvaluationConfig(_Strict):
     style: StyleConfig | None = None
     #: multiple-choice test items (``tasks.mcq``) scored at every stage, task ``mcq`` (0: none)
     mcq_items: int = Field(default=0, ge=0)
+
+    @property
+    def mcq_test_items(self) -> int:
+        """Size of the multiple-choice test split: the accuracy items and the pass@k
+        items both come from it, and training never sees it."""
+        return max(self.mcq_items, self.pass_items)
 
     @model_validator(mode="after")
     def _k(self) -> "EvaluationConfig":

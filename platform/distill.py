@@ -70,7 +70,7 @@ def train_prompts(trial: TrialConfig, tokenizer, rank: int, role: str = "student
     if trial.domain == "mcq":
         from distillab.mcq import mcq_prompt_ids, mcq_train_items
 
-        items = mcq_train_items(tasks.mcq, max(ev.mcq_items, ev.pass_items), tasks.test_seed, 7919 + trial.seed)
+        items = mcq_train_items(tasks.mcq, ev.mcq_test_items, tasks.test_seed, 7919 + trial.seed)
         random.Random(trial.seed * 1000 + rank).shuffle(items)
         return [mcq_prompt_ids(tokenizer, tasks.mcq, it) for it in items]
     exclude = test_keys(tasks, max(ev.id_items, ev.pass_items))
@@ -419,6 +419,19 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
     return loss, diag
 
 
+def start_vllm_actor(trial: TrialConfig, model_path, tokenizer, threads: int):
+    """A `rollout.RolloutActor` (vLLM) on this worker's node for ``model_path``, with
+    the trial's seed and ``rollout.vllm_*`` settings (`rollout.start_rollout_actor`)."""
+    from distillab.rollout import start_rollout_actor
+
+    r = trial.rollout
+    return start_rollout_actor(
+        "vllm", model_path, tokenizer.eos_token_id, tokenizer.pad_token_id, threads=threads,
+        num_gpus=0.0, seed=trial.seed, max_model_len=r.vllm_max_model_len,
+        kv_cache_gib=r.vllm_kv_cache_gib, gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+    )
+
+
 class RolloutSource:
     """Where a worker's rollouts come from, step by step (PROTOCOL.md §1, DESIGN.md):
 
@@ -458,26 +471,11 @@ class RolloutSource:
         if resolve_engine(r.engine, batched=r.policy == "offpd" and r.offpd_reuse) != "vllm":
             return TransformersEngine(self.teacher, self.tok.eos_token_id, self.tok.pad_token_id)
         if self.actor is None:
-            import ray
-
-            from distillab.rollout import start_rollout_actor
+            from distillab.rlvr import ActorSampler
 
             path = config["teacher_path"] if r.policy == "offpd" else config["student_path"]
-            self.actor = start_rollout_actor(
-                "vllm", path, self.tok.eos_token_id, self.tok.pad_token_id, threads=threads,
-                num_gpus=0.0, seed=self.trial.seed, max_model_len=r.vllm_max_model_len,
-                kv_cache_gib=r.vllm_kv_cache_gib, gpu_memory_utilization=r.vllm_gpu_memory_utilization,
-            )
-            actor = self.actor
-
-            class _Remote:
-                def generate(self, prompts, sp):
-                    return ray.get(actor.generate.remote(prompts, sp))
-
-                def generate_many(self, jobs):
-                    return ray.get(actor.generate_many.remote(jobs))
-
-            self._remote = _Remote()
+            self.actor = start_vllm_actor(self.trial, path, self.tok, threads)
+            self._remote = ActorSampler(self.actor)
         return self._remote
 
     def get(self, step: int, prompts: list[list[int]], seed: int, module) -> Rollouts:
@@ -499,12 +497,7 @@ class RolloutSource:
             return 0.0
         if not force and step % self.trial.rollout.sync_every:
             return 0.0
-        import ray
-
-        t0 = time.perf_counter()
-        tensors = [(k, v.detach().to("cpu")) for k, v in module.state_dict().items()]
-        ray.get(self.actor.update_weights.remote(tensors))
-        return time.perf_counter() - t0
+        return self._remote.sync(module)
 
     def close(self) -> None:
         """End the engine actor, if one was started."""
@@ -715,8 +708,7 @@ def _rlvr_stage(trial: TrialConfig, config: dict, engine, tok, trial_id: str, ro
     import ray
     import ray.train
 
-    from distillab.rlvr import (TorchStepper, apply_lora, merge_into, merge_lora, quantized_lora, rlvr_problems,
-                                rlvr_schedule, run_rlvr)
+    from distillab.rlvr import TorchStepper, lora_policy, rlvr_problems, rlvr_schedule, run_rlvr
 
     pending: list[dict] = []
 
@@ -735,36 +727,25 @@ def _rlvr_stage(trial: TrialConfig, config: dict, engine, tok, trial_id: str, ro
     # data-parallel over the trial's workers: each samples prompts_per_step / world prompts of its own
     # (a disjoint stride of one shuffled problem list); run_rlvr normalises the loss over all ranks
     r = trial.rlvr.model_copy(update={"prompts_per_step": trial.rlvr.prompts_per_step // world})
-    quantized = r.lora is not None and r.lora.load_in_4bit
-    if quantized:  # QLoRA: adapters on a 4-bit copy, plain AdamW over them (DeepSpeed does not take 4-bit params)
-        module = quantized_lora(engine.module, r.lora)
+    module, finish = lora_policy(engine.module, r.lora)
+    if r.lora is not None and r.lora.load_in_4bit:  # plain AdamW over the adapters: DeepSpeed takes no 4-bit params
         stepper = TorchStepper(module, r.lr, rlvr_schedule(r))
     else:
-        module = engine.module if r.lora is None else apply_lora(engine.module, r.lora)
         stepper, _, _ = setup_engine(module, trial, world, lr=r.lr, schedule=rlvr_schedule(r),
                                      batch=r.prompts_per_step * r.samples_per_prompt, clip=r.clip)
     problems = rlvr_problems(r, trial.tasks, trial.evaluation, trial.seed)[rank::world]
     sampler = None
     if resolve_engine(r.engine, batched=False) == "vllm":
         from distillab.rlvr import ActorSampler
-        from distillab.rollout import start_rollout_actor
 
-        ro = trial.rollout
-        sampler = ActorSampler(start_rollout_actor(
-            "vllm", config["student_path"], tok.eos_token_id, tok.pad_token_id,
-            threads=int(config.get("torch_threads", 1)), num_gpus=0.0, seed=trial.seed,
-            max_model_len=ro.vllm_max_model_len, kv_cache_gib=ro.vllm_kv_cache_gib,
-            gpu_memory_utilization=ro.vllm_gpu_memory_utilization,
-        ))
+        sampler = ActorSampler(start_vllm_actor(trial, config["student_path"], tok,
+                                                int(config.get("torch_threads", 1))))
     try:
         run_rlvr(r, stepper, tok, trial.tasks, problems, trial.seed + rank, report, sampler=sampler)
     finally:
         if sampler is not None:
             ray.kill(sampler.actor)
-    if quantized:
-        merge_into(engine.module, module)  # the trained policy (dequantised base + adapters) in full precision
-    elif r.lora is not None:
-        merge_lora(module)  # the adapters folded into engine.module's weights
+    finish()  # LoRA merged, or the QLoRA policy written back, into engine.module
     return engine
 
 

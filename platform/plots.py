@@ -415,9 +415,8 @@ def fig_rlvr(res: Results) -> Figure:
         if df.height == 0:
             _no_data(fig, axes[0], "RLVR training reward", "no completed trial has RLVR metrics")
         else:  # 10-step windows (a step's reward is a mean of only prompts × samples rollouts), then seeds
-            keys_t = [c for c in ("sweep", "trial_id") if c in df.columns]
             df = (df.with_columns(((pl.col("step") - 1) // 10 * 10 + 10).alias("window"))
-                  .group_by([*keys_t, *[c for c in cfg if c in df.columns], "window"], maintain_order=True)
+                  .group_by([*keys, *[c for c in cfg if c in df.columns], "window"], maintain_order=True)
                   .agg(pl.col("value").mean()).rename({"window": "step"}))
             agg = aggregate(_with_dims(df, cfg), ["step", *cfg])
             _lines(axes[0], agg, "step", cfg, f"mean reward per 10 steps ({name})", "RLVR training reward",

@@ -58,7 +58,7 @@ def prepare_key(sweep: SweepConfig, role: str) -> str:
         "seed": sweep.models.prepare_seed,
         "tasks": sweep.trial.tasks.key_dump(teacher=mcfg.styled_examples > 0, mcq=mcfg.mcq_examples > 0),
         "test_items": max(sweep.trial.evaluation.id_items, sweep.trial.evaluation.pass_items),
-        **({"mcq_test_items": max(sweep.trial.evaluation.mcq_items, sweep.trial.evaluation.pass_items)}
+        **({"mcq_test_items": sweep.trial.evaluation.mcq_test_items}
            if mcfg.mcq_examples else {}),
         "version": 1,
     }
@@ -91,7 +91,7 @@ def _examples(tok, sweep: SweepConfig, mcfg: MicroModelConfig, seed: int) -> lis
             out.append(Example(tuple(prompt), tuple(tok(text, add_special_tokens=False)["input_ids"])))
     if mcfg.mcq_examples:  # the second domain: "<answer>LETTER</answer>" (after <think>demo</think> if given)
         ev = sweep.trial.evaluation
-        items = mcq_train_items(tasks.mcq, max(ev.mcq_items, ev.pass_items), tasks.test_seed, seed * 1000 + 23)
+        items = mcq_train_items(tasks.mcq, ev.mcq_test_items, tasks.test_seed, seed * 1000 + 23)
         for it in items[: mcfg.mcq_examples]:
             prompt = mcq_prompt_ids(tok, tasks.mcq, it)
             completion = tok(mcq_target_text(it) + eos, add_special_tokens=False)["input_ids"]
@@ -178,8 +178,7 @@ def refine_teacher(sweep: SweepConfig, teacher_dir: Path, out_dir: Path, threads
         the ``prepare.json`` dict: ``reward_first10`` / ``reward_last10`` (mean
         training reward of the first and last 10 steps), ``evals`` rows, ``train_seconds``.
     """
-    from distillab.rlvr import (TorchStepper, apply_lora, merge_into, merge_lora, quantized_lora, rlvr_problems,
-                                rlvr_schedule, run_rlvr)
+    from distillab.rlvr import TorchStepper, lora_policy, rlvr_problems, rlvr_schedule, run_rlvr
 
     torch.set_num_threads(threads)
     cfg, seed = sweep.models.teacher_refine, sweep.models.prepare_seed
@@ -187,17 +186,10 @@ def refine_teacher(sweep: SweepConfig, teacher_dir: Path, out_dir: Path, threads
     model = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
     tasks, ev = sweep.trial.tasks, sweep.trial.evaluation
     t0 = time.perf_counter()
-    quantized = cfg.lora is not None and cfg.lora.load_in_4bit
-    if quantized:
-        trained = quantized_lora(model, cfg.lora)
-    else:
-        trained = model if cfg.lora is None else apply_lora(model, cfg.lora)
+    trained, finish = lora_policy(model, cfg.lora)
     history = run_rlvr(cfg, TorchStepper(trained, cfg.lr, rlvr_schedule(cfg)), tok, tasks,
                        rlvr_problems(cfg, tasks, ev, seed), seed, lambda step, metrics: None)
-    if quantized:
-        merge_into(model, trained)
-    elif cfg.lora is not None:
-        model = merge_lora(trained)
+    model = finish()
     train_s = time.perf_counter() - t0
     rewards = [h["rlvr/reward_mean"] for h in history]
     rows = Evaluator(tok, tasks, ev).evaluate(model, seed=sweep.trial.seed)

@@ -309,16 +309,36 @@ def merge_into(module, peft_model):
     return module
 
 
+def lora_policy(module, lora):
+    """What an RLVR stage trains for ``module`` under ``lora`` (a `config.LoRAConfig` or
+    None), and how the result returns to it: ``(trainable, finish)``, where
+    ``finish()`` leaves the trained policy in ``module`` and returns it.
+
+    - None: ``module`` itself; ``finish`` does nothing.
+    - LoRA: the `apply_lora` wrapper; ``finish`` is `merge_lora`.
+    - QLoRA (``load_in_4bit``): the `quantized_lora` copy; ``finish`` is `merge_into`.
+    """
+    if lora is None:
+        return module, lambda: module
+    if lora.load_in_4bit:
+        trainable = quantized_lora(module, lora)
+        return trainable, lambda: merge_into(module, trainable)
+    trainable = apply_lora(module, lora)
+    return trainable, lambda: merge_lora(trainable)
+
+
 class ActorSampler:
-    """`run_rlvr`'s sampler over a `rollout.RolloutActor` (vLLM): ``sync(module)`` sends
-    `policy_weights` of the trained module into the engine (before every sampling
-    step, so π_old is the current policy), ``generate`` samples there."""
+    """A client of a `rollout.RolloutActor` (vLLM): ``generate`` / ``generate_many``
+    sample there; ``sync(module)`` sends `policy_weights` of the trained module into the
+    engine and returns the seconds it took (also kept as ``sync_s``). `run_rlvr` calls
+    ``sync`` before every sampling step, so π_old is the current policy; the
+    distillation loop's `distill.RolloutSource` uses the same client for OnPD."""
 
     def __init__(self, actor):
         self.actor = actor
         self.sync_s = 0.0
 
-    def sync(self, module) -> None:
+    def sync(self, module) -> float:
         import time
 
         import ray
@@ -326,11 +346,17 @@ class ActorSampler:
         t0 = time.perf_counter()
         ray.get(self.actor.update_weights.remote(policy_weights(module)))
         self.sync_s = time.perf_counter() - t0
+        return self.sync_s
 
     def generate(self, prompts, sp):
         import ray
 
         return ray.get(self.actor.generate.remote(prompts, sp))
+
+    def generate_many(self, jobs):
+        import ray
+
+        return ray.get(self.actor.generate_many.remote(jobs))
 
 
 def _global_sums(*values: float) -> list[float]:
@@ -457,4 +483,4 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
 
 __all__ = ["countdown_reward", "group_advantages", "dapo_loss", "rlvr_problems", "rlvr_schedule", "run_rlvr",
            "TorchStepper", "apply_lora", "merge_lora", "policy_weights", "ActorSampler",
-           "quantized_lora", "merge_into"]
+           "quantized_lora", "merge_into", "lora_policy"]
