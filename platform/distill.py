@@ -155,7 +155,7 @@ def offpd_rollout_path(cache_dir: str | Path, trial: TrialConfig, teacher_path: 
         "sampling": [r.tau_t, r.top_p, r.max_tokens],
         "schedule": [o.steps, o.prompts_per_step, o.rollouts_per_prompt, o.train_prompts, trial.seed],
         "tasks": trial.tasks.key_dump(teacher=True, mcq=trial.domain == "mcq"),
-        **({"domain": "mcq", "mcq_exclude": trial.evaluation.mcq_items} if trial.domain == "mcq" else {}),
+        **({"domain": "mcq", "mcq_exclude": trial.evaluation.mcq_test_items} if trial.domain == "mcq" else {}),
         "exclude": max(trial.evaluation.id_items, trial.evaluation.pass_items),
         "rank": [rank, world_size], "version": 1,
     })[:16]
