@@ -372,9 +372,9 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
                 reduction=L.reduction, weights=weights,
             )
         with torch.no_grad():
-            s_d, t_d = s_logits.detach()[cmask], t_logits[cmask]  # (N, V)
-            fkl = token_divergence(s_d, t_d, kind="forward", tau_s=L.tau_s, tau_t=L.tau_t).mean()
-            rkl = token_divergence(s_d, t_d, kind="reverse", tau_s=L.tau_s, tau_t=L.tau_t).mean()
+            s_d, t_d = s_logits.detach()[cmask], t_logits[cmask]  # (N, V); N = 0: every diagnostic is 0
+            fkl = token_divergence(s_d, t_d, kind="forward", tau_s=L.tau_s, tau_t=L.tau_t).sum() / max(1, len(s_d))
+            rkl = token_divergence(s_d, t_d, kind="reverse", tau_s=L.tau_s, tau_t=L.tau_t).sum() / max(1, len(s_d))
             h_t, ce = entropy_and_cross_entropy(s_logits.detach(), t_logits, cmask, L.tau_s, L.tau_t)
         diag = {"kl/forward": float(fkl), "kl/reverse": float(rkl), "teacher/entropy": float(h_t),
                 "teacher/cross_entropy": float(ce)}

@@ -119,7 +119,18 @@ def pack_rollouts(
     completion token (i.e. token t+1 is a completion token), so that
     ``logits[completion_mask]`` are exactly the distributions the completion was
     sampled from.
+
+    Raises:
+        ValueError: a row with an empty prompt and a non-empty completion (named): no
+            position's logits predict the first token of a sequence, so its first
+            completion token could not be scored (the row would be dropped, or scored
+            from the padding before it). Every prompt has at least one token (the chat
+            template's, or BOS); an empty one is a bug upstream, not a rollout to train on.
     """
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        if not len(p) and len(c):
+            raise ValueError(f"pack_rollouts: row {i} has an empty prompt and {len(c)} completion tokens: the first "
+                             "completion token has no position whose logits predict it (a prompt needs >= 1 token)")
     seqs = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
     ids, attn = left_pad(seqs, pad_id, width)
     width = ids.shape[1]

@@ -70,6 +70,20 @@ def test_pack_rollouts() -> None:
     assert targets == [7, 8, 3, 4, 9, 2]
 
 
+def test_pack_rollouts_rejects_an_empty_prompt() -> None:
+    """No position's logits predict the first token of a sequence, so a completion whose
+    prompt is empty cannot be scored from its first token: the row was dropped (the
+    longest row: its mask slice started at -1) or its first token was scored from the
+    padding position before it. A clear error naming the row instead."""
+    for prompts, completions in (([[], [1, 2]], [[5, 6, 7], [3]]),  # the longest row: dropped before
+                                 ([[1, 2], []], [[3, 4, 5], [6, 7]])):  # a shorter row: mis-masked before
+        row = prompts.index([])
+        with pytest.raises(ValueError, match=rf"row {row} has an empty prompt"):
+            pack_rollouts(prompts, completions, pad_id=0)
+    ids, attn, cmask = pack_rollouts([[], [1]], [[], [2]], pad_id=0)  # empty prompt and completion: nothing to score
+    assert cmask.tolist() == [[F, F], [T, F]]
+
+
 # --------------------------------------------------------------------------------------
 # TransformersEngine
 # --------------------------------------------------------------------------------------

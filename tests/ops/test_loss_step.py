@@ -80,6 +80,23 @@ def test_fused_impls_match_reference(impl, kind):
         assert ((g - ref_grads[n]).norm() / ref_grads[n].norm()).item() <= 1e-4, n
 
 
+@pytest.mark.parametrize("kind", ["forward", "reverse"])
+def test_diagnostics_when_every_completion_is_empty(kind):
+    """A worker's batch of empty completions (every rollout stopped at once): no token to
+    score, so the loss is 0 with zero gradients and every diagnostic is 0 on each
+    implementation, as ``ops.kl.entropy_and_cross_entropy`` defines for no masked token
+    (the reference path returned NaN kl/forward and kl/reverse: a mean over no rows)."""
+    teacher, student = _models()
+    ro = _rollouts()
+    empty = Rollouts(ro.prompt_ids, [[] for _ in ro.prompt_ids], [[] for _ in ro.prompt_ids], ro.finish_reasons)
+    for impl in ("reference", "chunked"):
+        trial = TrialConfig(loss=LossConfig(kind=kind, impl=impl))
+        loss, diag = loss_step(trial, EngineStandIn(student), teacher, empty, PAD, torch.Generator().manual_seed(0))
+        assert loss.item() == 0.0, impl
+        assert diag == {"kl/forward": 0.0, "kl/reverse": 0.0, "teacher/entropy": 0.0,
+                        "teacher/cross_entropy": 0.0}, impl
+
+
 def test_vocab_mismatch_is_an_error_unless_padded():
     for impl in ("reference", "chunked"):
         with pytest.raises(ValueError) as ei:
