@@ -1,5 +1,5 @@
 """Dependent variables of the study that are pure functions of counts or weights
-(PROTOCOL.md §4): coverage (pass@k) and update sparsity (S_τ).
+(PROTOCOL.md §4): coverage (pass@k), update sparsity (S_τ) and forgetting.
 
     >>> round(pass_at_k(n=10, c=3, k=1), 12)
     0.3
@@ -163,3 +163,16 @@ def update_sparsity(
     if numel_total == 0:
         raise ValueError("no parameter elements to compare (all tensors empty or no tensors)")
     return unchanged_total / numel_total, per_tensor
+
+
+#: Forgetting's inputs (PROTOCOL.md §4): the ``(task, metric)`` eval compared, and the stages before and after.
+FORGETTING_EVAL = ("ood", "ood_mean")
+FORGETTING_STAGES = ("pre", "distill")
+
+
+def forgetting(before: float, after: float) -> float:
+    """Forgetting ΔOOD = OOD mean after distillation − before (PROTOCOL.md §4):
+    negative = forgotten. ``before``/``after``: the ``ood_mean`` evals (`FORGETTING_EVAL`)
+    at the stages `FORGETTING_STAGES`, each in [0, 1]. The one definition: the final
+    report (``eval/forgetting``) and `distillab.results.forgetting` use it."""
+    return after - before

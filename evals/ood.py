@@ -8,19 +8,19 @@
 
 Both return rows ``{task: "ood/<name>", metric, value, n}`` and a last row
 ``{task: "ood", metric: "ood_mean"}``: the unweighted mean over tasks, each value in
-[0, 1]. Forgetting is ``ood_mean`` after minus before (`distillab.results`).
+[0, 1]. Forgetting is ``ood_mean`` after minus before (`distillab.evals.metrics.forgetting`).
 `ood_backend(trial)` picks the backend from ``evaluation.ood_backend``.
 """
 
 from __future__ import annotations
 
 import os
-
 from typing import Any, Protocol
 
-from distillab.config import EvaluationConfig, LMEvalConfig, LMEvalTask, TasksConfig
+from distillab.config import EvaluationConfig, LMEvalConfig, LMEvalTask, SeedsConfig, TasksConfig
+from distillab.countdown import SkillItem, generate_skill_items, score_skill
 from distillab.rollout import SamplingParams, TransformersEngine
-from distillab.tasks import SkillItem, generate_skill_items, render_prompt, score_skill
+from distillab.taskio import render_prompt
 
 
 class OODBackend(Protocol):
@@ -49,17 +49,20 @@ def ood_items(tasks: TasksConfig, n: int) -> dict[str, list[SkillItem]]:
 
 class MicroSkillsBackend:
     """Prior-skill tasks (add, mul, reverse, sort), ``cfg.ood_items`` items each,
-    one sample at τ = ``cfg.ood_temperature``, exact match of the ``<answer>``."""
+    one sample at τ = ``cfg.ood_temperature``, exact match of the ``<answer>``; task j
+    samples with the stage seed + ``seeds.eval_ood`` · j + ``seeds.eval_ood_offset``."""
 
-    def __init__(self, tasks: TasksConfig, cfg: EvaluationConfig, batch_size: int = 512):
-        self.tasks, self.cfg, self.batch_size = tasks, cfg, batch_size
+    def __init__(self, tasks: TasksConfig, cfg: EvaluationConfig, batch_size: int = 512,
+                 seeds: SeedsConfig = SeedsConfig()):
+        self.tasks, self.cfg, self.batch_size, self.seeds = tasks, cfg, batch_size, seeds
 
     def evaluate(self, model: Any, tokenizer: Any, seed: int) -> list[dict]:
         engine = TransformersEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size=self.batch_size)
         rows = []
         for j, (skill, items) in enumerate(ood_items(self.tasks, self.cfg.ood_items).items()):
             prompts = [render_prompt(tokenizer, "", it.prompt) for it in items]
-            roll = engine.generate(prompts, SamplingParams(self.cfg.ood_temperature, 1.0, 16, 1, seed + 7 * j + 3))
+            sp = SamplingParams(self.cfg.ood_temperature, 1.0, 16, 1, seed + self.seeds.eval_ood * j + self.seeds.eval_ood_offset)
+            roll = engine.generate(prompts, sp)
             texts = tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=False)
             acc = sum(score_skill(t, it) for t, it in zip(texts, items)) / len(items)
             rows.append({"task": f"ood/{skill}", "metric": "accuracy", "value": acc, "n": len(items)})
@@ -139,11 +142,12 @@ class LMEvalBackend:
         return rows + [mean_row(rows)]
 
 
-def ood_backend(tasks: TasksConfig, cfg: EvaluationConfig, batch_size: int = 512, device: str = "cpu") -> OODBackend:
+def ood_backend(tasks: TasksConfig, cfg: EvaluationConfig, batch_size: int = 512, device: str = "cpu",
+                seeds: SeedsConfig = SeedsConfig()) -> OODBackend:
     """The backend named by ``cfg.ood_backend`` (``micro`` or ``lm_eval``)."""
     if cfg.ood_backend == "lm_eval":
         return LMEvalBackend(cfg.lm_eval, device=device)
-    return MicroSkillsBackend(tasks, cfg, batch_size)
+    return MicroSkillsBackend(tasks, cfg, batch_size, seeds)
 
 
 __all__ = ["OODBackend", "MicroSkillsBackend", "LMEvalBackend", "lm_eval_rows", "mean_row", "ood_backend", "ood_items"]

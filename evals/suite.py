@@ -12,91 +12,55 @@
   lm-eval-harness tasks, and their unweighted mean (``ood_mean``; forgetting =
   after − before).
 
-Each result is a row ``{task, metric, value, n}`` for the `evals` table.
-Test splits come from ``tasks.test_seed``, the same for every trial; training
-prompts are drawn from other seeds and exclude the test items.
+Each result is a row ``{task, metric, value, n}`` for the `evals` table; its
+report key is ``eval/<stage>/<task>/<metric>`` (`distillab.registry`). Test splits
+come from `distillab.tasks.TaskData` (seeded by ``tasks.test_seed``, the same for
+every trial; training prompts exclude them); the sampling seeds from
+``trial.seeds`` (`config.SeedsConfig`).
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import math
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from distillab.config import EvaluationConfig, TasksConfig
-from distillab.evals.metrics import mean_pass_at_k
+from distillab.config import EvaluationConfig, SeedsConfig, TasksConfig, TrialConfig, cache_key, checkpoint_identity
+from distillab.evals.metrics import mean_pass_at_k, update_sparsity
 from distillab.evals.ood import ood_backend
 from distillab.evals.style import style_share
-from distillab.mcq import mcq_prompt_ids, mcq_test_split, score_mcq
+from distillab.mcq import mcq_prompt_ids, score_mcq
+from distillab.registry import eval_key
+from distillab.results import atomic_write_bytes, write_rows
 from distillab.rollout import SamplingParams, TransformersEngine
-from distillab.tasks import (
-    CountdownProblem,
-    CountdownSpec,
-    countdown_user_text,
-    generate_problems,
-    render_prompt,
-    score_countdown,
-)
+from distillab.tasks import CountdownProblem, TaskData, countdown_prompt_ids, score_countdown
 
-EVAL_TASKS = ("countdown3", "countdown4e")
-
-
-def countdown_spec(tasks: TasksConfig, name: str) -> CountdownSpec:
-    """The `CountdownSpec` of task ``name`` in ``tasks``."""
-    c = getattr(tasks, name)
-    return CountdownSpec(name, tuple(c.pool), c.n_operands, c.target_min, c.target_max)
-
-
-def countdown_test_split(tasks: TasksConfig, name: str, n: int) -> list[CountdownProblem]:
-    """The fixed test split of a Countdown task (seeded by ``tasks.test_seed``)."""
-    offset = {"countdown3": 0, "countdown4e": 1}.get(name, 7)
-    return generate_problems(countdown_spec(tasks, name), n, tasks.test_seed + offset)
-
-
-def problem_key(problem: CountdownProblem) -> tuple[tuple[int, ...], int]:
-    """(sorted operands, target): the identity of a Countdown instance (a multiset and a target)."""
-    return tuple(sorted(problem.operands)), problem.target
-
-
-def test_keys(tasks: TasksConfig, n: int, names: tuple[str, ...] = EVAL_TASKS) -> set[tuple[tuple[int, ...], int]]:
-    """`problem_key` of every test item of the tasks ``names``, to keep them out of training."""
-    return {problem_key(p) for name in names for p in countdown_test_split(tasks, name, n)}
-
-
-def countdown_prompt_ids(tokenizer: PreTrainedTokenizerBase, tasks: TasksConfig, problem: CountdownProblem,
-                         role: str = "student") -> list[int]:
-    """Prompt token ids of a Countdown problem: the task's system prompt and user
-    template, rendered with the tokenizer's chat template. ``role="teacher"`` uses
-    the teacher's conditioning (``tasks.teacher_system_prompt`` /
-    ``teacher_user_template``) where set.
-
-    Raises:
-        ValueError: ``role`` not "student" or "teacher".
-    """
-    if role not in ("student", "teacher"):
-        raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
-    system, template = tasks.system_prompt, tasks.user_template
-    if role == "teacher":
-        system = tasks.teacher_system_prompt if tasks.teacher_system_prompt is not None else system
-        template = tasks.teacher_user_template if tasks.teacher_user_template is not None else template
-    return render_prompt(tokenizer, system, countdown_user_text(problem, template, tasks.sort_operands))
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class Evaluator:
     """Scores a model on the suite. ``batch_size`` is prompts × samples per generate
-    call; ``ood`` is the OOD backend (default: the one ``cfg.ood_backend`` names)."""
+    call; ``ood`` is the OOD backend (default: the one ``cfg.ood_backend`` names);
+    ``seeds``: the trial's `config.SeedsConfig` (the evaluation's seed offsets)."""
 
     tokenizer: PreTrainedTokenizerBase
     tasks: TasksConfig
     cfg: EvaluationConfig
     batch_size: int = 512
     ood: Any = field(default=None)
+    seeds: SeedsConfig = SeedsConfig()
 
     def __post_init__(self) -> None:
         if self.ood is None:
-            self.ood = ood_backend(self.tasks, self.cfg, self.batch_size)
+            self.ood = ood_backend(self.tasks, self.cfg, self.batch_size, seeds=self.seeds)
+        self.data = TaskData(self.tasks, self.cfg, seeds=self.seeds)
 
     def _prompts(self, problems: list[CountdownProblem]) -> list[list[int]]:
         return [countdown_prompt_ids(self.tokenizer, self.tasks, p) for p in problems]
@@ -122,7 +86,8 @@ class Evaluator:
         sp = SamplingParams(cfg.id_temperature, cfg.top_p, cfg.max_tokens, 1, seed)
         correct, completions = self._correct(engine, prompts[:n_acc], score, sp)
         rows = [{"task": name, "metric": "accuracy", "value": sum(correct) / len(correct), "n": len(correct)}]
-        sp = SamplingParams(cfg.pass_temperature.get(name, 1.0), cfg.top_p, cfg.max_tokens, cfg.pass_n, seed + 1)
+        sp = SamplingParams(cfg.pass_temperature.get(name, 1.0), cfg.top_p, cfg.max_tokens, cfg.pass_n,
+                            seed + self.seeds.eval_pass)
         counts, _ = self._correct(engine, prompts[: cfg.pass_items], score, sp)
         rows += [{"task": name, "metric": f"pass@{k}", "value": mean_pass_at_k(counts, cfg.pass_n, k),
                   "n": len(counts)} for k in cfg.pass_k]
@@ -134,19 +99,69 @@ class Evaluator:
         engine = TransformersEngine(model, tok.eos_token_id, tok.pad_token_id, batch_size=self.batch_size)
         rows: list[dict] = []
         for i, name in enumerate(cfg.countdown_tasks):
-            problems = countdown_test_split(self.tasks, name, max(cfg.id_items, cfg.pass_items))
+            problems = self.data.test_split(name)
             task_rows, completions = self._accuracy_and_pass(
-                engine, name, self._prompts(problems), lambda t, j, ps=problems: score_countdown(t, ps[j]), seed + 101 * i)
+                engine, name, self._prompts(problems), lambda t, j, ps=problems: score_countdown(t, ps[j]),
+                seed + self.seeds.eval_task * i)
             rows += task_rows
             if cfg.style is not None and i == 0:  # teacher conditioning: the student's answers in the teacher's style
                 texts = tok.batch_decode(completions, skip_special_tokens=True)
                 rows.append({"task": name, "metric": "style_share", "value": style_share(texts, cfg.style),
                              "n": len(texts)})
         if cfg.mcq_items:  # the second domain (tasks.mcq)
-            items = mcq_test_split(self.tasks.mcq, cfg.mcq_test_items, self.tasks.test_seed)
+            items = self.data.test_split("mcq")
             prompts = [mcq_prompt_ids(tok, self.tasks.mcq, it) for it in items]
             task_rows, _ = self._accuracy_and_pass(engine, "mcq", prompts, lambda t, j: score_mcq(t, items[j]),
-                                                   seed + 404)
+                                                   seed + self.seeds.eval_mcq)
             rows += task_rows
         rows += self.ood.evaluate(model, tok, seed)
         return rows
+
+
+def sparsity_rows(initial: dict, final: dict, taus) -> list[dict]:
+    """Update sparsity S_τ (PROTOCOL.md §4; `evals.metrics.update_sparsity`) at each
+    threshold τ of ``taus``: a row over all parameters (task ``params``, ``n`` = tensors)
+    and one per tensor (task ``params/<tensor name>``, ``n`` = its elements; empty
+    tensors skipped), metric ``sparsity@<τ>``."""
+    rows = []
+    for tau in taus:
+        overall, per_tensor = update_sparsity(initial, final, tau)
+        rows.append({"task": "params", "metric": f"sparsity@{tau:g}", "value": overall, "n": len(final)})
+        rows += [{"task": f"params/{name}", "metric": f"sparsity@{tau:g}", "value": v, "n": final[name].numel()}
+                 for name, v in per_tensor.items() if not math.isnan(v)]
+    return rows
+
+
+def pre_eval_path(cache_dir: str | Path, trial: TrialConfig, student_path: str | Path) -> Path:
+    """Where the evaluation of the untrained student is kept: it depends only on the
+    student checkpoint, the evaluation and task settings and the seeds, so every trial
+    of a sweep that shares those reuses it (``<cache_dir>/pre-eval-<config.cache_key>.json``)."""
+    key = cache_key("pre_eval", 2, student=checkpoint_identity(student_path),
+                    evaluation=trial.evaluation.model_dump(mode="json"),
+                    tasks=trial.tasks.inputs(teacher=False, mcq=trial.evaluation.mcq_items > 0),
+                    seed=trial.seed, seeds=trial.seeds.model_dump())
+    return Path(cache_dir) / f"pre-eval-{key}.json"
+
+
+def evaluate_stage(evaluator: Evaluator, model, trial: TrialConfig, trial_id: str, stage: str, step: int, root: Path,
+                   init_state: dict | None = None, cache: Path | None = None) -> dict[str, float]:
+    """The evaluation of one stage of a trial: the suite (`Evaluator.evaluate`, seeded by
+    ``trial.seed``; read from ``cache`` when that file exists, else written there), and
+    with ``init_state`` the update sparsity against it (`sparsity_rows`), written to the
+    ``evals`` table (key ``<trial_id>__<stage>__<step>``). Returns the rows as report
+    keys: ``{eval/<stage>/<task>/<metric>: value}``."""
+    t0 = time.perf_counter()
+    if cache is not None and cache.exists():  # the same model, settings and seed were evaluated already
+        rows = json.loads(cache.read_text())
+    else:
+        rows = evaluator.evaluate(model, seed=trial.seed)
+        if cache is not None:
+            atomic_write_bytes(cache, json.dumps(rows).encode())
+    if init_state is not None:
+        final = {k: v.detach().float() for k, v in model.state_dict().items()}
+        rows += sparsity_rows(init_state, final, trial.evaluation.sparsity_taus)
+    for r in rows:
+        r.update(trial_id=trial_id, stage=stage, step=step)
+    write_rows(root, "evals", rows, key=f"{trial_id}__{stage}__{step}")
+    log.info("%s eval %s step %d in %.1f s", trial_id, stage, step, time.perf_counter() - t0)
+    return {eval_key(stage, r["task"], r["metric"]): r["value"] for r in rows}

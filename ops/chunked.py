@@ -72,9 +72,11 @@ from distillab.ops.kl import (
     _check_mask,
     _check_tau,
     token_divergence_and_grad,
+    token_logprobs,
 )
 
-__all__ = ["ChunkedOutput", "chunked_distill_loss", "pad_vocab", "row_coefficients", "check_vocab_sizes"]
+__all__ = ["ChunkedOutput", "chunked_distill_loss", "pad_vocab", "row_coefficients", "check_vocab_sizes",
+           "token_logprobs_from_hidden"]
 
 BACKENDS = ("auto", "torch", "triton")
 
@@ -231,6 +233,27 @@ def _logits(h: Tensor, w: Tensor, b: Tensor | None, w_up: Tensor | None) -> Tens
 
 def _upcast(w: Tensor) -> Tensor | None:
     return w.float() if (w.dtype in _LOW_PRECISION and not w.is_cuda) else None
+
+
+@torch.no_grad()
+def token_logprobs_from_hidden(hidden: Tensor, weight: Tensor, targets: Tensor, tau: float,
+                               bias: Tensor | None = None, chunk_size: int = 1024) -> Tensor:
+    """``ops.kl.token_logprobs`` of the lm_head logits z = h Wᵀ (+ b) of ``(N, H)`` rows,
+    ``chunk_size`` rows at a time (never N × V logits at once; logits as in the loss).
+
+    Args:
+        hidden: (N, H) final hidden states. weight: (V, H) lm_head. bias: (V,) or None.
+        targets: (N,) int64 token ids. tau: temperature (> 0).
+
+    Returns:
+        (N,) float32 (float64 for float64 weights), nats, no grad.
+    """
+    _check_2d("hidden", hidden)
+    w_up = _upcast(weight)
+    out = [token_logprobs(_logits(hidden[lo : lo + chunk_size], weight, bias, w_up), targets[lo : lo + chunk_size], tau)
+           for lo in range(0, hidden.shape[0], chunk_size)]
+    dtype = torch.promote_types(weight.dtype, torch.float32)
+    return torch.cat(out) if out else hidden.new_zeros(0, dtype=dtype)
 
 
 def _row_fn(backend: str):

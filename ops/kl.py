@@ -118,6 +118,8 @@ __all__ = [
     "sampled_token_loss",
     "engine_mismatch_weights",
     "entropy_and_cross_entropy",
+    "token_logprobs",
+    "token_stats",
 ]
 
 KINDS = ("forward", "reverse", "jsd")
@@ -548,6 +550,57 @@ def sampled_token_loss(
 
 
 # ------------------------------------------------------------------ weights / diagnostics
+
+
+def token_logprobs(logits: Tensor, targets: Tensor, tau: float = 1.0) -> Tensor:
+    r"""log softmax(z/τ)[y]: the log-probability of each target token under the
+    temperature-τ distribution of its logits. The one definition every caller uses:
+    the sampler's logprobs (``rollout``), the trainer's log p_θ of rollout tokens
+    (importance weights, RLVR's π_θ and π_old), ``ops.chunked.token_logprobs_from_hidden``.
+
+    Args:
+        logits: (..., V) float tensor (any float dtype; cast to float32, or kept float64).
+        targets: (...) int64 token ids.
+        tau: temperature (> 0).
+
+    Returns:
+        (...) float32 (float64 for float64 logits), nats, with gradient w.r.t. ``logits``.
+
+    Raises:
+        ValueError: τ ≤ 0; ``targets`` shape not ``logits.shape[:-1]``.
+    """
+    tau = _check_tau("tau", tau)
+    if tuple(targets.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"targets must have shape {tuple(logits.shape[:-1])}, got {tuple(targets.shape)}")
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return torch.log_softmax(z / tau, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def token_stats(student_logits: Tensor, teacher_logits: Tensor, *, tau_s: float = 1.0, tau_t: float = 0.5,
+                compute_dtype: torch.dtype = torch.float32) -> Tensor:
+    r"""The per-position diagnostics of ``STAT_NAMES`` from the reference definitions:
+    [KL(π_T‖π_S), KL(π_S‖π_T), H(π_T), H(π_T, π_S)], detached.
+
+    Args:
+        student_logits, teacher_logits: (..., V) float tensors of equal shape.
+        tau_s, tau_t, compute_dtype: as in ``token_divergence``.
+
+    Returns:
+        (..., 4) tensor in ``compute_dtype``, nats (the same columns as
+        ``token_divergence_and_grad(..., with_stats=True)``).
+    """
+    _check_logits_pair(student_logits, teacher_logits)
+    with torch.no_grad():
+        s, t = student_logits.detach(), teacher_logits.detach()
+        kw = dict(tau_s=tau_s, tau_t=tau_t, compute_dtype=compute_dtype)
+        fwd = token_divergence(s, t, kind="forward", **kw)
+        rev = token_divergence(s, t, kind="reverse", **kw)
+        logp_s = torch.log_softmax(s.to(compute_dtype) / _check_tau("tau_s", tau_s), dim=-1)
+        logp_t = torch.log_softmax(t.to(compute_dtype) / _check_tau("tau_t", tau_t), dim=-1)
+        p_t = logp_t.exp()
+        ent = -(p_t * logp_t.clamp_min(LOGPROB_FLOOR)).sum(-1)
+        ce = -(p_t * logp_s.clamp_min(LOGPROB_FLOOR)).sum(-1)
+        return torch.stack([fwd, rev, ent, ce], dim=-1)
 
 
 def engine_mismatch_weights(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib.util
 import itertools
 import json
 import math
@@ -21,9 +22,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from distillab.countdown import COUNTDOWN_TASKS, PAPER_POOL, SKILL_NAMES, SMALL_POOL
 from distillab.mcq import INSTRUCTION
+from distillab.registry import check_report_metric
 
 
 class _Strict(BaseModel):
@@ -57,9 +60,6 @@ class CountdownTaskConfig(_Strict):
         return self
 
 
-_PAPER_POOL = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 25, 50, 75)
-
-
 class MCQTaskConfig(_Strict):
     """The multiple-choice task (PROTOCOL.md §5, `distillab.mcq`), the study's second
     domain (``trial.domain: mcq``). ``source: synthetic``: the synthetic "which number
@@ -91,11 +91,11 @@ class TasksConfig(_Strict):
     and the prior-skill tasks that form the micro OOD suite."""
 
     #: one-step Countdown: a prior skill of the micro student (knows format and arithmetic, not the search)
-    countdown2: CountdownTaskConfig = CountdownTaskConfig(pool=_PAPER_POOL, n_operands=2, target_max=1000)
-    countdown3: CountdownTaskConfig = CountdownTaskConfig(pool=_PAPER_POOL, n_operands=3, target_max=1000)
-    countdown4e: CountdownTaskConfig = CountdownTaskConfig(pool=tuple(range(1, 11)), n_operands=4, target_max=1000)
-    countdown4: CountdownTaskConfig = CountdownTaskConfig(pool=_PAPER_POOL, n_operands=4, target_max=10_000)
-    ood_skills: tuple[Literal["add", "mul", "reverse", "sort"], ...] = ("add", "mul", "reverse", "sort")
+    countdown2: CountdownTaskConfig = CountdownTaskConfig(pool=PAPER_POOL, n_operands=2, target_max=1000)
+    countdown3: CountdownTaskConfig = CountdownTaskConfig(pool=PAPER_POOL, n_operands=3, target_max=1000)
+    countdown4e: CountdownTaskConfig = CountdownTaskConfig(pool=SMALL_POOL, n_operands=4, target_max=1000)
+    countdown4: CountdownTaskConfig = CountdownTaskConfig(pool=PAPER_POOL, n_operands=4, target_max=10_000)
+    ood_skills: tuple[Literal[SKILL_NAMES], ...] = SKILL_NAMES
     #: seed of the test splits (fixed across trials so every trial sees the same items)
     test_seed: int = 1_000_003
     #: system prompt and task prompt (``{nums}``, ``{target}``) of Countdown
@@ -124,17 +124,15 @@ class TasksConfig(_Strict):
         return (self.teacher_system_prompt not in (None, self.system_prompt)
                 or self.teacher_user_template not in (None, self.user_template))
 
-    def key_dump(self, *, teacher: bool, mcq: bool = False) -> dict[str, Any]:
-        """The settings that determine a cached artefact, for hashing: the teacher
-        conditioning fields only when ``teacher`` (teacher rollouts) and only when set,
-        the multiple-choice task only when ``mcq`` (the artefact uses it), so artefacts
-        cached before these fields existed keep their keys."""
+    def inputs(self, *, teacher: bool, mcq: bool) -> dict[str, Any]:
+        """The fields a job reads, for its `cache_key`: every field, but the teacher
+        conditioning only for a job that renders teacher prompts (``teacher``) and the
+        multiple-choice task only for one that uses it (``mcq``)."""
         d = self.model_dump(mode="json")
-        for k in ("teacher_system_prompt", "teacher_user_template"):
-            if not teacher or d[k] is None:
-                d.pop(k)
+        if not teacher:
+            del d["teacher_system_prompt"], d["teacher_user_template"]
         if not mcq:
-            d.pop("mcq")
+            del d["mcq"]
         return d
 
 
@@ -254,9 +252,19 @@ class RolloutConfig(_StrictAliased):
 
 class LossConfig(_Strict):
     """Token-level divergence (PROTOCOL.md §2). Loss temperatures are separate
-    from the sampling temperatures of `RolloutConfig`."""
+    from the sampling temperatures of `RolloutConfig`.
 
-    kind: Literal["forward", "reverse"] = "forward"
+    ``kind``: ``forward`` = KL(π_T‖π_S), ``reverse`` = KL(π_S‖π_T), ``jsd`` = the
+    generalised Jensen–Shannon divergence JSD(β) with M = β π_T + (1 − β) π_S (GKD,
+    Agarwal et al. 2024, Eq. 1; `ops.kl`), whose endpoints β = 0 and β = 1 are exactly
+    the forward and the reverse KL. ``beta`` is validated for every kind and read by
+    ``jsd`` only (as in `ops.kl`), so one grid can sweep ``loss.kind`` over forward,
+    reverse and jsd with a single ``loss.beta``. The sampled estimator exists for the
+    KL directions only."""
+
+    kind: Literal["forward", "reverse", "jsd"] = "forward"
+    #: JSD(β) interpolation weight in [0, 1]: M = β π_T + (1 − β) π_S (read by ``kind: jsd`` only)
+    beta: float = Field(default=0.5, ge=0.0, le=1.0)
     estimator: Literal["full", "sampled"] = "full"
     tau_t: float = Field(default=0.5, gt=0)
     tau_s: float = Field(default=1.0, gt=0)
@@ -278,6 +286,12 @@ class LossConfig(_Strict):
     #: rollout engine's sampling log-probability and p_θ the trainer's distribution of the
     #: rollout policy at its sampling τ (``ops.kl.engine_mismatch_weights``). OffPD/OnPD only.
     importance_weight: bool = False
+
+    @model_validator(mode="after")
+    def _sampled_kind(self) -> "LossConfig":
+        if self.kind == "jsd" and self.estimator == "sampled":
+            raise ValueError("loss.estimator 'sampled' exists for loss.kind 'forward' and 'reverse' only (got 'jsd')")
+        return self
 
 
 class OptimizerConfig(_Strict):
@@ -304,6 +318,11 @@ class OptimizerConfig(_Strict):
         if not all(0 <= b < 1 for b in v):
             raise ValueError(f"betas must be in [0, 1), got {v}")
         return v
+
+    def per_worker(self, world_size: int) -> int:
+        """Sequences per optimizer step on each of ``world_size`` workers:
+        ``prompts_per_step / world_size`` prompts (at least 1) × ``rollouts_per_prompt``."""
+        return max(1, self.prompts_per_step // world_size) * self.rollouts_per_prompt
 
 
 class LMEvalTask(_Strict):
@@ -404,7 +423,7 @@ class EvaluationConfig(_Strict):
     sparsity_taus: tuple[float, ...] = (1e-6, 1e-8)
     max_tokens: int = Field(default=48, ge=1)
     #: Countdown tasks scored (accuracy, pass@k) at every stage; add ``countdown4`` for an RLVR stage
-    countdown_tasks: tuple[Literal["countdown3", "countdown4e", "countdown4"], ...] = ("countdown3", "countdown4e")
+    countdown_tasks: tuple[Literal[COUNTDOWN_TASKS], ...] = ("countdown3", "countdown4e")
     #: OOD suite: ``micro`` = the prior-skill tasks (``tasks.ood_skills``), ``lm_eval`` = lm-eval-harness (``lm_eval``)
     ood_backend: Literal["micro", "lm_eval"] = "micro"
     lm_eval: LMEvalConfig = LMEvalConfig()
@@ -414,9 +433,14 @@ class EvaluationConfig(_Strict):
     mcq_items: int = Field(default=0, ge=0)
 
     @property
+    def countdown_test_items(self) -> int:
+        """Size of each Countdown test split: the accuracy items and the pass@k items
+        both come from it, and training never sees it."""
+        return max(self.id_items, self.pass_items)
+
+    @property
     def mcq_test_items(self) -> int:
-        """Size of the multiple-choice test split: the accuracy items and the pass@k
-        items both come from it, and training never sees it."""
+        """Size of the multiple-choice test split, as `countdown_test_items`."""
         return max(self.mcq_items, self.pass_items)
 
     @model_validator(mode="after")
@@ -460,8 +484,6 @@ class LoRAConfig(_Strict):
 
     @model_validator(mode="after")
     def _bitsandbytes(self) -> "LoRAConfig":
-        import importlib.util
-
         if self.load_in_4bit and importlib.util.find_spec("bitsandbytes") is None:
             raise ValueError("load_in_4bit: true needs bitsandbytes, which is not installed "
                              "(pip install 'distillab[qlora]', or set load_in_4bit: false)")
@@ -482,7 +504,7 @@ class RLVRConfig(_Strict):
     Paper: 300 steps, 8 samples at T = 1.0, top-p 0.95, LR 2e-6, on Countdown-4.
     """
 
-    task: Literal["countdown3", "countdown4e", "countdown4"] = "countdown4"
+    task: Literal[COUNTDOWN_TASKS] = "countdown4"
     steps: int = Field(default=300, ge=1)
     prompts_per_step: int = Field(default=8, ge=1)
     samples_per_prompt: int = Field(default=8, ge=2)
@@ -527,7 +549,7 @@ SEARCHABLE = (
     "seed", "domain",
     "rollout.policy", "rollout.lambda", "rollout.alpha", "rollout.clip_c", "rollout.tau_t", "rollout.tau_s",
     "rollout.top_p", "rollout.max_tokens", "rollout.engine", "rollout.sync_every", "rollout.offpd_reuse",
-    "loss.kind", "loss.importance_weight", "loss.estimator", "loss.tau_t", "loss.tau_s", "loss.reduction",
+    "loss.kind", "loss.beta", "loss.importance_weight", "loss.estimator", "loss.tau_t", "loss.tau_s", "loss.reduction",
     "optimizer.lr", "optimizer.clip", "optimizer.steps", "optimizer.warmup_steps", "optimizer.zero_stage",
     "optimizer.weight_decay", "optimizer.prompts_per_step", "optimizer.rollouts_per_prompt",
 )
@@ -562,36 +584,6 @@ class Domain(_StrictAliased):
         """Values a trial must accept (both bounds, or every choice): checked before compute."""
         b = self.uniform or self.loguniform or self.int_
         return list(b) if b is not None else list(self.choice)
-
-
-#: Keys of every training report (``distill``): what ASHA can stop on and what a final report repeats.
-TRAINING_METRICS = (
-    "loss", "grad_norm", "lr", "kl/forward", "kl/reverse", "teacher/entropy", "teacher/cross_entropy",
-    "rollout/length", "rollout/tokens_per_s", "rollout/student_loglik", "rollout/teacher_loglik", "time/step_s",
-)
-#: Keys of a trial's final report beyond the training ones: ``eval/<stage>/<task>/<metric>``, ``eval/forgetting``.
-_EVAL_KEY = re.compile(
-    r"eval/(pre|distill|rlvr)/(countdown2|countdown3|countdown4e|countdown4|ood|ood/[a-z_]+|params)/"
-    r"(accuracy|ood_mean|pass@\d+|sparsity@[0-9.e+-]+)"
-)
-
-
-def check_report_metric(name: str, field: str, *, training_only: bool = False) -> None:
-    """Raise ValueError naming ``field`` if ``name`` is not a key trials report.
-
-    Raises:
-        ValueError: an unknown key, with the allowed forms.
-    """
-    if name in TRAINING_METRICS:
-        return
-    if not training_only and (name == "eval/forgetting" or _EVAL_KEY.fullmatch(name)):
-        return
-    allowed = f"one of {list(TRAINING_METRICS)}"
-    if not training_only:
-        allowed += (", 'eval/forgetting', or eval/<pre|distill|rlvr>/<task>/<metric> "
-                    "(e.g. eval/distill/countdown3/accuracy, eval/distill/countdown4e/pass@10, "
-                    "eval/distill/ood/ood_mean)")
-    raise ValueError(f"{field} {name!r} is not a reported metric; allowed: {allowed}")
 
 
 class SchedulerConfig(_Strict):
@@ -691,10 +683,47 @@ class FaultToleranceConfig(_Strict):
     trial_retries: int = Field(default=1, ge=0)
 
 
+class SeedsConfig(_Strict):
+    """How every random stream of a trial derives from ``trial.seed`` (s), the worker's
+    rank (r) and the step (t), so that no two streams share a seed. The defaults are
+    the values every recorded run used: change one and the numbers it feeds change.
+    (The test splits are seeded by ``tasks.test_seed`` alone, the same for every trial.)"""
+
+    #: training problems of the distillation domain (Countdown-3, or multiple-choice items): seed s + train_problems
+    train_problems: int = 7919
+    #: per-rank shuffle of the training prompts: s · shuffle + r (RLVR: s · shuffle + rlvr_shuffle + r)
+    shuffle: int = 1000
+    #: rollout sampling at distillation step t on rank r: s · rollout + t · rollout_step + r
+    rollout: int = 100003
+    rollout_step: int = 97
+    #: token draws of the sampled estimator on rank r: s · loss + r
+    loss: int = 7
+    #: RLVR training problems: s + rlvr_problems, shuffled with s · shuffle + rlvr_shuffle + r
+    rlvr_problems: int = 104729
+    rlvr_shuffle: int = 17
+    #: RLVR sampling at RLVR step t on rank r (σ = s + r): σ · rlvr_sampling + t · rlvr_step
+    rlvr_sampling: int = 7919
+    rlvr_step: int = 31
+    #: evaluation with stage seed s: Countdown task i of evaluation.countdown_tasks samples with
+    #: s + eval_task · i (its pass@k samples + eval_pass), the multiple-choice task with s + eval_mcq
+    #: (+ eval_pass), micro OOD task j with s + eval_ood · j + eval_ood_offset
+    eval_task: int = 101
+    eval_pass: int = 1
+    eval_mcq: int = 404
+    eval_ood: int = 7
+    eval_ood_offset: int = 3
+
+    def rollout_seed(self, seed: int, step: int, rank: int) -> int:
+        """Sampling seed of distillation step ``step`` (0-based) on ``rank``."""
+        return seed * self.rollout + step * self.rollout_step + rank
+
+
 class TrialConfig(_Strict):
     """Everything one trial needs; the grid point is applied before validation."""
 
     seed: int = 42
+    #: derived seeds of the trial's random streams (defaults: the study's values)
+    seeds: SeedsConfig = SeedsConfig()
     rollout: RolloutConfig = RolloutConfig()
     loss: LossConfig = LossConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -741,11 +770,12 @@ class TrialConfig(_Strict):
 
     @property
     def trial_id(self) -> str:
-        """Readable and deterministic: policy, KL, LR, seed and a config hash."""
-        r = self.rollout
+        """Readable and deterministic: policy, divergence (``jsd<β>`` for JSD), LR, seed and a config hash."""
+        r, L = self.rollout, self.loss
         policy = f"spectrum{r.lambda_:g}" if r.policy == "spectrum" else r.policy
+        kind = f"jsd{L.beta:g}" if L.kind == "jsd" else L.kind
         return (
-            f"{policy}-{self.loss.kind}-lr{self.optimizer.lr:g}-s{self.seed}-"
+            f"{policy}-{kind}-lr{self.optimizer.lr:g}-s{self.seed}-"
             f"{config_hash(self.model_dump(mode='json'))[:8]}"
         )
 
@@ -755,7 +785,8 @@ class TrialConfig(_Strict):
 
 
 class SweepConfig(_Strict):
-    """A sweep YAML, validated."""
+    """A sweep YAML, validated. Validation expands the grid once (`expand_trials`):
+    `trials` is that list, which the sweep runs."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     storage_path: str = "runs"
@@ -764,6 +795,7 @@ class SweepConfig(_Strict):
     search: SearchConfig = SearchConfig()
     resources: ResourcesConfig = ResourcesConfig()
     fault_tolerance: FaultToleranceConfig = FaultToleranceConfig()
+    _trials: list[TrialConfig] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")
     def _validate_grid(self) -> "SweepConfig":
@@ -780,17 +812,71 @@ class SweepConfig(_Strict):
         if r is not None and r.lora is not None and r.lora.load_in_4bit and w != 1:
             raise ValueError(f"trial.rlvr.lora.load_in_4bit runs on one worker (plain AdamW, no gradient "
                              f"all-reduce): set resources.num_workers to 1 (got {w})")
-        expand_trials(self)  # every grid point (and every edge of a Bayesian domain) must validate first
+        self._trials = expand_trials(self)  # every grid point (and every edge of a Bayesian domain) validates first
         return self
+
+    @property
+    def trials(self) -> list[TrialConfig]:
+        """The validated trials of the grid (one, the base trial, for an Optuna sweep)."""
+        return list(self._trials)
 
     def sweep_dir(self) -> Path:
         """``<storage_path>/<name>``, absolute."""
         return (Path(self.storage_path).expanduser() / self.name).resolve()
 
+    def shared_cache_dir(self) -> Path:
+        """What trials share lives beside the prepared models, ``<models.cache_dir>/shared``:
+        reusable OffPD rollout sets and the evaluation of the untrained student."""
+        return Path(self.models.cache_dir).expanduser().resolve() / "shared"
+
+
+class RuntimeContext(_Strict):
+    """What a trial needs beyond its `TrialConfig`: the prepared teacher and student
+    checkpoints, the sweep's results root, the one shared-cache directory
+    (`SweepConfig.shared_cache_dir`), and the sweep's resources and fault tolerance."""
+
+    teacher_path: str
+    student_path: str
+    results_root: str
+    shared_cache: str
+    resources: ResourcesConfig = ResourcesConfig()
+    fault_tolerance: FaultToleranceConfig = FaultToleranceConfig()
+
+    @classmethod
+    def for_sweep(cls, sweep: SweepConfig, teacher_path: str | Path, student_path: str | Path) -> "RuntimeContext":
+        """The context of every trial of ``sweep`` (paths made absolute)."""
+        return cls(teacher_path=str(Path(teacher_path).resolve()), student_path=str(Path(student_path).resolve()),
+                   results_root=str(sweep.sweep_dir()), shared_cache=str(sweep.shared_cache_dir()),
+                   resources=sweep.resources, fault_tolerance=sweep.fault_tolerance)
+
+    @property
+    def torch_threads(self) -> int:
+        """Torch threads per Train worker (``resources.torch_threads``)."""
+        return self.resources.torch_threads
+
 
 def config_hash(data: Any) -> str:
     """sha256 of the canonical JSON of ``data`` (hex)."""
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def cache_key(job: str, version: int, **inputs: Any) -> str:
+    """The key of a cached artifact: 16 hex characters of `config_hash` over the name of
+    the job that produces it, the job's ``version`` and every input it reads (config
+    sections as ``model_dump(mode="json")``, checkpoints as `checkpoint_identity`).
+    The one way to key an artifact: the prepared teacher and student, the refined
+    teacher, an OffPD rollout set and the pre-distillation evaluation. Bump ``version``
+    when the job's code changes what it produces; a changed key reruns the job (no
+    compatibility with older keys)."""
+    return config_hash({"job": job, "version": version, "inputs": inputs})[:16]
+
+
+def checkpoint_identity(path: str | Path) -> list:
+    """Name, size and mtime of each file of a checkpoint directory, after its absolute
+    path: a cheap stand-in for its contents in a `cache_key` (hashing 8B weights is not)."""
+    path = Path(path).resolve()
+    files = sorted(f for f in path.iterdir() if f.is_file()) if path.is_dir() else []
+    return [str(path)] + [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files]
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -831,23 +917,42 @@ def expand_trials(sweep: SweepConfig) -> list[TrialConfig]:
     keys = list(sweep.search.grid)
     trials = []
     for values in itertools.product(*(sweep.search.grid[k] for k in keys)):
-        d = copy.deepcopy(base)
-        for k, v in zip(keys, values):
-            set_dotted(d, k, v)
+        point = dict(zip(keys, values))
         try:
-            trials.append(TrialConfig.model_validate(d))
+            trials.append(apply_point(base, point))
         except ValidationError as e:
-            point = dict(zip(keys, values))
             raise ValueError(f"search.grid point {point} is invalid: {_errors(e)}") from None
     for key, domain in sweep.search.space.items():  # Bayesian: every bound / choice must give a valid trial
         for v in domain.edge_values():
-            d = copy.deepcopy(base)
-            set_dotted(d, key, v)
             try:
-                TrialConfig.model_validate(d)
+                apply_point(base, {key: v})
             except ValidationError as e:
                 raise ValueError(f"search.space[{key!r}] value {v!r} is invalid: {_errors(e)}") from None
     return trials
+
+
+def apply_point(base: dict[str, Any], point: dict[str, Any]) -> TrialConfig:
+    """The trial at a search point: ``point``'s dotted keys (`SEARCHABLE`) set on a copy of
+    ``base`` (a trial dumped with ``model_dump(mode="json")``), validated. `expand_trials`
+    uses it for every grid point, the sweep for every Optuna sample.
+
+    Raises:
+        pydantic.ValidationError: the point gives an invalid trial."""
+    d = copy.deepcopy(base)
+    for k, v in point.items():
+        set_dotted(d, k, v)
+    return TrialConfig.model_validate(d)
+
+
+def point_of(trial: TrialConfig, keys: list[str]) -> dict[str, Any]:
+    """The values of the dotted ``keys`` in ``trial`` (by YAML name: ``rollout.lambda``)."""
+    out = {}
+    for key in keys:
+        v: Any = trial.model_dump(mode="json")
+        for part in key.split("."):
+            v = v[part]
+        out[key] = v
+    return out
 
 
 def _errors(e: ValidationError) -> str:

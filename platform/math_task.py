@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from math_verify import parse, verify
+
+from distillab.taskio import read_local_split
+
 
 @dataclass(frozen=True)
 class MathItem:
@@ -55,8 +59,6 @@ def math_equivalent(pred: str, gold: str, *, timeout_s: int = 5) -> bool:
     intervals with their open/closed ends). ``timeout_s`` bounds parsing and
     verification (signal-based, so only in the main thread; elsewhere no bound).
     """
-    from math_verify import parse, verify
-
     t = timeout_s if threading.current_thread() is threading.main_thread() else None
     g = parse(f"${gold}$", parsing_timeout=t)
     p = parse(f"${pred}$", parsing_timeout=t)
@@ -80,8 +82,6 @@ def load_math(path: str | Path, *, split: str = "test", field_map: Mapping[str, 
             ``answer`` nor ``solution`` (names the columns the file has); a row whose
             solution has no ``\\boxed{}`` and no answer; an empty split.
     """
-    from distillab.tasks import read_local_split
-
     path = Path(path)
     ds = read_local_split(path, split, "math file")
     f = {**{k: k for k in ("problem", "answer", "solution")}, **(field_map or {})}

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from distillab.taskio import read_local_split, render_prompt
+
 LETTERS = ("A", "B", "C", "D")
 
 
@@ -66,8 +68,6 @@ def load_mcq(path: str | Path, *, split: str = "train", field_map: Mapping[str, 
             file's columns and says to use ``field_map``); an answer outside A–D;
             an option that is empty or not 4 options; an empty split.
     """
-    from distillab.tasks import read_local_split
-
     path = Path(path)
     ds = read_local_split(path, split, "multiple-choice file")
     fmap = {**{k: k for k in ("question", "options", "answer", "demonstration", *LETTERS)}, **(field_map or {})}
@@ -190,9 +190,7 @@ def mcq_train_items(cfg, exclude_test: int, test_seed: int, seed: int) -> list[M
 
 def mcq_prompt_ids(tokenizer, cfg, item: MCQItem) -> list[int]:
     """Prompt token ids: ``cfg.system_prompt`` and `mcq_user_text` (with ``cfg.instruction``), rendered with the
-    tokenizer's chat template (`tasks.render_prompt`)."""
-    from distillab.tasks import render_prompt
-
+    tokenizer's chat template (`taskio.render_prompt`)."""
     return render_prompt(tokenizer, cfg.system_prompt, mcq_user_text(item, cfg.instruction))
 
 

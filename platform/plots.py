@@ -12,6 +12,7 @@ backend switch), so this works headless and inside Jupyter alike.
     (d) :func:`fig_pass_at_k`   pass@1 and pass@k on Countdown-3 and Countdown-4E
     (e) :func:`fig_rlvr`        RLVR reward curves per distilled checkpoint, 4E before/after
     (f) :func:`fig_loglik`      mean student and teacher log-likelihood of rollouts along λ
+    (g) :func:`fig_tensor_sparsity` update sparsity S_τ per tensor kind, per swept configuration
 
 Every value is a mean over seeds (completed trials only) with SEM error bars. A
 panel whose data are absent (no λ column, no ``rlvr`` stage, ...) shows
@@ -47,12 +48,13 @@ from distillab.results import (
     rlvr_gain,
     trial_counts,
 )
+from distillab.registry import require
 
 __all__ = [
     "POLICY", "KL", "LR", "LAMBDA", "SEED",
     "REWARD", "STUDENT_LOGLIK", "TEACHER_LOGLIK",
     "FIGURES",
-    "fig_policy_kl", "fig_lr", "fig_lambda", "fig_pass_at_k", "fig_rlvr", "fig_loglik",
+    "fig_policy_kl", "fig_lr", "fig_lambda", "fig_pass_at_k", "fig_rlvr", "fig_loglik", "fig_tensor_sparsity",
     "figure_notes", "save_figure", "swept_columns", "summary_table", "summary_markdown",
     "write_report",
 ]
@@ -60,12 +62,12 @@ __all__ = [
 #: Config columns the figures are laid out by.
 POLICY, KL, LR, LAMBDA, SEED = "rollout.policy", "loss.kind", "optimizer.lr", "rollout.lambda", "seed"
 ID_TASK, HARD_TASK = "countdown3", "countdown4e"
-#: ``metrics`` names (stage ``rlvr``) of the mean training reward per RLVR step.
-REWARD = ("rlvr/reward_mean", "reward/mean")
+#: ``metrics`` name (stage ``rlvr``) of the mean training reward per RLVR step (`distillab.registry`).
+REWARD = require("rlvr/reward_mean")
 #: ``metrics`` names (stage ``distill``) of the mean per-token log-likelihood of the
-#: step's rollouts under the student and the teacher; the first present is used.
-STUDENT_LOGLIK = ("rollout/student_loglik", "rollout/student_logp", "rollout/logp_student")
-TEACHER_LOGLIK = ("rollout/teacher_loglik", "rollout/teacher_logp", "rollout/logp_teacher")
+#: step's rollouts under the student and the teacher.
+STUDENT_LOGLIK = require("rollout/student_loglik")
+TEACHER_LOGLIK = require("rollout/teacher_loglik")
 _DIMS = (POLICY, KL, LR, LAMBDA)
 _SHORT = {POLICY: "", KL: "", LR: "lr=", LAMBDA: "λ=", SEED: "seed=", "stage": "", "metric": "", "sweep": ""}
 _STAGE_ORDER = {"pre": 0, "distill": 1, "rlvr": 2}
@@ -144,11 +146,10 @@ def _has_lambda(res: Results) -> bool:
     return res.trials.select(pl.col(LAMBDA).is_not_null().any()).collect().item()
 
 
-def _first_metric(res: Results, stage: str, names: Sequence[str]) -> str | None:
-    present = set(
-        res.metrics.filter(pl.col("stage") == stage).select(pl.col("name").unique()).collect()["name"]
-    )
-    return next((n for n in names if n in present), None)
+def _present(res: Results, stage: str, name: str) -> str | None:
+    """``name`` when the ``metrics`` table has it at ``stage``, else None."""
+    found = res.metrics.filter((pl.col("stage") == stage) & (pl.col("name") == name)).select(pl.len()).collect().item()
+    return name if found else None
 
 
 def _trial_metric_mean(res: Results, stage: str, name: str) -> pl.DataFrame:
@@ -401,9 +402,9 @@ def fig_rlvr(res: Results) -> Figure:
     distillation, after it and after RLVR (finding 5)."""
     fig, axes = _new_figure(2, "(e) RLVR from each distilled checkpoint", width=6.0)
     cfg = swept_columns(res)
-    name = _first_metric(res, "rlvr", REWARD)
+    name = _present(res, "rlvr", REWARD)
     if name is None:
-        _no_data(fig, axes[0], "RLVR training reward", f"no rlvr-stage metric {REWARD[0]!r}")
+        _no_data(fig, axes[0], "RLVR training reward", f"no rlvr-stage metric {REWARD!r}")
     else:
         keys = ["sweep", "trial_id"] if "sweep" in res.metrics.collect_schema().names() else ["trial_id"]
         df = (
@@ -442,9 +443,9 @@ def fig_loglik(res: Results) -> Figure:
     if not _has_lambda(res):
         _no_data(fig, axes[0], title, f"no {LAMBDA} values (no λ-spectrum trials)")
         return fig
-    s_name, t_name = _first_metric(res, "distill", STUDENT_LOGLIK), _first_metric(res, "distill", TEACHER_LOGLIK)
+    s_name, t_name = _present(res, "distill", STUDENT_LOGLIK), _present(res, "distill", TEACHER_LOGLIK)
     if s_name is None and t_name is None:
-        _no_data(fig, axes[0], title, f"no distill metrics {STUDENT_LOGLIK[0]!r} / {TEACHER_LOGLIK[0]!r}")
+        _no_data(fig, axes[0], title, f"no distill metrics {STUDENT_LOGLIK!r} / {TEACHER_LOGLIK!r}")
         return fig
     series = [KL, *_extra(res, (KL, LAMBDA))]
     for name, who, style in ((s_name, "student", "-"), (t_name, "teacher", "--")):
@@ -458,6 +459,44 @@ def fig_loglik(res: Results) -> Figure:
     return fig
 
 
+def _tensor_kind(name: str) -> str:
+    """A parameter name with its layer index as ``*`` (``model.layers.*.mlp.up_proj.weight``)."""
+    return re.sub(r"\.\d+\.", ".*.", name)
+
+
+def _config_labels(res: Results, cols: Sequence[str]) -> pl.DataFrame:
+    """Per trial (its keys), ``config``: the label of its values of ``cols``."""
+    trials = res.trials.collect()
+    keys = [k for k in ("sweep", "trial_id") if k in trials.columns]
+    labels = [_label(cols, [row.get(c) for c in cols]) for row in trials.iter_rows(named=True)]
+    return trials.select(keys).with_columns(pl.Series("config", labels, dtype=pl.String))
+
+
+def fig_tensor_sparsity(res: Results) -> Figure:
+    """(g) Update sparsity S_τ per tensor (PROTOCOL.md §4, evals task ``params/<tensor>``)
+    after distillation: one group per tensor kind (the layers' tensors averaged within
+    each trial), one bar per swept configuration, mean ± SEM over seeds."""
+    metric = _sparsity_metric(res)
+    fig, axes = _new_figure(1, "(g) update sparsity per tensor", width=11.0)
+    title = f"update {metric or 'sparsity'} per tensor"
+    df = pl.DataFrame()
+    if metric is not None:
+        df = final_evals(res).filter(
+            (pl.col("stage") == "distill") & pl.col("task").str.starts_with("params/") & (pl.col("metric") == metric)
+        ).collect()
+    if df.height == 0:
+        _no_data(fig, axes[0], title, "no params/<tensor> sparsity evals at stage distill")
+        return fig
+    cfg = swept_columns(res)
+    keys = [k for k in ("sweep", "trial_id") if k in df.columns]
+    df = df.join(_config_labels(res, cfg), on=keys, how="left").with_columns(
+        pl.col("task").str.strip_prefix("params/").map_elements(_tensor_kind, return_dtype=pl.String).alias("tensor"))
+    per_trial = df.group_by([*keys, "config", "tensor"]).agg(pl.col("value").mean())
+    agg = aggregate(per_trial, ["tensor", "config"])
+    _bars(axes[0], agg, ["tensor"], "config" if cfg else None, f"update {metric}", title)
+    return fig
+
+
 #: File stem → figure function, in report order (used by the notebook and the CLI).
 FIGURES: dict[str, Callable[[Results], Figure]] = {
     "a_policy_kl": fig_policy_kl,
@@ -466,6 +505,7 @@ FIGURES: dict[str, Callable[[Results], Figure]] = {
     "d_pass_at_k": fig_pass_at_k,
     "e_rlvr": fig_rlvr,
     "f_loglik": fig_loglik,
+    "g_tensor_sparsity": fig_tensor_sparsity,
 }
 
 

@@ -29,70 +29,56 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from distillab.config import MicroModelConfig, SweepConfig, config_hash
-from distillab.evals.suite import EVAL_TASKS, Evaluator, countdown_prompt_ids, countdown_spec, problem_key, test_keys
-from distillab.mcq import mcq_prompt_ids, mcq_target_text, mcq_train_items
+from distillab.config import MicroModelConfig, SweepConfig, cache_key
+from distillab.evals.suite import Evaluator
+from distillab.mcq import mcq_prompt_ids, mcq_target_text
 from distillab.models import build_char_tokenizer, micro_llama_config
+from distillab.optim import TorchStepper, rlvr_schedule
+from distillab.rlvr import lora_policy, run_rlvr
 from distillab.sft import Example, sft_train
-from distillab.tasks import (
-    generate_problems,
-    generate_skill_items,
-    render_prompt,
-    render_solution,
-    solve,
-)
+from distillab.tasks import TaskData, countdown_prompt_ids, generate_skill_items, render_prompt, render_solution, solve
 
 log = logging.getLogger(__name__)
 
 
+def _exclusion(sweep: SweepConfig, mcq: bool) -> dict:
+    """The test splits a prepared model must not train on (`tasks.TaskData.excluded`; the
+    multiple-choice split when it trains on that task), for its key."""
+    ev = sweep.trial.evaluation
+    return {"countdown": [ev.countdown_test_items, list(ev.countdown_tasks)], **({"mcq": ev.mcq_test_items} if mcq else {})}
+
+
 def prepare_key(sweep: SweepConfig, role: str) -> str:
-    """Hash (12 hex chars) of everything that determines the micro ``role``
-    ("teacher" or "student"): its architecture and SFT settings, the seed, the
-    task/prompt settings and the test split it must not train on."""
+    """`config.cache_key` of the micro ``role`` ("teacher" or "student"): its architecture
+    and SFT settings, the seed, the task/prompt settings it reads and the test splits it
+    must not train on."""
     mcfg = sweep.models.micro_teacher if role == "teacher" else sweep.models.micro_student
-    data = {
-        "role": role,
-        # (mcq_examples, styled_examples only when set: models prepared before them keep their keys)
-        "model": mcfg.model_dump(mode="json", exclude={k for k in ("mcq_examples", "styled_examples")
-                                                       if not getattr(mcfg, k)}),
-        "seed": sweep.models.prepare_seed,
-        "tasks": sweep.trial.tasks.key_dump(teacher=mcfg.styled_examples > 0, mcq=mcfg.mcq_examples > 0),
-        "test_items": max(sweep.trial.evaluation.id_items, sweep.trial.evaluation.pass_items),
-        **({"mcq_test_items": sweep.trial.evaluation.mcq_test_items}
-           if mcfg.mcq_examples else {}),
-        "version": 1,
-    }
-    return config_hash(data)[:12]
+    mcq = mcfg.mcq_examples > 0
+    return cache_key("prepare", 2, role=role, model=mcfg.model_dump(mode="json"), seed=sweep.models.prepare_seed,
+                     tasks=sweep.trial.tasks.inputs(teacher=mcfg.styled_examples > 0, mcq=mcq),
+                     exclude=_exclusion(sweep, mcq))
 
 
 def _examples(tok, sweep: SweepConfig, mcfg: MicroModelConfig, seed: int) -> list[Example]:
     tasks = sweep.trial.tasks
-    exclude = test_keys(tasks, max(sweep.trial.evaluation.id_items, sweep.trial.evaluation.pass_items))
+    data = TaskData(tasks, sweep.trial.evaluation)
     eos = "</s>"
     out: list[Example] = []
     for i, (name, n) in enumerate(sorted(mcfg.countdown_examples.items())):
         if n == 0:
             continue
-        problems = generate_problems(countdown_spec(tasks, name), n, seed * 1000 + i)
-        for p in problems:
-            if problem_key(p) in exclude:
-                continue
+        for p in data.train_problems(name, n, seed * 1000 + i):
             steps = solve(p.operands, p.target)
             prompt = countdown_prompt_ids(tok, tasks, p)
             completion = tok(f"<answer>{render_solution(steps)}</answer>{eos}", add_special_tokens=False)["input_ids"]
             out.append(Example(tuple(prompt), tuple(completion)))
     if mcfg.styled_examples:  # the teacher's conditioning prompt -> the spaced answer style
-        problems = generate_problems(countdown_spec(tasks, "countdown3"), mcfg.styled_examples, seed * 1000 + 29)
-        for p in problems:
-            if problem_key(p) in exclude:
-                continue
+        for p in data.train_problems("countdown3", mcfg.styled_examples, seed * 1000 + 29):
             prompt = countdown_prompt_ids(tok, tasks, p, role="teacher")
             text = f"<answer>{render_solution(solve(p.operands, p.target), spaced=True)}</answer>{eos}"
             out.append(Example(tuple(prompt), tuple(tok(text, add_special_tokens=False)["input_ids"])))
     if mcfg.mcq_examples:  # the second domain: "<answer>LETTER</answer>" (after <think>demo</think> if given)
-        ev = sweep.trial.evaluation
-        items = mcq_train_items(tasks.mcq, ev.mcq_test_items, tasks.test_seed, seed * 1000 + 23)
-        for it in items[: mcfg.mcq_examples]:
+        for it in data.train_mcq_items(seed * 1000 + 23)[: mcfg.mcq_examples]:
             prompt = mcq_prompt_ids(tok, tasks.mcq, it)
             completion = tok(mcq_target_text(it) + eos, add_special_tokens=False)["input_ids"]
             out.append(Example(tuple(prompt), tuple(completion)))
@@ -121,7 +107,8 @@ def _train_one(role: str, sweep: SweepConfig, mcfg: MicroModelConfig, out_dir: P
         warmup=mcfg.sft_warmup, pad_id=tok.pad_token_id, seed=seed,
     )
     train_s = time.perf_counter() - t0
-    rows = Evaluator(tok, sweep.trial.tasks, sweep.trial.evaluation).evaluate(model, seed=sweep.trial.seed)
+    rows = Evaluator(tok, sweep.trial.tasks, sweep.trial.evaluation, seeds=sweep.trial.seeds).evaluate(
+        model, seed=sweep.trial.seed)
     info = {
         "role": role,
         "params": sum(p.numel() for p in model.parameters()),
@@ -148,19 +135,12 @@ def _save_model_dir(model, tok, info: dict, out_dir: Path) -> dict:
 
 
 def refine_key(sweep: SweepConfig, base: str) -> str:
-    """Hash (12 hex chars) of a GRPO-refined teacher: the teacher it starts from
-    (``base``: its prepare key or path), ``models.teacher_refine``, the seed, the tasks
-    and the evaluated test items it must not train on."""
-    ev = sweep.trial.evaluation
-    data = {
-        "base": base,
-        "refine": sweep.models.teacher_refine.model_dump(mode="json", exclude={"engine"}),  # always transformers
-        "seed": sweep.models.prepare_seed,
-        "tasks": sweep.trial.tasks.key_dump(teacher=False),
-        "test": [max(ev.id_items, ev.pass_items), list(ev.countdown_tasks)],
-        "version": 1,
-    }
-    return config_hash(data)[:12]
+    """`config.cache_key` of a GRPO-refined teacher: the teacher it starts from (``base``:
+    its prepare key or path), ``models.teacher_refine``, the seed, the tasks and the
+    evaluated test items it must not train on."""
+    return cache_key("refine_teacher", 2, base=base, refine=sweep.models.teacher_refine.model_dump(mode="json"),
+                     seed=sweep.models.prepare_seed, seeds=sweep.trial.seeds.model_dump(),
+                     tasks=sweep.trial.tasks.inputs(teacher=False, mcq=False), exclude=_exclusion(sweep, False))
 
 
 def refine_teacher(sweep: SweepConfig, teacher_dir: Path, out_dir: Path, threads: int) -> dict:
@@ -178,8 +158,6 @@ def refine_teacher(sweep: SweepConfig, teacher_dir: Path, out_dir: Path, threads
         the ``prepare.json`` dict: ``reward_first10`` / ``reward_last10`` (mean
         training reward of the first and last 10 steps), ``evals`` rows, ``train_seconds``.
     """
-    from distillab.rlvr import TorchStepper, lora_policy, rlvr_problems, rlvr_schedule, run_rlvr
-
     torch.set_num_threads(threads)
     cfg, seed = sweep.models.teacher_refine, sweep.models.prepare_seed
     tok = AutoTokenizer.from_pretrained(teacher_dir)
@@ -187,12 +165,13 @@ def refine_teacher(sweep: SweepConfig, teacher_dir: Path, out_dir: Path, threads
     tasks, ev = sweep.trial.tasks, sweep.trial.evaluation
     t0 = time.perf_counter()
     trained, finish = lora_policy(model, cfg.lora)
-    history = run_rlvr(cfg, TorchStepper(trained, cfg.lr, rlvr_schedule(cfg)), tok, tasks,
-                       rlvr_problems(cfg, tasks, ev, seed), seed, lambda step, metrics: None)
+    problems = TaskData(tasks, ev, seed=seed, seeds=sweep.trial.seeds).rlvr_problems(cfg)
+    history = run_rlvr(cfg, TorchStepper(trained, cfg.lr, rlvr_schedule(cfg)), tok, tasks, problems, seed,
+                       lambda step, metrics: None, seeds=sweep.trial.seeds)
     model = finish()
     train_s = time.perf_counter() - t0
     rewards = [h["rlvr/reward_mean"] for h in history]
-    rows = Evaluator(tok, tasks, ev).evaluate(model, seed=sweep.trial.seed)
+    rows = Evaluator(tok, tasks, ev, seeds=sweep.trial.seeds).evaluate(model, seed=sweep.trial.seed)
     info = {
         "role": "teacher",
         "refined_from": str(teacher_dir),
@@ -263,4 +242,4 @@ def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = Fal
     return paths[0], paths[1]
 
 
-__all__ = ["prepare", "prepare_key", "refine_key", "refine_teacher", "EVAL_TASKS"]
+__all__ = ["prepare", "prepare_key", "refine_key", "refine_teacher"]

@@ -37,6 +37,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from distillab.evals.metrics import FORGETTING_EVAL, FORGETTING_STAGES
+from distillab.evals.metrics import forgetting as forgetting_value
+from distillab.registry import FORGETTING_KEY, eval_key
+
 __all__ = [
     "TABLES",
     "STAGES",
@@ -58,6 +62,7 @@ __all__ = [
     "rlvr_gain",
     "mean_sem_text",
     "FORGETTING_KEY",
+    "with_forgetting",
     "report_metrics",
     "trial_metrics",
     "pareto_front",
@@ -651,8 +656,11 @@ def stage_delta(
 
 def forgetting(res: Results) -> pl.LazyFrame:
     """ΔOOD per trial: mean OOD score after distillation − before (PROTOCOL.md §4;
-    negative = forgotten). ``stage_delta(res, "ood", "ood_mean")``."""
-    return stage_delta(res, "ood", "ood_mean", before="pre", after="distill")
+    negative = forgotten): `stage_delta` of `evals.metrics.FORGETTING_EVAL` with
+    ``value`` = `evals.metrics.forgetting` (before, after)."""
+    (task, metric), (before, after) = FORGETTING_EVAL, FORGETTING_STAGES
+    return stage_delta(res, task, metric, before=before, after=after).with_columns(
+        forgetting_value(pl.col("before"), pl.col("after")).alias("value"))
 
 
 def generalisation_gain(
@@ -671,26 +679,28 @@ def rlvr_gain(res: Results, task: str = "countdown4e", metric: str = "accuracy")
 # --------------------------------------------------------------------------- search objectives
 
 
-#: Name of the derived forgetting metric in a trial's final report and in `report_metrics`.
-FORGETTING_KEY = "eval/forgetting"
+def with_forgetting(report: dict[str, float]) -> dict[str, float]:
+    """``report`` (``eval/<stage>/<task>/<metric>`` keys) plus ``eval/forgetting``
+    (`evals.metrics.forgetting` of the OOD means before and after) when both are there."""
+    (task, metric), (before, after) = FORGETTING_EVAL, FORGETTING_STAGES
+    pre, post = report.get(eval_key(before, task, metric)), report.get(eval_key(after, task, metric))
+    if pre is None or post is None:
+        return dict(report)
+    return {**report, FORGETTING_KEY: forgetting_value(pre, post)}
 
 
 def _report_dict(evals: pl.DataFrame) -> dict[str, float]:
-    """``{"eval/<stage>/<task>/<metric>": value}`` from one trial's final evals, plus
-    :data:`FORGETTING_KEY` (OOD mean after distillation − before) when both exist."""
-    out = {f"eval/{s}/{t}/{m}": float(v) for s, t, m, v in evals.select("stage", "task", "metric", "value").iter_rows()}
-    pre, post = out.get("eval/pre/ood/ood_mean"), out.get("eval/distill/ood/ood_mean")
-    if pre is not None and post is not None:
-        out[FORGETTING_KEY] = post - pre
-    return out
+    """`with_forgetting` of ``{"eval/<stage>/<task>/<metric>": value}`` from one trial's final evals."""
+    return with_forgetting({eval_key(s, t, m): float(v)
+                            for s, t, m, v in evals.select("stage", "task", "metric", "value").iter_rows()})
 
 
 def report_metrics(root: str | Path, trial_id: str) -> dict[str, float]:
     """The evaluation part of a trial's final report, rebuilt from ``<root>/evals``:
     the same keys ``distill`` reports to Ray Tune (``eval/<stage>/<task>/<metric>``,
-    the last step of each stage, and ``eval/forgetting``). Used to resume a trial's
-    report after a restart, and for objectives of a finished sweep. Empty if the
-    trial has no evals yet."""
+    the last step of each stage, and ``eval/forgetting``). For trials whose report is
+    not in memory: a completed trial the sweep skips, and the stages a resumed worker
+    did not run itself. Empty if the trial has no evals yet."""
     if not _files(Path(root), "evals"):
         return {}
     ev = _scan(Path(root), "evals").filter(pl.col("trial_id") == trial_id).collect()

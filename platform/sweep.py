@@ -2,9 +2,11 @@
 trial that builds and fits a Ray Train ``TorchTrainer`` (Train V2: Tune's report
 callback propagates the workers' metrics; ``Tuner(TorchTrainer)`` is not used).
 
-Search: ``grid`` (``tune.grid_search`` per dotted key) or ``optuna`` (Tune's
-``OptunaSearch`` over Tune domains, TPE by default, one objective or several for
-a Pareto front), optionally with ASHA early stopping. Faults: Train's
+Search: ``grid`` (Tune iterates the validated trial list of `SweepConfig.trials`,
+expanded once when the sweep validated: ``tune.grid_search`` over its points) or
+``optuna`` (Tune's ``OptunaSearch`` over Tune domains, TPE by default, one objective
+or several for a Pareto front; each sample applied to the base trial with
+`config.apply_point`), optionally with ASHA early stopping. Faults: Train's
 ``FailureConfig`` restarts a trial's worker group from its latest checkpoint; Tune's
 retries a trial, whose Train run then resumes from the same storage; a trial whose
 row is already ``completed`` is never rerun; `resume_sweep` continues an
@@ -21,7 +23,6 @@ that `distillab.results.load` reads.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import math
@@ -31,39 +32,41 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import optuna
+import polars as pl
+import ray
+import ray.train
+from ray import tune
+from ray.train.torch import TorchTrainer
+from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.schedulers import ASHAScheduler
+from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
-from distillab.config import SweepConfig, TrialConfig, expand_trials, set_dotted
-from distillab.results import report_metrics, write_rows
+from distillab.config import RuntimeContext, SweepConfig, TrialConfig, apply_point, point_of
+from distillab.distill import train_loop_per_worker
+from distillab.models import load_tokenizer
+from distillab.registry import REPORTER_COLUMNS
+from distillab.results import load, pareto_front, report_metrics, trial_metrics, write_rows
+from distillab.rollout import offpd_rollout_path, offpd_rollout_set, resolve_engine, start_rollout_actor
 
 log = logging.getLogger(__name__)
 
-#: Metric columns of the Tune progress reporter (report key → column title).
-REPORTER_COLUMNS = {
-    "step": "step",
-    "loss": "loss",
-    "kl/forward": "fKL",
-    "kl/reverse": "rKL",
-    "rollout/tokens_per_s": "tok/s",
-    "eval/distill/countdown3/accuracy": "acc",
-    "eval/forgetting": "dOOD",
-}
+#: the key of a grid sweep's Tune parameter: one point of `SweepConfig.trials` (its trial id and searched values)
+POINT = "point"
 
 
-def trial_from_params(base: dict[str, Any], params: dict[str, Any]) -> TrialConfig:
-    """Apply a Tune grid point (dotted keys) to the base trial dict and validate."""
-    d = copy.deepcopy(base)
-    for k, v in params.items():
-        if k in ("base", "ctx"):
-            continue
-        set_dotted(d, k, v)
-    return TrialConfig.model_validate(d)
+def trial_of(params: dict[str, Any], trials: dict[str, dict], base: dict[str, Any]) -> TrialConfig:
+    """The trial a Tune config stands for: a grid point's trial from the validated list
+    ``trials`` (trial id → trial JSON), or an Optuna sample (dotted keys) applied to
+    ``base`` with `config.apply_point`."""
+    if POINT in params:
+        return TrialConfig.model_validate(trials[params[POINT]["trial_id"]])
+    return apply_point(base, {k: v for k, v in params.items() if k != "ctx"})
 
 
 def completed_trials(root: Path, trial_id: str | None = None) -> int:
     """How many rows of ``<root>/trials`` are ``completed`` (only ``trial_id``'s, if given)."""
-    import polars as pl
-
     pattern = f"{trial_id}.parquet" if trial_id is not None else "*.parquet"
     files = list((root / "trials").glob(pattern)) if (root / "trials").exists() else []
     if not files:
@@ -71,54 +74,38 @@ def completed_trials(root: Path, trial_id: str | None = None) -> int:
     return pl.scan_parquet(files).filter(pl.col("status") == "completed").select(pl.len()).collect().item()
 
 
-def run_trial(params: dict[str, Any]) -> None:
-    """Tune function trainable: one distillation trial as a ``TorchTrainer`` fit,
-    plus its row in the ``trials`` table (``running`` at start; then ``completed`` or
-    ``failed`` with the error, times and checkpoint).
+def run_trial(params: dict[str, Any], trials: dict[str, dict] | None = None, base: dict[str, Any] | None = None
+              ) -> None:
+    """Tune function trainable: one distillation trial (`trial_of` the Tune config; its
+    `config.RuntimeContext` is ``params["ctx"]``) as a ``TorchTrainer`` fit, plus its row in
+    the ``trials`` table (``running`` at start; then ``completed`` or ``failed`` with the
+    error, times and checkpoint).
 
     A trial whose row is already ``completed`` (Tune re-launching it after a driver
     crash) is not rerun: its final report is rebuilt from the ``evals`` table."""
-    import ray.train
-    from ray import tune
-    from ray.train.torch import TorchTrainer
-    from ray.tune.integration.ray_train import TuneReportCallback
-
-    from distillab.distill import train_loop_per_worker
-
-    ctx = params["ctx"]
-    trial = trial_from_params(params["base"], params)
-    trial_id = trial.trial_id
-    root = Path(ctx["results_root"])
+    ctx = RuntimeContext.model_validate(params["ctx"])
+    trial = trial_of(params, trials or {}, base or {})
+    trial_id, root, res = trial.trial_id, Path(ctx.results_root), ctx.resources
     if completed_trials(root, trial_id):
         log.info("%s already completed; reporting its stored results", trial_id)
         tune.report({"step": trial.optimizer.steps, **report_metrics(root, trial_id), "skipped_rerun": 1})
         return
-    res = ctx["resources"]
-    start = time.time()
-    row: dict[str, Any] = {"trial_id": trial_id, "start_time": start, "checkpoint": None, "error": None}
+    row: dict[str, Any] = {"trial_id": trial_id, "start_time": time.time(), "checkpoint": None, "error": None}
     row.update({k: (str(v) if isinstance(v, (list, dict)) else v) for k, v in trial.flat().items()})
     write_rows(root, "trials", [{**row, "status": "running", "end_time": math.nan}], key=trial_id)
     trainer = TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={
-            "trial": trial.model_dump(mode="json"),
-            "trial_id": trial_id,
-            "teacher_path": ctx["teacher_path"],
-            "student_path": ctx["student_path"],
-            "results_root": str(root),
-            "shared_cache": ctx.get("shared_cache"),
-            "torch_threads": res["torch_threads"],
-        },
+        train_loop_config={"trial": trial.model_dump(mode="json"), "trial_id": trial_id,
+                           "ctx": ctx.model_dump(mode="json")},
         scaling_config=ray.train.ScalingConfig(
-            num_workers=res["num_workers"],
-            use_gpu=res["gpus_per_worker"] > 0,
-            resources_per_worker={"CPU": res["cpus_per_worker"], **({"GPU": res["gpus_per_worker"]} if res["gpus_per_worker"] else {})},
+            num_workers=res.num_workers, use_gpu=res.gpus_per_worker > 0,
+            resources_per_worker={"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})},
         ),
         run_config=ray.train.RunConfig(
             name=trial_id,  # same name + storage: a retried trial resumes this run's checkpoints
             storage_path=str(root / "train"),
             callbacks=[TuneReportCallback()],
-            failure_config=ray.train.FailureConfig(max_failures=ctx["fault_tolerance"]["worker_restarts"]),
+            failure_config=ray.train.FailureConfig(max_failures=ctx.fault_tolerance.worker_restarts),
         ),
     )
     try:
@@ -135,8 +122,6 @@ def run_trial(params: dict[str, Any]) -> None:
 def init_ray(address: str | None, dashboard: bool, num_cpus: int | None = None) -> None:
     """Connect to ``address`` (or ``RAY_ADDRESS``, set by ``ray job submit``), else
     start a local Ray whose dashboard binds to 127.0.0.1."""
-    import ray
-
     # offline unless the caller says otherwise (HF_HUB_OFFLINE=0 lets lm-eval fetch its hub datasets)
     env = {"env_vars": {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}}
     if address or os.environ.get("RAY_ADDRESS"):
@@ -152,8 +137,6 @@ def init_ray(address: str | None, dashboard: bool, num_cpus: int | None = None) 
 
 
 def _tune_domain(domain):
-    from ray import tune
-
     if domain.uniform is not None:
         return tune.uniform(*domain.uniform)
     if domain.loguniform is not None:
@@ -175,28 +158,21 @@ class FinalReportOptunaSearch(OptunaSearch):
 
 
 def build_search(sweep: SweepConfig):
-    """``(param_space, search_alg, scheduler, num_samples)`` for the Tuner: the grid
-    as ``tune.grid_search`` per dotted key, or Optuna over Tune domains (the sampler
-    and seed from ``search``; several objectives give a multi-objective study)."""
-    from ray import tune
-
+    """``(param_space, search_alg, scheduler, num_samples)`` for the Tuner: the grid as
+    ``tune.grid_search`` over the points of `SweepConfig.trials` (``{"point": {"trial_id",
+    <searched key>: value, ...}}``), or Optuna over Tune domains (the sampler and seed
+    from ``search``; several objectives give a multi-objective study)."""
     s = sweep.search
     scheduler = None
     if s.scheduler is not None:
-        from ray.tune.schedulers import ASHAScheduler
-
         sc = s.scheduler
         scheduler = ASHAScheduler(
             time_attr="step", metric=sc.metric, mode=sc.mode, grace_period=sc.grace_period,
             max_t=sc.max_t or sweep.trial.optimizer.steps, reduction_factor=sc.reduction_factor,
         )
     if s.kind == "grid":
-        return {k: tune.grid_search(v) for k, v in s.grid.items()}, None, scheduler, 1
-
-    import optuna
-    from ray.tune.search import ConcurrencyLimiter
-
-
+        points = [{"trial_id": t.trial_id, **point_of(t, list(s.grid))} for t in sweep.trials]
+        return {POINT: tune.grid_search(points)}, None, scheduler, 1
     samplers = {
         "tpe": lambda: optuna.samplers.TPESampler(seed=s.seed),
         "random": lambda: optuna.samplers.RandomSampler(seed=s.seed),
@@ -214,38 +190,20 @@ def build_search(sweep: SweepConfig):
     return {k: _tune_domain(d) for k, d in s.space.items()}, searcher, scheduler, s.num_samples
 
 
-def _ctx(sweep: SweepConfig, teacher_path: Path, student_path: Path, root: Path) -> dict[str, Any]:
-    return {
-        "teacher_path": str(Path(teacher_path).resolve()),
-        "student_path": str(Path(student_path).resolve()),
-        "results_root": str(root),
-        "shared_cache": str(shared_cache_dir(sweep)),
-        "resources": sweep.resources.model_dump(),
-        "fault_tolerance": sweep.fault_tolerance.model_dump(),
-    }
-
-
 def shared_cache_dir(sweep: SweepConfig) -> Path:
-    """What trials share lives beside the prepared models, ``<models.cache_dir>/shared``:
-    reusable OffPD rollout sets and the evaluation of the untrained student."""
-    return Path(sweep.models.cache_dir).expanduser().resolve() / "shared"
+    """`SweepConfig.shared_cache_dir`: reusable OffPD rollout sets and the evaluation of the untrained student."""
+    return sweep.shared_cache_dir()
 
 
 def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: int | None = None) -> int:
     """Generate, before any trial starts, the OffPD rollout sets that the sweep's
-    trials with ``rollout.offpd_reuse`` will read (`distill.offpd_rollout_set`),
+    trials with ``rollout.offpd_reuse`` will read (`rollout.offpd_rollout_set`),
     each distinct set once, in a `rollout.RolloutActor` of the configured engine
     with all ``threads`` (default: the machine's cores). Sets already cached are
     skipped. Ray must be initialised. Returns how many sets were generated."""
-    import ray
-
-    from distillab.distill import offpd_rollout_path, offpd_rollout_set
-    from distillab.models import load_tokenizer
-    from distillab.rollout import resolve_engine, start_rollout_actor
-
     world = sweep.resources.num_workers
     todo: dict[Path, tuple[TrialConfig, int]] = {}
-    for t in expand_trials(sweep):
+    for t in sweep.trials:
         if t.rollout.policy == "offpd" and t.rollout.offpd_reuse:
             for rank in range(world):
                 path = offpd_rollout_path(shared_cache_dir(sweep), t, teacher_path, rank, world)
@@ -281,26 +239,24 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
 
 
 def _trainable(sweep: SweepConfig):
-    from ray import tune
-
-    return tune.with_resources(run_trial, {"CPU": sweep.resources.trial_cpus})
+    """`run_trial` with the sweep's validated trials (grid) or base trial (Optuna) and its resources."""
+    trials = {t.trial_id: t.model_dump(mode="json") for t in sweep.trials} if sweep.search.kind == "grid" else {}
+    fn = tune.with_parameters(run_trial, trials=trials, base=sweep.trial.model_dump(mode="json"))
+    return tune.with_resources(fn, {"CPU": sweep.resources.trial_cpus})
 
 
 def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, verbose: int = 1) -> Path:
     """Run every trial of the search with Ray Tune (Ray must be initialised).
     Writes ``<root>/sweep.json`` first (what ``--resume`` reads). Returns the sweep
     directory (results root)."""
-    from ray import tune
-
     root = sweep.sweep_dir()
     root.mkdir(parents=True, exist_ok=True)
-    expand_trials(sweep)  # validated already; cheap
     (root / "sweep.json").write_text(json.dumps(sweep.model_dump(mode="json"), indent=1))
     precompute_offpd_rollouts(sweep, teacher_path)
     r = sweep.resources
     param_space, search_alg, scheduler, num_samples = build_search(sweep)
-    param_space.update(base=sweep.trial.model_dump(mode="json"), ctx=_ctx(sweep, teacher_path, student_path, root))
-    searched = list(sweep.search.grid) + list(sweep.search.space)
+    param_space["ctx"] = RuntimeContext.for_sweep(sweep, teacher_path, student_path).model_dump(mode="json")
+    searched = {f"{POINT}/{k}": k for k in sweep.search.grid} | {k: k for k in sweep.search.space}
     reporter = tune.CLIReporter(
         parameter_columns=searched, metric_columns=REPORTER_COLUMNS, max_report_frequency=30,
     )
@@ -325,8 +281,6 @@ def resume_sweep(root: str | Path, teacher_path: Path, student_path: Path, *, ve
     """Continue an interrupted sweep from ``<root>/tune`` with ``Tuner.restore``:
     finished trials are kept (and, having ``completed`` rows, never rerun),
     unfinished and errored ones resume from their latest checkpoints."""
-    from ray import tune
-
     root = Path(root).resolve()
     sweep = SweepConfig.model_validate(json.loads((root / "sweep.json").read_text()))
     if not tune.Tuner.can_restore(str(root / "tune")):
@@ -358,7 +312,7 @@ def _pin_train_coordinator_to_driver_node() -> None:
 
 def expected_trials(sweep: SweepConfig) -> int:
     """How many trials the sweep runs: the grid's size, or ``search.num_samples``."""
-    return sweep.search.num_samples if sweep.search.kind == "optuna" else len(expand_trials(sweep))
+    return sweep.search.num_samples if sweep.search.kind == "optuna" else len(sweep.trials)
 
 
 def _fit(tuner, sweep: SweepConfig, root: Path) -> Path:
@@ -384,10 +338,6 @@ def _fit(tuner, sweep: SweepConfig, root: Path) -> Path:
 def print_search_summary(root: Path, sweep: SweepConfig) -> None:
     """Print the best trial (one objective) or the Pareto front (several), from the
     sweep's Parquet results (finished trials, including ones of earlier runs)."""
-    import polars as pl
-
-    from distillab.results import load, pareto_front, trial_metrics
-
     objectives = sweep.search.objectives
     df = trial_metrics(load(root))
     cols = [c for c in ["trial_id", *sweep.search.space] if c in df.columns]

@@ -1,353 +1,177 @@
-"""Tasks of the study: Countdown generation, solving, verification and prompts;
-the micro "prior-skill" tasks that form the micro OOD suite.
+"""Task data of a trial (PROTOCOL.md §5): what the models are trained and scored on.
 
-PROTOCOL.md §5. Everything is seeded and pure Python; model output is parsed
-with a regular expression and checked with integer arithmetic, never `eval`.
+`TaskData` is built from a trial's ``tasks`` and ``evaluation`` sections, its domain
+and its seeds, and gives
 
-    >>> spec = CountdownSpec.countdown3()
-    >>> p = generate_problems(spec, n=2, seed=0)[0]
-    >>> verify_countdown(render_solution(solve(p.operands, p.target)), p.operands, p.target)
-    True
+- the fixed test split of every scored task (`TaskData.test_split`; seeded by
+  ``tasks.test_seed``, the same for every trial);
+- the exclusion set: every item of every scored test split (`TaskData.excluded`),
+  which no training list contains (distillation prompts, RLVR problems, the micro
+  models' SFT data);
+- the training prompts of the distillation domain per role (the student's prompt,
+  or the teacher's conditioning) and rank (`TaskData.train_prompts`), and the RLVR
+  problems per rank (`TaskData.rlvr_problems`).
+
+The primitives live in `distillab.countdown` (Countdown, prior skills),
+`distillab.mcq` (multiple choice) and `distillab.taskio` (prompt rendering, local
+files); their public names are re-exported here.
+
+    >>> data = TaskData(TasksConfig(), EvaluationConfig(id_items=4, pass_items=2))
+    >>> len(data.test_split("countdown3"))
+    4
 """
 
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
-#: The paper's large operand pool for Countdown-3 and Countdown-4 (PROTOCOL.md §5).
-PAPER_POOL: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 25, 50, 75)
-#: Countdown-4E operands: 1..10.
-SMALL_POOL: tuple[int, ...] = tuple(range(1, 11))
+from distillab.config import EvaluationConfig, RLVRConfig, SeedsConfig, TasksConfig, TrialConfig
+from distillab.countdown import (  # noqa: F401  (re-exported: the task primitives' public names)
+    COUNTDOWN_TASKS,
+    PAPER_POOL,
+    SKILL_NAMES,
+    SKILLS,
+    SMALL_POOL,
+    CountdownProblem,
+    CountdownSpec,
+    SkillItem,
+    apply_op,
+    countdown_user_text,
+    extract_answer,
+    generate_problems,
+    generate_skill_items,
+    render_solution,
+    score_countdown,
+    score_skill,
+    skill_user_text,
+    solve,
+    verify_countdown,
+)
+from distillab.mcq import MCQItem, item_key, mcq_prompt_ids, mcq_test_split, mcq_train_items
+from distillab.taskio import read_local_split, render_prompt  # noqa: F401  (re-exported)
 
-OPS = ("+", "-", "*", "/")
+#: Offset of each Countdown test split's seed from ``tasks.test_seed`` (others: `OTHER_TEST_OFFSET`).
+TEST_SEED_OFFSETS = {"countdown3": 0, "countdown4e": 1}
+OTHER_TEST_OFFSET = 7
+
+ProblemKey = tuple[tuple[int, ...], int]
+
+
+def countdown_spec(tasks: TasksConfig, name: str) -> CountdownSpec:
+    """The `CountdownSpec` of task ``name`` in ``tasks``."""
+    c = getattr(tasks, name)
+    return CountdownSpec(name, tuple(c.pool), c.n_operands, c.target_min, c.target_max)
+
+
+def countdown_test_split(tasks: TasksConfig, name: str, n: int) -> list[CountdownProblem]:
+    """The fixed test split of a Countdown task (seeded by ``tasks.test_seed``)."""
+    offset = TEST_SEED_OFFSETS.get(name, OTHER_TEST_OFFSET)
+    return generate_problems(countdown_spec(tasks, name), n, tasks.test_seed + offset)
+
+
+def problem_key(problem: CountdownProblem) -> ProblemKey:
+    """(sorted operands, target): the identity of a Countdown instance (a multiset and a target)."""
+    return tuple(sorted(problem.operands)), problem.target
+
+
+def test_keys(tasks: TasksConfig, n: int, names: tuple[str, ...]) -> set[ProblemKey]:
+    """`problem_key` of the first ``n`` test items of each task in ``names``."""
+    return {problem_key(p) for name in names for p in countdown_test_split(tasks, name, n)}
+
+
+def countdown_prompt_ids(tokenizer, tasks: TasksConfig, problem: CountdownProblem, role: str = "student") -> list[int]:
+    """Prompt token ids of a Countdown problem: the task's system prompt and user
+    template, rendered with the tokenizer's chat template. ``role="teacher"`` uses
+    the teacher's conditioning (``tasks.teacher_system_prompt`` /
+    ``teacher_user_template``) where set.
+
+    Raises:
+        ValueError: ``role`` not "student" or "teacher".
+    """
+    if role not in ("student", "teacher"):
+        raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
+    system, template = tasks.system_prompt, tasks.user_template
+    if role == "teacher":
+        system = tasks.teacher_system_prompt if tasks.teacher_system_prompt is not None else system
+        template = tasks.teacher_user_template if tasks.teacher_user_template is not None else template
+    return render_prompt(tokenizer, system, countdown_user_text(problem, template, tasks.sort_operands))
 
 
 @dataclass(frozen=True)
-class CountdownSpec:
-    """One Countdown variant: operand pool (drawn with replacement), operand count
-    and the inclusive target range.
+class TaskData:
+    """The task data of one trial (module docstring).
 
-    Raises:
-        ValueError: empty pool, n_operands < 2, or target_min > target_max.
-    """
+    ``domain``: ``countdown`` (Countdown-3 training prompts) or ``mcq`` (``tasks.mcq``);
+    ``seed``: the trial's seed s; ``seeds``: the derived streams (`config.SeedsConfig`);
+    ``train_items``: training problems drawn (``optimizer.train_prompts``)."""
 
-    name: str
-    pool: tuple[int, ...]
-    n_operands: int
-    target_min: int
-    target_max: int
-
-    def __post_init__(self) -> None:
-        if not self.pool or any(v <= 0 for v in self.pool):
-            raise ValueError(f"{self.name}: pool must be non-empty positive integers, got {self.pool}")
-        if self.n_operands < 2:
-            raise ValueError(f"{self.name}: n_operands must be >= 2, got {self.n_operands}")
-        if not 1 <= self.target_min <= self.target_max:
-            raise ValueError(
-                f"{self.name}: need 1 <= target_min <= target_max, got {self.target_min}..{self.target_max}"
-            )
+    tasks: TasksConfig
+    evaluation: EvaluationConfig
+    domain: str = "countdown"
+    seed: int = 42
+    seeds: SeedsConfig = SeedsConfig()
+    train_items: int = 20_000
 
     @classmethod
-    def countdown3(cls, target_max: int = 1000) -> "CountdownSpec":
-        """Countdown-3: three operands from the paper's pool."""
-        return cls("countdown3", PAPER_POOL, 3, 1, target_max)
-
-    @classmethod
-    def countdown4e(cls, target_max: int = 1000) -> "CountdownSpec":
-        """Countdown-4E: four operands from 1..10 (harder generalisation test)."""
-        return cls("countdown4e", SMALL_POOL, 4, 1, target_max)
-
-    @classmethod
-    def countdown4(cls) -> "CountdownSpec":
-        """Countdown-4: four operands from the paper's pool, targets 1..10,000 (RLVR)."""
-        return cls("countdown4", PAPER_POOL, 4, 1, 10_000)
-
-
-@dataclass(frozen=True)
-class CountdownProblem:
-    """A Countdown instance: operands (with repeats) and the target."""
-
-    operands: tuple[int, ...]
-    target: int
-
-
-Step = tuple[int, str, int, int]  # (left, op, right, result)
-
-
-def apply_op(a: int, op: str, b: int) -> int | None:
-    """Exact integer result of ``a op b``, or None when the step is not allowed
-    (negative result, division by zero or inexact division)."""
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b if a >= b else None
-    if op == "*":
-        return a * b
-    if op == "/":
-        if b == 0 or a % b:
-            return None
-        return a // b
-    raise ValueError(f"op must be one of {OPS}, got {op!r}")
-
-
-def generate_problems(spec: CountdownSpec, n: int, seed: int) -> list[CountdownProblem]:
-    """Draw ``n`` random problems of ``spec`` (repeats possible, rare).
-
-    Operands are drawn with replacement from ``spec.pool``; the target is the value
-    of a random expression that combines all operands with +, −, ×, exact ÷
-    (every intermediate a positive integer), kept if within the target range.
-    Deterministic in ``seed``.
-    """
-    rng = random.Random(seed)
-    out: list[CountdownProblem] = []
-    while len(out) < n:
-        operands = tuple(rng.choice(spec.pool) for _ in range(spec.n_operands))
-        pool = list(operands)
-        ok = True
-        while len(pool) > 1:
-            i, j = rng.sample(range(len(pool)), 2)
-            a, b = pool[i], pool[j]
-            r = apply_op(a, rng.choice(OPS), b)
-            if r is None or r <= 0:
-                ok = False
-                break
-            pool = [v for k, v in enumerate(pool) if k not in (i, j)] + [r]
-        if ok and spec.target_min <= pool[0] <= spec.target_max:
-            out.append(CountdownProblem(operands, pool[0]))
-    return out
-
-
-def solve(operands: Sequence[int], target: int) -> list[Step] | None:
-    """Exhaustive depth-first solver: the first step sequence (in a canonical
-    order: larger operand on the left, ops in ``+ - * /`` order) that combines
-    every operand exactly once into ``target``, or None when none exists."""
-    pool = tuple(sorted(operands, reverse=True))
-    memo: dict[tuple[int, ...], list[Step] | None] = {}
-
-    def rec(pool: tuple[int, ...]) -> list[Step] | None:
-        if len(pool) == 1:
-            return [] if pool[0] == target else None
-        if pool in memo:
-            return memo[pool]
-        result = None
-        for i in range(len(pool)):
-            for j in range(len(pool)):
-                if i == j or (pool[i] < pool[j]):
-                    continue
-                if pool[i] == pool[j] and i > j:
-                    continue
-                rest = [v for k, v in enumerate(pool) if k not in (i, j)]
-                for op in OPS:
-                    r = apply_op(pool[i], op, pool[j])
-                    if r is None or r <= 0:
-                        continue
-                    sub = rec(tuple(sorted(rest + [r], reverse=True)))
-                    if sub is not None:
-                        result = [(pool[i], op, pool[j], r)] + sub
-                        break
-                if result is not None:
-                    break
-            if result is not None:
-                break
-        memo[pool] = result
-        return result
-
-    return rec(pool)
-
-
-def render_solution(steps: Sequence[Step], spaced: bool = False) -> str:
-    """Steps as the answer format: ``2+3=5,5*4=20``; ``spaced``: ``2 + 3 = 5, 5 * 4 = 20``
-    (the styled teacher's answers; the verifier accepts both)."""
-    if spaced:
-        return ", ".join(f"{a} {op} {b} = {r}" for a, op, b, r in steps)
-    return ",".join(f"{a}{op}{b}={r}" for a, op, b, r in steps)
-
-
-_STEP_RE = re.compile(r"^\s*(\d{1,7})\s*([+\-*/])\s*(\d{1,7})\s*=\s*(\d{1,9})\s*$")
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-
-
-def extract_answer(text: str) -> str | None:
-    """Content of the first ``<answer>…</answer>`` block of ``text``, or None."""
-    m = _ANSWER_RE.search(text[:4096])
-    return m.group(1).strip() if m else None
-
-
-def verify_countdown(answer: str | None, operands: Sequence[int], target: int) -> bool:
-    """The step-equation verifier (PROTOCOL.md §5).
-
-    ``answer`` is comma-separated steps ``a op b = c``. Accepted iff every step
-    parses, both its numbers are still in the pool (each operand usable once,
-    step results join the pool), its arithmetic is exact and correct, and the pool
-    ends as exactly ``[target]``. Anything else, including text that is not a
-    step, is rejected; nothing is evaluated as code.
-    """
-    if answer is None:
-        return False
-    pool = list(operands)
-    parts = answer.split(",")
-    if len(parts) != len(pool) - 1:
-        return False
-    for part in parts:
-        m = _STEP_RE.match(part)
-        if m is None:
-            return False
-        a, op, b, c = int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4))
-        for v in (a, b):
-            if v not in pool:
-                return False
-            pool.remove(v)
-        r = apply_op(a, op, b)
-        if r is None or r != c:
-            return False
-        pool.append(c)
-    return pool == [target]
-
-
-def score_countdown(completion: str, problem: CountdownProblem) -> bool:
-    """True iff the completion's ``<answer>`` passes :func:`verify_countdown`."""
-    return verify_countdown(extract_answer(completion), problem.operands, problem.target)
-
-
-# --------------------------------------------------------------------------------------
-# Prior-skill tasks: what the micro student knows before distillation (the micro OOD suite)
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SkillItem:
-    """One prior-skill example: the prompt text and its exact expected answer."""
-
-    task: str
-    prompt: str
-    answer: str
-
-
-def _add(rng: random.Random) -> SkillItem:
-    a, b = rng.randint(1, 99), rng.randint(1, 99)
-    return SkillItem("add", f"add {a} {b}", str(a + b))
-
-
-def _mul(rng: random.Random) -> SkillItem:
-    a, b = rng.choice(PAPER_POOL), rng.randint(1, 12)
-    return SkillItem("mul", f"mul {a} {b}", str(a * b))
-
-
-def _reverse(rng: random.Random) -> SkillItem:
-    s = "".join(rng.choice("abcdefghij") for _ in range(rng.randint(3, 6)))
-    return SkillItem("reverse", f"rev {s}", s[::-1])
-
-
-def _sort(rng: random.Random) -> SkillItem:
-    s = [rng.randint(0, 9) for _ in range(rng.randint(3, 6))]
-    return SkillItem("sort", "sort " + "".join(map(str, s)), "".join(map(str, sorted(s))))
-
-
-SKILLS: dict[str, Callable[[random.Random], SkillItem]] = {
-    "add": _add,
-    "mul": _mul,
-    "reverse": _reverse,
-    "sort": _sort,
-}
-
-
-def generate_skill_items(task: str, n: int, seed: int) -> list[SkillItem]:
-    """``n`` seeded items of a prior-skill task.
-
-    Raises:
-        ValueError: unknown task (allowed: the keys of :data:`SKILLS`).
-    """
-    if task not in SKILLS:
-        raise ValueError(f"skill task must be one of {sorted(SKILLS)}, got {task!r}")
-    rng = random.Random(f"{task}:{seed}")
-    return [SKILLS[task](rng) for _ in range(n)]
-
-
-def score_skill(completion: str, item: SkillItem) -> bool:
-    """Exact match of the ``<answer>`` content with the expected answer."""
-    return extract_answer(completion) == item.answer
-
-
-__all__ = [
-    "PAPER_POOL",
-    "SMALL_POOL",
-    "CountdownSpec",
-    "CountdownProblem",
-    "generate_problems",
-    "solve",
-    "render_solution",
-    "extract_answer",
-    "verify_countdown",
-    "score_countdown",
-    "countdown_user_text",
-    "render_prompt",
-    "skill_user_text",
-    "SkillItem",
-    "SKILLS",
-    "generate_skill_items",
-    "score_skill",
-    "apply_op",
-    "read_local_split",
-]
-
-
-def render_prompt(tokenizer, system: str, user: str) -> list[int]:
-    """Prompt token ids: the chat template when the tokenizer has one (system +
-    user turn, generation prompt added), else ``system\\n\\nuser\\n``."""
-    if getattr(tokenizer, "chat_template", None):
-        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
-        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-    else:
-        text = (system + "\n\n" if system else "") + user + "\n"
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def countdown_user_text(problem: CountdownProblem, template: str, sort_operands: bool) -> str:
-    """The task prompt of a Countdown problem from ``template`` (``{nums}``, ``{target}``)."""
-    ops = sorted(problem.operands, reverse=True) if sort_operands else problem.operands
-    return template.format(nums=" ".join(map(str, ops)), target=problem.target)
-
-
-def skill_user_text(item: SkillItem) -> str:
-    """The task prompt of a prior-skill item (the item's own prompt text)."""
-    return item.prompt
-
-
-# --------------------------------------------------------------------------------------
-# Local task files (multiple-choice, math): one reader
-# --------------------------------------------------------------------------------------
-
-
-def read_local_split(path, split: str, what: str):
-    """A local ``.jsonl``/``.json``/``.parquet`` file as one ``datasets`` split
-    (``datasets.load_dataset`` with ``data_files``; nothing downloaded, nothing
-    executed). ``what`` names the file's role in messages ("multiple-choice file").
-
-    Returns:
-        The ``datasets.Dataset`` (at least one row).
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: unsupported extension (names the allowed ones); no rows.
-    """
-    from pathlib import Path
-
-    from datasets import load_dataset
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} {path} does not exist")
-    kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix.lower())
-    if kind is None:
-        raise ValueError(f"{path}: unsupported file type {path.suffix!r} (allowed: .jsonl, .json, .parquet)")
-    try:
-        ds = load_dataset(kind, data_files={split: str(path)}, split=split)
-    except StopIteration:  # datasets' JSON reader on a file without rows
-        ds = []
-    if len(ds) == 0:
-        raise ValueError(f"{path}: split {split!r} is empty")
-    return ds
-
+    def of(cls, trial: TrialConfig) -> "TaskData":
+        """The task data of ``trial``."""
+        return cls(trial.tasks, trial.evaluation, trial.domain, trial.seed, trial.seeds,
+                   trial.optimizer.train_prompts)
+
+    def test_split(self, name: str) -> list[CountdownProblem] | list[MCQItem]:
+        """The test split of task ``name`` (a Countdown task or ``mcq``): its first
+        ``evaluation.countdown_test_items`` (``mcq_test_items``) items."""
+        if name == "mcq":
+            return mcq_test_split(self.tasks.mcq, self.evaluation.mcq_test_items, self.tasks.test_seed)
+        return countdown_test_split(self.tasks, name, self.evaluation.countdown_test_items)
+
+    def excluded(self) -> set[ProblemKey]:
+        """`problem_key` of every item of every scored Countdown test split
+        (``evaluation.countdown_tasks``): no training list contains one. (The
+        multiple-choice test split is excluded by `mcq.mcq_train_items`.)"""
+        return test_keys(self.tasks, self.evaluation.countdown_test_items, tuple(self.evaluation.countdown_tasks))
+
+    def train_problems(self, name: str, n: int, seed: int) -> list[CountdownProblem]:
+        """``n`` problems of Countdown task ``name`` drawn with ``seed``, test items removed."""
+        exclude = self.excluded()
+        return [p for p in generate_problems(countdown_spec(self.tasks, name), n, seed) if problem_key(p) not in exclude]
+
+    def train_mcq_items(self, seed: int) -> list[MCQItem]:
+        """The multiple-choice training items (``tasks.mcq``) drawn with ``seed``, test items removed."""
+        return mcq_train_items(self.tasks.mcq, self.evaluation.mcq_test_items, self.tasks.test_seed, seed)
+
+    def train_prompts(self, tokenizer, rank: int, role: str = "student") -> list[list[int]]:
+        """Training prompts of the domain, test items excluded, in rank ``rank``'s own
+        shuffled order. ``role="teacher"``: the same problems in the same order rendered
+        with the teacher's conditioning, so entry i of both lists is one problem."""
+        s, seeds = self.seed, self.seeds
+        rng = random.Random(s * seeds.shuffle + rank)
+        if self.domain == "mcq":
+            items = self.train_mcq_items(seeds.train_problems + s)
+            rng.shuffle(items)
+            return [mcq_prompt_ids(tokenizer, self.tasks.mcq, it) for it in items]
+        problems = self.train_problems("countdown3", self.train_items, seeds.train_problems + s)
+        rng.shuffle(problems)
+        return [countdown_prompt_ids(tokenizer, self.tasks, p, role) for p in problems]
+
+    def rlvr_problems(self, cfg: RLVRConfig, rank: int = 0, world: int = 1) -> list[CountdownProblem]:
+        """``cfg.train_prompts`` problems of ``cfg.task`` (test items removed), shuffled,
+        and rank ``rank``'s stride of them (every ``world``-th)."""
+        s, seeds = self.seed, self.seeds
+        problems = self.train_problems(cfg.task, cfg.train_prompts, seeds.rlvr_problems + s)
+        random.Random(s * seeds.shuffle + seeds.rlvr_shuffle).shuffle(problems)
+        return problems[rank::world]
+
+
+def train_prompts(trial: TrialConfig, tokenizer, rank: int, role: str = "student") -> list[list[int]]:
+    """`TaskData.train_prompts` of ``trial``."""
+    return TaskData.of(trial).train_prompts(tokenizer, rank, role)
+
+
+__all__ = ["TaskData", "train_prompts", "countdown_spec", "countdown_test_split", "problem_key", "test_keys",
+           "countdown_prompt_ids", "TEST_SEED_OFFSETS", "item_key", "COUNTDOWN_TASKS", "SKILL_NAMES",
+           "PAPER_POOL", "SMALL_POOL", "CountdownSpec", "CountdownProblem", "generate_problems", "solve",
+           "render_solution", "extract_answer", "verify_countdown", "score_countdown", "countdown_user_text",
+           "render_prompt", "skill_user_text", "SkillItem", "SKILLS", "generate_skill_items", "score_skill",
+           "apply_op", "read_local_split"]

@@ -6,7 +6,7 @@ import torch
 
 
 class EngineStandIn(torch.nn.Module):
-    """Stands in for the DeepSpeed engine in `distill.loss_step`: ``engine(...)``
+    """Stands in for the DeepSpeed engine in `loss.loss_step`: ``engine(...)``
     forwards, ``engine.module`` is the model."""
 
     def __init__(self, module):

@@ -10,20 +10,12 @@ import json
 from pathlib import Path
 
 import pytest
-import ray.train
 
-import distillab.distill as distill
+from distillab.config import RuntimeContext, TrialConfig
+from distillab.distill import LocalSession, run_worker
 from fixtures.record_golden import CASES, case_name, golden_models, golden_trial, init_one_rank, per_step
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-
-
-class _OneRank:
-    def get_world_rank(self):
-        return 0
-
-    def get_world_size(self):
-        return 1
 
 
 @pytest.fixture(scope="module")
@@ -36,18 +28,20 @@ def models(tmp_path_factory):
 
 
 @pytest.mark.parametrize("policy, kind, variant", CASES)
-def test_golden_loss_and_grad_norm(models, tmp_path, monkeypatch, policy, kind, variant) -> None:
-    monkeypatch.setattr(ray.train, "get_context", lambda: _OneRank())
-    monkeypatch.setattr(ray.train, "get_checkpoint", lambda: None)
-    monkeypatch.setattr(ray.train, "report", lambda metrics, checkpoint=None: None)
-    monkeypatch.setattr(distill, "RayGauges", lambda trial_id: None)
+def test_golden_loss_and_grad_norm(models, tmp_path, policy, kind, variant) -> None:
+    """The recipe runs without Ray Train (`distill.LocalSession`): the worker's reports
+    and its metrics table hold the recorded sequences."""
     teacher, student = models
     trial_id = case_name(policy, kind, variant)
-    distill.train_loop_per_worker({
-        "trial": golden_trial(policy, kind, variant), "trial_id": trial_id, "teacher_path": str(teacher),
-        "student_path": str(student), "results_root": str(tmp_path), "torch_threads": 1,
-    })
+    ctx = RuntimeContext(teacher_path=str(teacher), student_path=str(student), results_root=str(tmp_path),
+                         shared_cache=str(tmp_path / "shared"))
+    session = LocalSession()
+    final = run_worker(TrialConfig.model_validate(golden_trial(policy, kind, variant)), ctx, trial_id, session)
     got = per_step(tmp_path, trial_id)
     want = json.loads((FIXTURES / f"{trial_id}.json").read_text())
     for name in ("loss", "grad_norm"):
         assert got[name] == pytest.approx(want[name], rel=1e-6, abs=1e-6), name
+    steps = [r["step"] for r in session.reports]
+    assert steps == [10, 20, 20]  # two 10-step windows, then the final report
+    assert session.reports[1]["loss"] == pytest.approx(want["loss"][-1], rel=1e-6)
+    assert final["step"] == 20 and "eval/forgetting" in final and "eval/pre/countdown3/accuracy" in final

@@ -56,7 +56,7 @@ def test_file_splits_and_their_errors() -> None:
 
 
 def test_training_prompts_and_sft_targets() -> None:
-    from distillab.distill import train_prompts
+    from distillab.tasks import train_prompts
 
     tok = build_char_tokenizer()
     trial = TrialConfig(domain="mcq", evaluation={"mcq_items": 50}, tasks={"mcq": {"train_items": 300}})

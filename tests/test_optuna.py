@@ -72,3 +72,21 @@ def test_optuna_multi_objective_pareto_front(run_locally, tmp_path: Path, capsys
     printed = out.split("[search] Pareto front over", 1)[1]
     assert front and all(t in printed for t in front)  # brute force agrees with the printed front
     assert all(t not in printed for t in set(pts) - set(front))
+
+
+def test_optuna_on_the_multiple_choice_objective(run_locally, tmp_path: Path, capsys) -> None:
+    """``search.metric: eval/distill/mcq/accuracy`` (the second domain's headline, rejected as
+    an objective before issue 13): the Optuna sweep runs and reports it as the best trial's."""
+    from distillab.results import trial_metrics
+
+    metric = "eval/distill/mcq/accuracy"
+    sweep, res = _run(run_locally, tmp_path, **{
+        "search.metric": metric, "search.mode": "max", "search.num_samples": 2,
+        "search.space": {"optimizer.lr": {"loguniform": [1e-4, 1e-2]}},
+        "trial.rollout": {"policy": "offpd", "max_tokens": 12}, "trial.domain": "mcq",
+        "trial.evaluation.mcq_items": 8, "models.micro_teacher.mcq_examples": 200})
+    trials = res.trials.collect()
+    assert trials.height == 2 and (trials["status"] == "completed").all(), trials["error"].to_list()
+    wide = trial_metrics(res)
+    assert wide[metric].is_between(0, 1).all() and wide[metric].len() == 2
+    assert f"[search] best trial by {metric} (max):" in capsys.readouterr().out

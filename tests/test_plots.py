@@ -53,6 +53,9 @@ def make_sweep(root: Path, *, lam: bool = False, rlvr: bool = False, steps: int 
                 if stage == "distill":
                     evals += [dict(task="params", metric=f"sparsity@{t:g}", value=1 - lr * 300 * f, n=12)
                               for t, f in ((1e-6, 1.0), (1e-8, 2.0))]
+                    evals += [dict(task=f"params/{name}", metric="sparsity@1e-06", value=1 - lr * 300 * f, n=64)
+                              for name, f in (("model.layers.0.mlp.up_proj.weight", 0.5),
+                                              ("model.layers.1.mlp.up_proj.weight", 1.5), ("lm_head.weight", 1.0))]
                 write_rows(root, "evals", [{**e, "trial_id": tid, "stage": stage, "step": step}
                                            for e in evals], key=f"{tid}__{stage}__{step}")
                 evals = []
@@ -67,7 +70,7 @@ def make_sweep(root: Path, *, lam: bool = False, rlvr: bool = False, steps: int 
                     for s in range(1, steps + 1) for n in names]
             write_rows(root, "metrics", rows, key=f"{tid}__distill")
             if rlvr:
-                write_rows(root, "metrics", [dict(trial_id=tid, stage="rlvr", step=s, name="reward/mean",
+                write_rows(root, "metrics", [dict(trial_id=tid, stage="rlvr", step=s, name="rlvr/reward_mean",
                                                   value=s / 5 + rng.random() / 5) for s in range(1, 6)],
                            key=f"{tid}__rlvr")
     return root
@@ -80,7 +83,7 @@ def _is_png(path: Path) -> bool:
 def test_every_figure_on_a_distillation_sweep(tmp_path: Path) -> None:
     res = load(make_sweep(tmp_path / "sweep"))
     assert plots.swept_columns(res) == ["rollout.policy", "loss.kind", "optimizer.lr"]
-    present = {"a_policy_kl", "b_lr", "d_pass_at_k"}
+    present = {"a_policy_kl", "b_lr", "d_pass_at_k", "g_tensor_sparsity"}
     for stem, draw in plots.FIGURES.items():
         fig = draw(res)
         notes = plots.figure_notes(fig)

@@ -9,16 +9,16 @@ import torch
 from transformers import LlamaForCausalLM
 
 from distillab.config import TrialConfig
-from distillab.distill import (
+from distillab.models import build_char_tokenizer, micro_llama_config
+from distillab.rollout import (
+    TransformersEngine,
     offpd_rollout_path,
     offpd_rollout_set,
     rollout_seed,
     sample_rollouts,
     step_prompts,
-    train_prompts,
 )
-from distillab.models import build_char_tokenizer, micro_llama_config
-from distillab.rollout import TransformersEngine
+from distillab.tasks import train_prompts
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +107,8 @@ def test_pre_eval_is_shared_between_trials_with_the_same_student_and_settings(to
     """The untrained student's evaluation is computed once and reused (same rows)."""
     import json
 
-    from distillab.distill import _evaluate, pre_eval_path
+    from distillab.evals.suite import evaluate_stage as _evaluate
+    from distillab.evals.suite import pre_eval_path
 
     _, student, path = models
 

@@ -76,8 +76,11 @@ def test_build_search_maps_domains_onto_tune() -> None:
     assert isinstance(steps, Integer) and (steps.lower, steps.upper) == (2, 5)  # Tune's upper bound is exclusive
     assert type(searcher).__name__ == "ConcurrencyLimiter" and searcher.max_concurrent == 2
     assert type(scheduler).__name__ == "AsyncHyperBandScheduler"
-    grid_space, none, _, one = build_search(load_sweep(REPO / "search_spaces" / "smoke.yaml"))
-    assert none is None and one == 1 and grid_space["rollout.policy"] == {"grid_search": ["offpd", "onpd"]}
+    smoke = load_sweep(REPO / "search_spaces" / "smoke.yaml")
+    grid_space, none, _, one = build_search(smoke)
+    # one grid expansion (issue 13): Tune iterates the sweep's validated trials, one point each
+    assert none is None and one == 1 and grid_space["point"] == {"grid_search": [
+        {"trial_id": t.trial_id, "rollout.policy": p} for t, p in zip(smoke.trials, ["offpd", "onpd"])]}
 
 
 # --------------------------------------------------------------------------------------

@@ -53,3 +53,28 @@ def test_micro_trials_through_tune(smoke_sweep):
                 assert sp["sparsity@1e-06"] == 1.0  # nothing has moved yet
             else:  # 4 AdamW steps at lr 1e-3 move most weights by more than 1e-6
                 assert sp["sparsity@1e-08"] <= sp["sparsity@1e-06"] < 0.5
+
+
+@pytest.mark.slow
+def test_smoke_grid_over_the_divergence(run_locally, tmp_path):
+    """``loss.kind: [forward, reverse, jsd]`` with one ``loss.beta``: three trials complete,
+    the JSD trial is named by its β, and each trains on its own divergence (β is read by
+    jsd only, so forward and reverse runs differ from it)."""
+    from distillab.results import load
+
+    sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
+        "storage_path": str(tmp_path), "models.cache_dir": str(REPO / ".cache" / "models"),
+        "search.grid": {"loss.kind": ["forward", "reverse", "jsd"]}, "trial.loss.beta": 0.5,
+        "trial.optimizer.steps": 3})
+    assert [t.trial_id.split("-")[1] for t in sweep.trials] == ["forward", "reverse", "jsd0.5"]
+    res = load(run_locally(sweep))
+    trials = res.trials.collect().sort("loss.kind")
+    assert trials["loss.kind"].to_list() == ["forward", "jsd", "reverse"]
+    assert (trials["status"] == "completed").all(), trials["error"].to_list()
+    assert trials["loss.beta"].to_list() == [0.5] * 3
+    loss = res.metrics.filter((pl.col("name") == "loss") & (pl.col("step") == 1)).collect()
+    by_kind = dict(zip(trials["trial_id"], trials["loss.kind"]))
+    first = {by_kind[t]: v for t, v in zip(loss["trial_id"], loss["value"])}
+    assert len(first) == 3 and all(v >= 0 for v in first.values())
+    # the same OffPD rollouts at step 1 (same seed, same teacher): JSD(0.5) is bounded by log 2 per token
+    assert first["jsd"] <= 0.6932 and first["jsd"] != first["forward"] and first["jsd"] != first["reverse"]

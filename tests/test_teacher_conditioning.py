@@ -11,9 +11,10 @@ from pydantic import ValidationError
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from distillab.config import LossConfig, StyleConfig, TasksConfig, TrialConfig
-from distillab.distill import TeacherPrompts, loss_step, offpd_rollout_set, step_prompts, train_prompts
 from distillab.evals.style import in_style, style_share
-from distillab.rollout import Rollouts
+from distillab.loss import loss_step
+from distillab.rollout import Rollouts, TeacherPrompts, offpd_rollout_set, step_prompts
+from distillab.tasks import train_prompts
 
 from _helpers import EngineStandIn
 
@@ -112,13 +113,15 @@ def test_conditioning_config_and_cache_keys():
     assert not TasksConfig().teacher_conditioned
     assert not TasksConfig(teacher_system_prompt="Countdown.").teacher_conditioned  # same as the student's
     assert TasksConfig(**COND).teacher_conditioned
-    # unset conditioning leaves the hashed settings as they were before the fields existed
+    # a job's cache key hashes the conditioning only when it renders teacher prompts (issue 13: no
+    # compatibility branch keeps old keys when the fields are unset)
     plain = TasksConfig().model_dump(mode="json")
     for k in ("teacher_system_prompt", "teacher_user_template", "mcq"):
         plain.pop(k)
-    assert TasksConfig().key_dump(teacher=True) == plain == TasksConfig(**COND).key_dump(teacher=False)
-    assert TasksConfig(**COND).key_dump(teacher=True)["teacher_system_prompt"] == COND["teacher_system_prompt"]
-    assert TasksConfig().key_dump(teacher=False, mcq=True)["mcq"]["source"] == "synthetic"
+    assert TasksConfig().inputs(teacher=False, mcq=False) == plain == TasksConfig(**COND).inputs(teacher=False, mcq=False)
+    assert TasksConfig().inputs(teacher=True, mcq=False)["teacher_system_prompt"] is None
+    assert TasksConfig(**COND).inputs(teacher=True, mcq=False)["teacher_system_prompt"] == COND["teacher_system_prompt"]
+    assert TasksConfig().inputs(teacher=False, mcq=True)["mcq"]["source"] == "synthetic"
 
 
 def test_style_metric_language_and_regex():

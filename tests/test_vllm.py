@@ -107,7 +107,7 @@ def test_engine_samples_match_trainer_and_sync_tracks_an_optimizer_step(ray_loca
 @pytest.mark.parametrize("lora", [False, True])
 def test_rlvr_samples_from_the_vllm_engine_synced_every_step(ray_local, tiny, lora) -> None:
     """GRPO steps (`rlvr.run_rlvr`) sampling from a vLLM `RolloutActor` through
-    `rlvr.ActorSampler`: after each step's sync (merged LoRA weights with ``lora``) the
+    `rollout.ActorSampler`: after each step's sync (merged LoRA weights with ``lora``) the
     engine's sampling logprobs equal the trainer's (``rlvr/sampler_logp_gap`` at top-p 1,
     ≤ 1e-3) while the weights move (a stale engine shows a gap > 1e-3 from the second step
     on: tests/test_rlvr.py)."""
@@ -154,7 +154,7 @@ def test_smoke_sweep_with_vllm_rollouts(run_locally, tmp_path) -> None:
     import polars as pl
 
     from distillab.config import expand_trials, load_sweep
-    from distillab.distill import offpd_rollout_path
+    from distillab.rollout import offpd_rollout_path
     from distillab.prepare import prepare
     from distillab.results import load
     from distillab.sweep import shared_cache_dir

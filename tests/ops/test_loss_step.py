@@ -1,4 +1,4 @@
-"""distill.loss_step with each LossConfig.impl on tiny Llama/Qwen2 models: the chunked and
+"""loss.loss_step with each LossConfig.impl on tiny Llama/Qwen2 models: the chunked and
 Triton paths (final hidden states + lm_head) give the reference path's loss, gradients
 and diagnostics; vocab-size mismatches are errors unless LossConfig.pad_vocab."""
 
@@ -12,8 +12,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from distillab.config import LossConfig, TrialConfig
-from distillab.distill import loss_step
-from distillab.ops.kl import distill_loss
+from distillab.loss import loss_step
+from distillab.ops.kl import distill_loss, token_divergence
 from distillab.rollout import Rollouts, pack_rollouts, position_ids
 
 from _helpers import EngineStandIn
@@ -97,6 +97,40 @@ def test_diagnostics_when_every_completion_is_empty(kind):
                         "teacher/cross_entropy": 0.0}, impl
 
 
+@pytest.mark.parametrize("impl", ["reference", "chunked"])
+@pytest.mark.parametrize("beta", [0.0, 0.3, 1.0])
+def test_jsd_loss_step_equals_the_float64_reference(impl, beta):
+    """loss.kind jsd: loss_step's loss, its diagnostics and the student's lm_head gradient
+    equal JSD(β) computed by ops.kl in float64 on the models' own logits (β = 0 and 1 are
+    the forward and reverse KL exactly)."""
+    teacher, student = _models()
+    ro = _rollouts()
+    trial = TrialConfig(loss=LossConfig(kind="jsd", beta=beta, impl=impl))
+    loss, diag = loss_step(trial, EngineStandIn(student), teacher, ro, PAD, torch.Generator().manual_seed(0))
+    loss.backward()
+    grad = student.lm_head.weight.grad.clone()
+
+    ids, attn, cmask = pack_rollouts(ro.prompt_ids, ro.completion_ids, PAD)
+    kw = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
+    student.zero_grad()
+    h = student.model(**kw).last_hidden_state.double()  # (B, T, H)
+    w = student.lm_head.weight.double().detach().requires_grad_(True)
+    with torch.no_grad():
+        t_logits = teacher(**kw).logits.double()
+    ref = distill_loss(h.detach() @ w.T, t_logits, cmask, kind="jsd", beta=beta, tau_s=1.0, tau_t=0.5,
+                       compute_dtype=torch.float64)
+    ref.backward()
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    assert ((grad.double() - w.grad).norm() / w.grad.norm()).item() <= 1e-4
+    if beta in (0.0, 1.0):  # the endpoints are the KL directions, exactly as ops.kl defines them
+        kl = distill_loss((h @ w.T).detach(), t_logits, cmask, kind="forward" if beta == 0.0 else "reverse",
+                          compute_dtype=torch.float64)
+        assert ref.item() == pytest.approx(kl.item(), rel=1e-12)
+    s_rows = (h.detach() @ w.detach().T)[cmask]
+    fkl = token_divergence(s_rows, t_logits[cmask], kind="forward", tau_s=1.0, tau_t=0.5, compute_dtype=torch.float64)
+    assert diag["kl/forward"] == pytest.approx(fkl.mean().item(), rel=1e-5)
+
+
 def test_vocab_mismatch_is_an_error_unless_padded():
     for impl in ("reference", "chunked"):
         with pytest.raises(ValueError) as ei:
@@ -158,7 +192,8 @@ def _per_sequence_losses(trial, student, teacher, rollouts, pad_id) -> list[floa
 @pytest.mark.parametrize("impl", ["reference", "chunked"])
 @pytest.mark.parametrize("policy", ["offpd", "onpd"])
 def test_importance_weight_in_the_loss(char_models, impl, policy) -> None:
-    from distillab.distill import sample_rollouts, step_prompts, train_prompts
+    from distillab.rollout import sample_rollouts, step_prompts
+    from distillab.tasks import train_prompts
 
     tok, teacher, student = char_models
     trial, plain = _iw_trial(policy, impl, True), _iw_trial(policy, impl, False)

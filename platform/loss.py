@@ -1,0 +1,211 @@
+"""The loss stage of a distillation step (PROTOCOL.md §2): one forward path, then an
+implementation from a table.
+
+    rollouts ─▶ `pack_batch` (student and teacher views of the same completions, one width)
+             ─▶ `forward`: final hidden states of student (with grad) and teacher, lm_head weights
+             ─▶ LOSSES[`loss_impl`(loss)]: (loss, per-token statistics (N, 4))
+             ─▶ `importance_weights` (optional) and `diagnostics`, built once from those
+
+Implementations (``LOSSES``; each ``f(fwd, loss_cfg, weights, generator) -> (loss, stats)``,
+``stats`` the (N, 4) columns of ``ops.kl.STAT_NAMES`` over the N completion tokens):
+
+- ``reference``: materialises the (B, T, V) logits and calls ``ops.kl.distill_loss``
+  (the float64-safe ground truth; memory O(tokens × vocab));
+- ``chunked`` / ``triton``: ``ops.chunked.chunked_distill_loss`` fused with the lm_head
+  over row chunks (never more than chunk × vocab logits; ``triton`` requires the kernels);
+- ``sampled``: the single-token estimators (``ops.kl.sampled_token_loss``) on the logits.
+
+A new estimator is one function and one entry of ``LOSSES`` (and `loss_impl`'s rule).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from distillab.config import LossConfig, TrialConfig
+from distillab.ops.chunked import chunked_distill_loss, pad_vocab, token_logprobs_from_hidden
+from distillab.ops.kl import STAT_NAMES, distill_loss, engine_mismatch_weights, sampled_token_loss, token_stats
+from distillab.rollout import Rollouts, engine_logprobs, pack_rollouts, position_ids
+
+__all__ = ["Batch", "Forward", "LOSSES", "DIAGNOSTICS", "pack_batch", "forward", "loss_impl", "importance_weights",
+           "diagnostics", "loss_step"]
+
+#: diagnostics key of each column of the per-token statistics (``ops.kl.STAT_NAMES``)
+DIAGNOSTICS = dict(zip(STAT_NAMES, ("kl/forward", "kl/reverse", "teacher/entropy", "teacher/cross_entropy")))
+
+
+@dataclass
+class Batch:
+    """Packed rollouts: the student's and the teacher's model inputs (``input_ids``,
+    ``attention_mask``, ``position_ids``; (B, T) each, one width), the completion mask
+    ``cmask`` (B, T) bool shared by both, and ``targets`` (B, T), the token each
+    position's logits predict."""
+
+    inputs: dict
+    teacher_inputs: dict
+    cmask: torch.Tensor
+    targets: torch.Tensor
+
+
+def pack_batch(rollouts: Rollouts, pad_id: int) -> Batch:
+    """`Batch` of ``rollouts``. With teacher conditioning (``rollouts.teacher_prompt_ids``)
+    the teacher sees its own prompts before the same completions; both packs are
+    left-padded to one width, so the completion positions (and ``cmask``) coincide."""
+    t_prompts = rollouts.teacher_prompt_ids
+    width = None
+    if t_prompts is not None:  # teacher conditioning: one width, so both packs have the same completion mask
+        width = max(len(p) + len(c) for ps in (rollouts.prompt_ids, t_prompts)
+                    for p, c in zip(ps, rollouts.completion_ids))
+    ids, attn, cmask = pack_rollouts(rollouts.prompt_ids, rollouts.completion_ids, pad_id, width=width)  # (B, T)
+    inputs = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
+    t_inputs = inputs
+    if t_prompts is not None:
+        t_ids, t_attn, t_cmask = pack_rollouts(t_prompts, rollouts.completion_ids, pad_id, width=width)
+        if not torch.equal(t_cmask, cmask):
+            raise AssertionError("teacher and student completion masks differ")  # pack_rollouts right-aligns
+        t_inputs = dict(input_ids=t_ids, attention_mask=t_attn, position_ids=position_ids(t_attn))
+    return Batch(inputs, t_inputs, cmask, torch.roll(ids, shifts=-1, dims=1))
+
+
+@dataclass
+class Forward:
+    """Both models' final hidden states on a `Batch` (``h_s`` (B, T, H_S) with gradient,
+    ``h_t`` (B, T, H_T) without) and their lm_heads (``w`` (V, H), ``b`` (V,) or None;
+    padded to one V with ``loss.pad_vocab``)."""
+
+    batch: Batch
+    h_s: torch.Tensor
+    h_t: torch.Tensor
+    w_s: torch.Tensor
+    b_s: torch.Tensor | None
+    w_t: torch.Tensor
+    b_t: torch.Tensor | None
+
+    def logits(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Full (B, T, V) student and teacher logits (the lm_head applied as the models do)."""
+        return F.linear(self.h_s, self.w_s, self.b_s), F.linear(self.h_t, self.w_t, self.b_t)
+
+
+def _hidden(model, module, inputs: dict) -> torch.Tensor:
+    """Final hidden states (after the final norm for Llama/Qwen), computing the
+    logits of the last position only where the model allows (``logits_to_keep=1``)."""
+    keep = "logits_to_keep" in inspect.signature(module.forward).parameters
+    return model(**inputs, output_hidden_states=True, **({"logits_to_keep": 1} if keep else {})).hidden_states[-1]
+
+
+def _lm_head(model) -> tuple[torch.Tensor, torch.Tensor | None]:
+    head = model.get_output_embeddings()
+    return head.weight, getattr(head, "bias", None)
+
+
+def forward(engine, teacher, batch: Batch, pad: bool) -> Forward:
+    """Teacher (no grad) and student (``engine(...)``: DeepSpeed's hooks run) forward on
+    ``batch``; ``pad``: pad the smaller lm_head with −inf rows (``ops.chunked.pad_vocab``)."""
+    with torch.no_grad():
+        h_t = _hidden(teacher, teacher, batch.teacher_inputs)  # (B, T, H_T)
+    h_s = _hidden(engine, engine.module, batch.inputs)  # (B, T, H_S)
+    (w_s, b_s), (w_t, b_t) = _lm_head(engine.module), _lm_head(teacher)  # (V_S, H_S), (V_T, H_T)
+    if pad and w_s.shape[0] < w_t.shape[0]:
+        w_s, b_s = pad_vocab(w_s, w_t.shape[0], b_s)
+    elif pad and w_t.shape[0] < w_s.shape[0]:
+        w_t, b_t = pad_vocab(w_t, w_s.shape[0], b_t)
+    return Forward(batch, h_s, h_t, w_s, b_s, w_t, b_t)
+
+
+def _reference(fwd: Forward, L: LossConfig, weights, gen) -> tuple[torch.Tensor, torch.Tensor]:
+    s_logits, t_logits = fwd.logits()  # (B, T, V)
+    cmask = fwd.batch.cmask
+    loss = distill_loss(s_logits, t_logits, cmask, kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, beta=L.beta,
+                        reduction=L.reduction, weights=weights)
+    return loss, token_stats(s_logits[cmask], t_logits[cmask], tau_s=L.tau_s, tau_t=L.tau_t)
+
+
+def _sampled(fwd: Forward, L: LossConfig, weights, gen) -> tuple[torch.Tensor, torch.Tensor]:
+    s_logits, t_logits = fwd.logits()  # (B, T, V)
+    cmask = fwd.batch.cmask
+    loss = sampled_token_loss(s_logits, t_logits, cmask, kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, generator=gen,
+                              reduction=L.reduction, weights=weights)
+    return loss, token_stats(s_logits[cmask], t_logits[cmask], tau_s=L.tau_s, tau_t=L.tau_t)
+
+
+def _chunked(fwd: Forward, L: LossConfig, weights, gen, *, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return chunked_distill_loss(
+        fwd.h_s, fwd.w_s, fwd.h_t, fwd.w_t, fwd.batch.cmask, student_bias=fwd.b_s, teacher_bias=fwd.b_t,
+        kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, beta=L.beta, reduction=L.reduction, weights=weights,
+        backend=backend, return_stats=True,
+    )
+
+
+#: implementation name → ``f(fwd, loss_cfg, weights, generator) -> (loss, stats (N, 4))``
+LOSSES = {
+    "reference": _reference,
+    "chunked": partial(_chunked, backend="auto"),
+    "triton": partial(_chunked, backend="triton"),
+    "sampled": _sampled,
+}
+
+
+def loss_impl(L: LossConfig) -> str:
+    """The `LOSSES` entry of a loss config: the estimator when it is not the full
+    vocabulary (it materialises what it needs), else ``loss.impl``."""
+    return L.estimator if L.estimator != "full" else L.impl
+
+
+def importance_weights(trial: TrialConfig, rollouts: Rollouts, cmask: torch.Tensor,
+                       policy_logp: torch.Tensor) -> torch.Tensor:
+    """Engine-mismatch importance weights w(y) = mean_t min(2, exp(log p_θ − log q))
+    (PROTOCOL.md §2; ``ops.kl.engine_mismatch_weights``): ``policy_logp`` (B, T) is
+    the trainer's log p_θ of each sampled token under the rollout policy at its
+    sampling τ, q the engine's logprobs carried by ``rollouts``. Returns (B,) float32."""
+    return engine_mismatch_weights(policy_logp, engine_logprobs(rollouts, cmask), cmask)
+
+
+def _policy_logp(trial: TrialConfig, fwd: Forward) -> torch.Tensor:
+    """log p_θ (B, T) of each sampled token under the rollout policy at its sampling τ
+    (the teacher at τ_T for OffPD, the student at τ_S for OnPD), 0 off the completions."""
+    r, b = trial.rollout, fwd.batch
+    h, w, bias, tau = (fwd.h_t, fwd.w_t, fwd.b_t, r.tau_t) if r.policy == "offpd" else (
+        fwd.h_s.detach(), fwd.w_s.detach(), fwd.b_s, r.tau_s)
+    logp = torch.zeros(b.cmask.shape, dtype=torch.float32)
+    logp[b.cmask] = token_logprobs_from_hidden(h[b.cmask], w, b.targets[b.cmask], tau,
+                                               bias=None if bias is None else bias.detach())
+    return logp
+
+
+def diagnostics(stats: torch.Tensor, weights: torch.Tensor | None) -> dict[str, float]:
+    """Token means of the (N, 4) statistics (0 for a batch without completion tokens)
+    under the `DIAGNOSTICS` keys, and ``is/weight_mean`` when weighted."""
+    means = stats.double().mean(0).tolist() if stats.shape[0] else [0.0] * len(STAT_NAMES)
+    diag = dict(zip(DIAGNOSTICS.values(), means))
+    if weights is not None:
+        diag["is/weight_mean"] = float(weights.mean())
+    return diag
+
+
+def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: int, gen: torch.Generator):
+    """Teacher and student forward on the rollouts and the configured divergence over
+    completion tokens (module docstring). Returns ``(loss, diagnostics)``: a 0-dim
+    tensor (nats) with gradient to the student, and the `diagnostics` floats.
+
+    With ``loss.importance_weight`` each sequence's loss is multiplied by
+    `importance_weights` (the rollout policy's log p_θ at its sampling τ against the
+    engine's logprobs in ``rollouts.logprobs``).
+
+    Raises:
+        ValueError: rollouts whose logprobs do not cover every completion token
+            (with ``loss.importance_weight``); lm_head vocabularies that differ
+            without ``loss.pad_vocab`` (both sizes named).
+    """
+    L = trial.loss
+    batch = pack_batch(rollouts, pad_id)
+    fwd = forward(engine, teacher, batch, L.pad_vocab)
+    weights = None
+    if L.importance_weight:
+        weights = importance_weights(trial, rollouts, batch.cmask, _policy_logp(trial, fwd))
+    loss, stats = LOSSES[loss_impl(L)](fwd, L, weights, gen)
+    return loss, diagnostics(stats, weights)

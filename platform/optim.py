@@ -1,0 +1,133 @@
+"""The optimizer of a trial's stages: learning-rate schedules, the DeepSpeed engine
+around the student (distillation and the RLVR stage), the plain-AdamW stepper used
+where DeepSpeed does not fit (``prepare``'s teacher refinement, QLoRA), one
+optimizer step with the unclipped gradient norm, and the student checkpoint.
+
+Schedules (PROTOCOL.md §6): distillation warms up linearly over
+``optimizer.warmup_steps`` then stays constant; SFT and RLVR warm up, then decay
+with a cosine to 10 % of the peak.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Callable
+
+import deepspeed
+import torch
+from torch import Tensor
+
+from distillab.config import OptimizerConfig, RLVRConfig
+
+__all__ = ["lr_lambda", "rlvr_schedule", "setup_engine", "TorchStepper", "optimizer_step", "save_checkpoint"]
+
+
+def lr_lambda(warmup: int, total: int, schedule: str) -> Callable[[int], float]:
+    """Multiplier of the base LR at optimizer step s (0-based): linear warm-up over
+    ``warmup`` steps, then ``constant`` (1.0) or ``cosine`` (to 0.1 at ``total``).
+
+    Raises:
+        ValueError: unknown schedule (allowed: constant, cosine).
+    """
+    if schedule not in ("constant", "cosine"):
+        raise ValueError(f"schedule must be 'constant' or 'cosine', got {schedule!r}")
+
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+def rlvr_schedule(cfg: RLVRConfig) -> Callable[[int], float]:
+    """LR multiplier per step of an RLVR stage: linear warm-up over ``warmup_ratio`` of
+    the steps, then cosine to 10 % (`lr_lambda`)."""
+    return lr_lambda(max(1, round(cfg.warmup_ratio * cfg.steps)), cfg.steps, "cosine")
+
+
+def setup_engine(module, o: OptimizerConfig, world_size: int, *, lr: float | None = None, schedule=None,
+                 batch: int | None = None, clip: float | None | str = "optimizer"):
+    """DeepSpeed engine around ``module``: torch AdamW (``o``'s betas, eps, weight decay)
+    as client optimizer, LR linear warm-up then constant, ZeRO stage ``o.zero_stage``.
+    With ZeRO 0 the clipping is done by `optimizer_step` (so the unclipped norm is
+    known); with ZeRO ≥ 1 by DeepSpeed, whose global norm is read back. The RLVR stage
+    passes its own ``lr``, ``schedule`` (a step → multiplier function), per-worker
+    ``batch`` and ``clip``. Returns ``(engine, optimizer, per-worker batch)``."""
+    per_worker = batch if batch is not None else o.per_worker(world_size)
+    clip = o.clip if clip == "optimizer" else clip
+    opt = torch.optim.AdamW(module.parameters(), lr=lr if lr is not None else o.lr, betas=o.betas, eps=o.eps,
+                            weight_decay=o.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, schedule if schedule is not None else lr_lambda(max(1, o.warmup_steps), o.steps, "constant"))
+    ds_config = {
+        "train_micro_batch_size_per_gpu": per_worker,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": per_worker * world_size,
+        "gradient_clipping": (clip or 0.0) if o.zero_stage > 0 else 0.0,
+        "zero_optimization": {"stage": o.zero_stage, "stage3_gather_16bit_weights_on_model_save": True},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 10**9,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=opt, lr_scheduler=sched, config=ds_config)
+    return engine, opt, per_worker
+
+
+class TorchStepper:
+    """The optimizer side of `rlvr.run_rlvr` without DeepSpeed (``distillab prepare``'s teacher
+    refinement runs outside Ray Train; QLoRA's 4-bit parameters): AdamW with the stage's LR
+    schedule, the same ``__call__`` / ``backward`` / ``step`` / ``get_lr`` calls as a DeepSpeed engine."""
+
+    def __init__(self, module, lr: float, schedule, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.module = module
+        self.opt = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr, betas=betas, eps=eps,
+                                     weight_decay=0.0)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def backward(self, loss: Tensor) -> None:
+        loss.backward()
+
+    def step(self) -> None:
+        self.opt.step()
+        self.sched.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def get_lr(self) -> list[float]:
+        return self.sched.get_last_lr()
+
+
+def optimizer_step(engine, loss: Tensor, o: OptimizerConfig) -> tuple[float, float]:
+    """One update of the DeepSpeed ``engine`` from ``loss``: backward, the global
+    gradient norm before clipping (clipped here to ``o.clip`` under ZeRO 0; DeepSpeed's
+    own norm under ZeRO ≥ 1), step. Returns ``(grad_norm, lr of the step)``."""
+    engine.backward(loss)
+    grad_norm = float("nan")
+    if o.zero_stage == 0:
+        params = [p for p in engine.module.parameters() if p.grad is not None]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, o.clip if o.clip is not None else float("inf")))
+    lr = engine.get_lr()[0]
+    engine.step()
+    if o.zero_stage > 0:
+        gn = engine.get_global_grad_norm()
+        grad_norm = float(gn) if gn is not None else float("nan")
+    return grad_norm, lr
+
+
+def save_checkpoint(engine, o: OptimizerConfig, tokenizer, step: int, directory: Path) -> None:
+    """The student of ``engine`` (safetensors; ZeRO 3 gathered), its tokenizer and
+    ``trainer_state.json`` (``{"step": step}``) into ``directory``."""
+    if o.zero_stage == 3:
+        state = engine._zero3_consolidated_16bit_state_dict()
+        engine.module.save_pretrained(directory, state_dict=state, safe_serialization=True)
+    else:
+        engine.module.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    (Path(directory) / "trainer_state.json").write_text(json.dumps({"step": step}))

@@ -1,0 +1,211 @@
+"""Every metric key a trial emits, declared once with its producer.
+
+A key is a literal (``loss``) or a family with placeholders
+(``eval/<stage>/<countdown>/pass@<k>``). Readers validate names here instead of
+keeping their own lists: the search objective and ASHA metric (`check_report_metric`,
+called by `config.SearchConfig`), the plots (`require`), the Tune progress table
+(`REPORTER_COLUMNS`) and the Ray gauges (`gauges`). tests/evals/test_keys.py runs
+the real `evals.suite.Evaluator` on every domain and validates each key it emits.
+
+Where a key appears (``Metric.scope``):
+
+- ``step``: every distillation step's report (Ray Train, the ``metrics`` table at
+  stage ``distill``, the final report): what ASHA can stop on;
+- ``rlvr``: every RLVR step (the ``metrics`` table at stage ``rlvr`` and the Ray
+  report of its 10-step windows);
+- ``final``: a trial's final report only (evaluations, ``eval/forgetting``,
+  ``time/train_s``);
+- ``table``: the ``metrics`` table only (``resume/start_step``).
+
+Adding a key is one line: ``register("estimator/bias", "loss.loss_step", "…")``.
+This module imports no other distillab module but the task names of `countdown`,
+so anything may read it (`config` included).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from distillab.countdown import COUNTDOWN_TASKS, SKILL_NAMES
+
+__all__ = ["Metric", "METRICS", "PLACEHOLDERS", "register", "find", "require", "check_report_metric",
+           "training_keys", "gauges", "REPORTER_COLUMNS", "FORGETTING_KEY", "eval_key", "SCOPES"]
+
+SCOPES = ("step", "rlvr", "final", "table")
+
+#: What each ``<placeholder>`` of a key family matches.
+PLACEHOLDERS: dict[str, str] = {
+    "stage": "pre|distill|rlvr",
+    "countdown": "|".join(COUNTDOWN_TASKS),
+    "skill": "|".join(SKILL_NAMES),
+    "k": r"[1-9][0-9]*",
+    "tau": r"[0-9][0-9.e+-]*",  # sparsity threshold τ as `f"{tau:g}"` writes it, e.g. 1e-06
+    "tensor": r"[A-Za-z0-9_.]+",  # a parameter name, e.g. model.layers.0.mlp.up_proj.weight
+    "lm_eval_task": r"[A-Za-z0-9_.-]+",  # an lm-eval-harness task name, e.g. truthfulqa_mc1
+    "lm_eval_metric": r"[A-Za-z0-9_@.-]+",  # its metric without the filter, e.g. acc, pass@1
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One key (or key family) a trial emits.
+
+    ``key``: the name, ``<placeholders>`` for families; ``producer``: the function
+    that emits it; ``doc``: what it is, with units; ``scope``: where it appears
+    (module docstring); ``gauge``: the Ray gauge (Prometheus) name it is exported as,
+    if any."""
+
+    key: str
+    producer: str
+    doc: str
+    scope: str = "step"
+    gauge: str | None = None
+
+    @property
+    def pattern(self) -> re.Pattern:
+        """The compiled full-match pattern of ``key``."""
+        parts = re.split(r"<([a-z_]+)>", self.key)
+        out = "".join(f"(?:{PLACEHOLDERS[p]})" if i % 2 else re.escape(p) for i, p in enumerate(parts))
+        return re.compile(out)
+
+
+METRICS: dict[str, Metric] = {}
+
+
+def register(key: str, producer: str, doc: str, *, scope: str = "step", gauge: str | None = None) -> Metric:
+    """Declare a key (or family). Returns the `Metric`.
+
+    Raises:
+        ValueError: a key registered twice, an unknown scope or placeholder."""
+    if key in METRICS:
+        raise ValueError(f"metric {key!r} is registered twice")
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
+    unknown = [p for p in re.findall(r"<([a-z_]+)>", key) if p not in PLACEHOLDERS]
+    if unknown:
+        raise ValueError(f"metric {key!r}: unknown placeholder(s) {unknown}; allowed: {list(PLACEHOLDERS)}")
+    METRICS[key] = Metric(key, producer, doc, scope, gauge)
+    return METRICS[key]
+
+
+# --------------------------------------------------------------------------------------------- distillation
+_LOSS = "loss.loss_step"
+register("step", "distill.run_worker", "optimizer steps done (Tune's time axis; the RLVR stage continues it)")
+register("loss", "distill.run_worker", "the distillation loss of the step (nats, loss.reduction)", gauge="distillab_loss")
+register("grad_norm", "optim.optimizer_step", "global gradient norm before clipping")
+register("lr", "optim.optimizer_step", "learning rate of the step")
+register("kl/forward", _LOSS, "mean KL(π_T‖π_S) over the step's completion tokens (nats, loss τ)",
+         gauge="distillab_kl_forward")
+register("kl/reverse", _LOSS, "mean KL(π_S‖π_T) over the step's completion tokens (nats, loss τ)",
+         gauge="distillab_kl_reverse")
+register("teacher/entropy", _LOSS, "mean H(π_T) over completion tokens (nats)")
+register("teacher/cross_entropy", _LOSS, "mean H(π_T, π_S) over completion tokens (nats)")
+register("is/weight_mean", _LOSS, "mean engine-mismatch importance weight w(y) (loss.importance_weight)")
+register("rollout/length", "distill.step_metrics", "mean completion length (tokens)")
+register("rollout/tokens_per_s", "distill.step_metrics", "completion tokens sampled per second (fresh rollouts)",
+         gauge="distillab_rollout_tokens_per_s")
+register("rollout/student_loglik", "rollout.SpectrumEngine", "mean per-token log π_S of the λ-spectrum rollouts")
+register("rollout/teacher_loglik", "rollout.SpectrumEngine", "mean per-token log π_T of the λ-spectrum rollouts")
+register("time/step_s", "distill.step_metrics", "wall seconds of the step")
+register("time/rollout_s", "distill.step_metrics", "wall seconds spent getting the step's rollouts")
+register("time/sync_s", "distill.step_metrics", "wall seconds of the OnPD weight sync into the vLLM engine")
+register("time/train_s", "distill.finish", "wall seconds of the distillation loop (this run)", scope="final")
+register("resume/start_step", "distill.setup_trial", "the step a restarted worker group resumed at", scope="table")
+
+# --------------------------------------------------------------------------------------------- RLVR
+for _name, _doc in (
+    ("reward_mean", "mean reward of the step's samples, all ranks"),
+    ("accuracy", "share of correct samples, all ranks"),
+    ("loss", "DAPO loss (token-level, all ranks)"),
+    ("clip_frac", "share of tokens whose ratio was clipped"),
+    ("ratio_mean", "mean importance ratio π_θ/π_old (1 with one step per batch)"),
+    ("kl", "k3 reference KL (0 when rlvr.beta = 0)"),
+    ("grad_norm", "global gradient norm before clipping"),
+    ("lr", "learning rate of the step"),
+    ("sampler_logp_gap", "mean log π_old − sampler logprob over completion tokens (0 when synced)"),
+):
+    register(f"rlvr/{_name}", "rlvr.run_rlvr", _doc, scope="rlvr",
+             gauge="distillab_reward_mean" if _name == "reward_mean" else None)
+
+# --------------------------------------------------------------------------------------------- evaluations
+_SUITE, _OOD = "evals.suite.Evaluator", "evals.ood"
+for _key, _producer, _doc in (
+    ("eval/<stage>/<countdown>/accuracy", _SUITE, "one sample per test item at evaluation.id_temperature"),
+    ("eval/<stage>/<countdown>/pass@<k>", _SUITE, "unbiased pass@k from evaluation.pass_n samples"),
+    ("eval/<stage>/<countdown>/style_share", _SUITE, "share of answers in the teacher's style (evaluation.style)"),
+    ("eval/<stage>/mcq/accuracy", _SUITE, "multiple-choice accuracy (evaluation.mcq_items)"),
+    ("eval/<stage>/mcq/pass@<k>", _SUITE, "multiple-choice pass@k"),
+    ("eval/<stage>/ood/<skill>/accuracy", _OOD + ".MicroSkillsBackend", "exact match on a prior skill"),
+    ("eval/<stage>/ood/<lm_eval_task>/<lm_eval_metric>", _OOD + ".LMEvalBackend",
+     "an lm-eval task's standard metric, scaled to [0, 1]"),
+    ("eval/<stage>/ood/ood_mean", _OOD, "unweighted mean of the OOD tasks"),
+    ("eval/<stage>/params/sparsity@<tau>", "distill.evaluate_stage",
+     "update sparsity S_τ over all parameters (τ: the threshold; 1 at pre)"),
+    ("eval/<stage>/params/<tensor>/sparsity@<tau>", "distill.evaluate_stage", "update sparsity S_τ of one tensor"),
+):
+    register(_key, _producer, _doc, scope="final")
+
+#: Forgetting (PROTOCOL.md §4): ``evals.metrics.forgetting`` of the OOD mean before and after distillation.
+FORGETTING_KEY = "eval/forgetting"
+register(FORGETTING_KEY, "evals.metrics.forgetting", "OOD mean after distillation − before (negative = forgotten)",
+         scope="final")
+
+
+def eval_key(stage: str, task: str, metric: str) -> str:
+    """``eval/<stage>/<task>/<metric>``: the report key of an evaluation row."""
+    return f"eval/{stage}/{task}/{metric}"
+
+
+def find(name: str) -> Metric | None:
+    """The registered `Metric` whose key or family matches ``name``, or None."""
+    if name in METRICS:
+        return METRICS[name]
+    return next((m for m in METRICS.values() if "<" in m.key and m.pattern.fullmatch(name)), None)
+
+
+def require(name: str) -> str:
+    """``name`` if it is a registered key (plots and tables use this for the names they read).
+
+    Raises:
+        KeyError: an unregistered name."""
+    if find(name) is None:
+        raise KeyError(f"metric {name!r} is not in distillab.registry")
+    return name
+
+
+def training_keys() -> list[str]:
+    """The literal keys of every distillation step's report (what ASHA can stop on)."""
+    return [k for k, m in METRICS.items() if m.scope == "step" and "<" not in k]
+
+
+def check_report_metric(name: str, field: str, *, training_only: bool = False) -> None:
+    """Raise ValueError naming ``field`` if ``name`` is not a key trials report to Ray Tune
+    (``training_only``: a key of every distillation step's report, for ASHA).
+
+    Raises:
+        ValueError: an unknown key, with the allowed forms.
+    """
+    m = find(name)
+    allowed_scopes = ("step",) if training_only else ("step", "rlvr", "final")
+    if m is not None and m.scope in allowed_scopes:
+        return
+    allowed = f"one of {training_keys()}"
+    if not training_only:
+        families = [k for k, mm in METRICS.items() if mm.scope in ("rlvr", "final")]
+        allowed += f", or one of {families} (e.g. eval/distill/countdown3/accuracy, eval/distill/mcq/accuracy)"
+    raise ValueError(f"{field} {name!r} is not a reported metric; allowed: {allowed}")
+
+
+def gauges() -> dict[str, str]:
+    """``{key: gauge name}`` of the keys exported as Ray gauges."""
+    return {k: m.gauge for k, m in METRICS.items() if m.gauge}
+
+
+#: Metric columns of the Tune progress table (report key → column title).
+REPORTER_COLUMNS: dict[str, str] = {
+    require(k): title for k, title in (
+        ("step", "step"), ("loss", "loss"), ("kl/forward", "fKL"), ("kl/reverse", "rKL"),
+        ("rollout/tokens_per_s", "tok/s"), ("eval/distill/countdown3/accuracy", "acc"), (FORGETTING_KEY, "dOOD"),
+    )
+}

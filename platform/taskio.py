@@ -1,0 +1,50 @@
+"""Task input and output shared by every domain: a prompt rendered with the
+tokenizer's chat template, and a local task file read as one ``datasets`` split
+(the multiple-choice and math files). Nothing in a file is executed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from datasets import load_dataset
+
+__all__ = ["render_prompt", "read_local_split"]
+
+
+def render_prompt(tokenizer, system: str, user: str) -> list[int]:
+    """Prompt token ids: the chat template when the tokenizer has one (system +
+    user turn, generation prompt added), else ``system\\n\\nuser\\n``."""
+    if getattr(tokenizer, "chat_template", None):
+        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    else:
+        text = (system + "\n\n" if system else "") + user + "\n"
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def read_local_split(path, split: str, what: str):
+    """A local ``.jsonl``/``.json``/``.parquet`` file as one ``datasets`` split
+    (``datasets.load_dataset`` with ``data_files``; nothing downloaded, nothing
+    executed). ``what`` names the file's role in messages ("multiple-choice file").
+
+    Returns:
+        The ``datasets.Dataset`` (at least one row).
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: unsupported extension (names the allowed ones); no rows.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix.lower())
+    if kind is None:
+        raise ValueError(f"{path}: unsupported file type {path.suffix!r} (allowed: .jsonl, .json, .parquet)")
+    try:
+        ds = load_dataset(kind, data_files={split: str(path)}, split=split)
+    except StopIteration:  # datasets' JSON reader on a file without rows
+        ds = []
+    if len(ds) == 0:
+        raise ValueError(f"{path}: split {split!r} is empty")
+    return ds

@@ -1,0 +1,75 @@
+"""What a running trial tells the world: per-step metrics written to the ``metrics``
+table in windows (`MetricsLog`) and reported to Ray as they close, and the last
+values exported as Ray gauges (`RayGauges`) for the dashboard's metrics endpoint.
+Key names come from `distillab.registry`.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ray.util.metrics import Gauge
+
+from distillab.registry import gauges
+from distillab.results import write_rows
+
+__all__ = ["MetricsLog", "RayGauges", "quiet_report_log"]
+
+
+class MetricsLog:
+    """The per-step metrics of one stage (``distill`` or ``rlvr``) of a trial.
+
+    `add` keeps a step's metrics; `flush` writes the kept rows as one ``metrics``
+    file keyed by the window's last step (``<trial_id>__<stage>__<step:07d>``; rank 0
+    only, so a rerun window replaces its file) and forgets them. ``every``: the window
+    length in steps (`due`)."""
+
+    def __init__(self, root: str | Path, trial_id: str, stage: str, rank: int, every: int = 10):
+        self.root, self.trial_id, self.stage, self.rank, self.every = Path(root), trial_id, stage, rank, every
+        self.rows: list[dict] = []
+
+    def add(self, step: int, metrics: dict[str, float]) -> None:
+        """Keep ``metrics`` (key → value) of step ``step`` (1-based)."""
+        self.rows += [{"trial_id": self.trial_id, "stage": self.stage, "step": step, "name": k, "value": float(v)}
+                      for k, v in metrics.items()]
+
+    def due(self, step: int, last: bool = False) -> bool:
+        """True when a window closes after step ``step`` (every ``every`` steps, and the last)."""
+        return step % self.every == 0 or last
+
+    def flush(self, step: int, key: str | None = None) -> None:
+        """Write the kept rows (rank 0) under ``key`` (default: the window's last step) and forget them."""
+        if self.rank == 0:
+            write_rows(self.root, "metrics", self.rows, key=key or f"{self.trial_id}__{self.stage}__{step:07d}")
+        self.rows = []
+
+
+class RayGauges:
+    """Custom Ray metrics (``ray.util.metrics.Gauge``, tagged by ``trial_id``) for the
+    dashboard's metrics endpoint (Prometheus names ``ray_distillab_*``): every key the
+    registry exports as a gauge (`registry.gauges`: rollout tokens/s, forward and
+    reverse KL, loss, RLVR reward)."""
+
+    def __init__(self, trial_id: str):
+        self.tags = {"trial_id": trial_id}
+        self.gauges = {k: Gauge(name, description=f"distillab {k} (last step)", tag_keys=("trial_id",))
+                       for k, name in gauges().items()}
+
+    def set(self, metrics: dict[str, float]) -> None:
+        """Set each gauge whose key is in ``metrics`` (other keys, and NaN values, are ignored)."""
+        for k, g in self.gauges.items():
+            if k in metrics and metrics[k] == metrics[k]:  # not NaN
+                g.set(float(metrics[k]), tags=self.tags)
+
+
+def quiet_report_log() -> None:
+    """Ray Train V2 logs every ``ray.train.report`` at INFO on the console (a line per
+    report per worker); keep it to warnings. Its logger is named by file path."""
+    try:
+        from ray.train.v2._internal.execution import context  # internal: skipped where it moved
+
+        logging.getLogger(context.__file__).setLevel(logging.WARNING)
+    except Exception:  # internal module moved: keep Ray's default logging
+        pass
+
