@@ -40,6 +40,12 @@ from distillab.tasks import TaskData, countdown_prompt_ids, generate_skill_items
 
 log = logging.getLogger(__name__)
 
+#: Seeds of a micro model's SFT data, from its prepare seed s: s · SFT_STREAMS + i for the i-th Countdown task
+#: of ``countdown_examples`` (sorted by name), s · SFT_STREAMS + the offset for the other kinds (the values every
+#: prepared model so far used; part of the prepare key through ``version``).
+SFT_STREAMS = 1000
+SFT_STREAM_OFFSETS = {"styled": 29, "mcq": 23, "skills": 17}
+
 
 def _exclusion(sweep: SweepConfig, mcq: bool) -> dict:
     """The test splits a prepared model must not train on (`tasks.TaskData.excluded`; the
@@ -67,23 +73,23 @@ def _examples(tok, sweep: SweepConfig, mcfg: MicroModelConfig, seed: int) -> lis
     for i, (name, n) in enumerate(sorted(mcfg.countdown_examples.items())):
         if n == 0:
             continue
-        for p in data.train_problems(name, n, seed * 1000 + i):
+        for p in data.train_problems(name, n, seed * SFT_STREAMS + i):
             steps = solve(p.operands, p.target)
             prompt = countdown_prompt_ids(tok, tasks, p)
             completion = tok(f"<answer>{render_solution(steps)}</answer>{eos}", add_special_tokens=False)["input_ids"]
             out.append(Example(tuple(prompt), tuple(completion)))
     if mcfg.styled_examples:  # the teacher's conditioning prompt -> the spaced answer style
-        for p in data.train_problems("countdown3", mcfg.styled_examples, seed * 1000 + 29):
+        for p in data.train_problems("countdown3", mcfg.styled_examples, seed * SFT_STREAMS + SFT_STREAM_OFFSETS["styled"]):
             prompt = countdown_prompt_ids(tok, tasks, p, role="teacher")
             text = f"<answer>{render_solution(solve(p.operands, p.target), spaced=True)}</answer>{eos}"
             out.append(Example(tuple(prompt), tuple(tok(text, add_special_tokens=False)["input_ids"])))
     if mcfg.mcq_examples:  # the second domain: "<answer>LETTER</answer>" (after <think>demo</think> if given)
-        for it in data.train_mcq_items(seed * 1000 + 23)[: mcfg.mcq_examples]:
+        for it in data.train_mcq_items(seed * SFT_STREAMS + SFT_STREAM_OFFSETS["mcq"])[: mcfg.mcq_examples]:
             prompt = mcq_prompt_ids(tok, tasks.mcq, it)
             completion = tok(mcq_target_text(it) + eos, add_special_tokens=False)["input_ids"]
             out.append(Example(tuple(prompt), tuple(completion)))
     for skill in tasks.ood_skills if mcfg.skill_examples else ():
-        for it in generate_skill_items(skill, mcfg.skill_examples, seed * 1000 + 17):
+        for it in generate_skill_items(skill, mcfg.skill_examples, seed * SFT_STREAMS + SFT_STREAM_OFFSETS["skills"]):
             prompt = render_prompt(tok, "", it.prompt)
             completion = tok(f"<answer>{it.answer}</answer>{eos}", add_special_tokens=False)["input_ids"]
             out.append(Example(tuple(prompt), tuple(completion)))

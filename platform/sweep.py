@@ -190,11 +190,6 @@ def build_search(sweep: SweepConfig):
     return {k: _tune_domain(d) for k, d in s.space.items()}, searcher, scheduler, s.num_samples
 
 
-def shared_cache_dir(sweep: SweepConfig) -> Path:
-    """`SweepConfig.shared_cache_dir`: reusable OffPD rollout sets and the evaluation of the untrained student."""
-    return sweep.shared_cache_dir()
-
-
 def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: int | None = None) -> int:
     """Generate, before any trial starts, the OffPD rollout sets that the sweep's
     trials with ``rollout.offpd_reuse`` will read (`rollout.offpd_rollout_set`),
@@ -206,7 +201,7 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
     for t in sweep.trials:
         if t.rollout.policy == "offpd" and t.rollout.offpd_reuse:
             for rank in range(world):
-                path = offpd_rollout_path(shared_cache_dir(sweep), t, teacher_path, rank, world)
+                path = offpd_rollout_path(sweep.shared_cache_dir(), t, teacher_path, rank, world)
                 if not path.exists():
                     todo.setdefault(path, (t, rank))
     if not todo:
@@ -227,14 +222,14 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
                         "gpu_memory_utilization": r.vllm_gpu_memory_utilization} if engine == "vllm" else {}),
                 )
             actor = by_engine[key]
-            offpd_rollout_set(t, teacher_path, tok, rank, world, shared_cache_dir(sweep),
+            offpd_rollout_set(t, teacher_path, tok, rank, world, sweep.shared_cache_dir(),
                               generate_many=lambda jobs, a=actor: ray.get(a.generate_many.remote(jobs)))
     finally:
         for actor in by_engine.values():
             ray.kill(actor)
     engines = ", ".join(sorted({k[0] for k in by_engine}))
     print(f"[rollouts] OffPD reuse: {len(todo)} rollout set(s) generated with {engines} in "
-          f"{time.perf_counter() - t0:.0f} s under {shared_cache_dir(sweep)}", flush=True)
+          f"{time.perf_counter() - t0:.0f} s under {sweep.shared_cache_dir()}", flush=True)
     return len(todo)
 
 

@@ -157,7 +157,6 @@ def test_smoke_sweep_with_vllm_rollouts(run_locally, tmp_path) -> None:
     from distillab.rollout import offpd_rollout_path
     from distillab.prepare import prepare
     from distillab.results import load
-    from distillab.sweep import shared_cache_dir
 
     repo = Path(__file__).resolve().parents[1]
 
@@ -180,4 +179,4 @@ def test_smoke_sweep_with_vllm_rollouts(run_locally, tmp_path) -> None:
     teacher, _ = prepare(sweep, threads=1)  # cached
     offpd = [t for t in expand_trials(sweep)
              if t.rollout.policy == "offpd"][0]
-    assert offpd_rollout_path(shared_cache_dir(sweep), offpd, teacher, 0, 1).exists()
+    assert offpd_rollout_path(sweep.shared_cache_dir(), offpd, teacher, 0, 1).exists()
