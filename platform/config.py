@@ -546,7 +546,7 @@ class ResourcesConfig(_Strict):
 
 #: Paths a grid may sweep (dotted into `TrialConfig`).
 SEARCHABLE = (
-    "seed", "domain",
+    "seed", "domain", "precision", "master_weights",
     "rollout.policy", "rollout.lambda", "rollout.alpha", "rollout.clip_c", "rollout.tau_t", "rollout.tau_s",
     "rollout.top_p", "rollout.max_tokens", "rollout.engine", "rollout.sync_every", "rollout.offpd_reuse",
     "loss.kind", "loss.beta", "loss.importance_weight", "loss.estimator", "loss.tau_t", "loss.tau_s", "loss.reduction",
@@ -733,6 +733,17 @@ class TrialConfig(_Strict):
     domain: Literal["countdown", "mcq"] = "countdown"
     #: optional RLVR stage after distillation (``null``: none)
     rlvr: RLVRConfig | None = None
+    #: numeric precision of training (issue 16): ``fp32``, or ``bf16`` (DeepSpeed bf16, teacher held in
+    #: bf16, the ops computing in float32 from bf16 inputs)
+    precision: Literal["fp32", "bf16"] = "fp32"
+    #: under ``precision: bf16``, the weights the optimizer updates: ``fp32`` master copies (DeepSpeed's
+    #: default), or ``bf16``: the parameters themselves, so an update below half a bf16 step of its
+    #: weight is lost (the regime in which the paper's update sparsity arises)
+    master_weights: Literal["fp32", "bf16"] = "fp32"
+    #: activation (gradient) checkpointing of the student (transformers' ``gradient_checkpointing_enable``)
+    gradient_checkpointing: bool = False
+    #: attention implementation passed to ``from_pretrained`` (None: the model's default)
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
 
     @model_validator(mode="after")
     def _check_domain(self) -> "TrialConfig":
@@ -741,6 +752,13 @@ class TrialConfig(_Strict):
         if self.domain == "mcq" and self.tasks.teacher_conditioned:
             raise ValueError("tasks.teacher_system_prompt / teacher_user_template condition the Countdown prompts; "
                              "they do not apply to domain 'mcq'")
+        return self
+
+    @model_validator(mode="after")
+    def _check_precision(self) -> "TrialConfig":
+        if self.master_weights == "bf16" and self.precision != "bf16":
+            raise ValueError("master_weights 'bf16' needs precision 'bf16' (allowed with precision 'fp32': "
+                             f"master_weights 'fp32'; got precision {self.precision!r})")
         return self
 
     @model_validator(mode="after")
