@@ -43,6 +43,7 @@ from distillab.config import ConfigError, SweepConfig, TrialConfig
 from distillab.mcq import mcq_prompt_ids, mcq_test_split
 from distillab.models import build_char_tokenizer, check_lm_heads, check_same_vocab, load_tokenizer, micro_llama_config
 from distillab.prepare import prepare_key
+from distillab.sweep import expected_trials
 from distillab.tasks import countdown_prompt_ids, countdown_test_split, generate_skill_items, render_prompt
 
 __all__ = ["ASSUMED_TFLOPS", "LM_EVAL_TOKENS_PER_ITEM", "CheckpointError", "Role", "Cluster", "Placement",
@@ -164,10 +165,12 @@ class Placement:
 
     @property
     def cpus(self) -> float:
+        """CPUs of one trial: its workers' and the Tune trainable's."""
         return self.workers * self.cpus_per_worker + self.trial_cpus
 
     @property
     def gpus(self) -> float:
+        """GPUs of one trial."""
         return self.workers * self.gpus_per_worker
 
 
@@ -189,7 +192,7 @@ def placement(sweep: SweepConfig, cluster: Cluster) -> Placement:
         return p
     by_workers = per_node * cluster.nodes // r.num_workers
     by_cpus = math.floor(cluster.nodes * cluster.cpus / p.cpus + 1e-9)
-    p.concurrent = min(by_workers, by_cpus, r.max_concurrent_trials, len(sweep.trials) or 1)
+    p.concurrent = min(by_workers, by_cpus, r.max_concurrent_trials, expected_trials(sweep))
     if p.concurrent == 0:
         p.why = (f"a trial needs {r.num_workers} workers of {r.cpus_per_worker:g} CPUs / {r.gpus_per_worker:g} GPUs "
                  f"(+{r.trial_cpus:g} CPUs); {cluster.source} ({cluster.nodes} node(s) of {cluster.cpus:g} CPUs, "
@@ -312,9 +315,9 @@ def _placement_lines(sweep: SweepConfig, p: Placement, cluster: Cluster) -> list
     if p.concurrent == 0:
         lines.append(f"placement on {where}: NEVER placeable: {p.why}")
     else:
-        waves = -(-len(sweep.trials) // p.concurrent)
+        n = expected_trials(sweep)
         lines.append(f"placement on {where}: {p.concurrent} trial(s) at a time (resources.max_concurrent_trials "
-                     f"{r.max_concurrent_trials}), {len(sweep.trials)} trials in {waves} wave(s)")
+                     f"{r.max_concurrent_trials}), {n} trials in {-(-n // p.concurrent)} wave(s)")
     return lines
 
 
@@ -332,13 +335,14 @@ def _estimate_lines(sweep: SweepConfig, roles: dict[str, Role], p: Placement, tf
         lines.append(f"  {phase:8s} {_fmt(e0.tokens[phase])} tokens, {_fmt(e0.flops[phase])}FLOP per trial{spread}")
     lines.append(f"  pre      {_fmt(e0.pre_eval_tokens)} tokens, {_fmt(e0.pre_eval_flops)}FLOP once "
                  "(the evaluation before training, shared by the sweep's trials)")
-    total = sum(sum(e.flops.values()) for e in ests) + e0.pre_eval_flops
+    n = expected_trials(sweep)  # an Optuna sweep: num_samples trials, each costed as the base trial
+    total = sum(sum(e.flops.values()) for e in ests) * n / len(ests) + e0.pre_eval_flops
     hours = total / rate / 3600
     per_trial = sum(e0.flops.values()) / rate / 3600
     lines.append(f"  throughput: {rate / 1e12:g} TFLOP/s per GPU, {source}")
-    lines.append(f"  GPU-hours: {per_trial:.3g} per trial (the first), {hours:.3g} for the sweep's {len(ests)} trials")
+    lines.append(f"  GPU-hours: {per_trial:.3g} per trial (the first), {hours:.3g} for the sweep's {n} trials")
     if p.gpus and p.concurrent:
-        waves = -(-len(ests) // p.concurrent)
+        waves = -(-n // p.concurrent)
         lines.append(f"  wall-clock: ~{waves * per_trial / p.gpus:.3g} h ({waves} wave(s) of trials on "
                      f"{p.gpus:g} GPU(s) each, perfect scaling assumed)")
     elif not p.gpus:

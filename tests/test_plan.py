@@ -134,6 +134,9 @@ def test_micro_dry_run_says_the_models_would_be_prepared(capsys, tmp_path) -> No
     assert out.count("micro, would be prepared at " + str(cache.resolve())) == 2
     assert "trials: 2" in out and "2 trial(s) at a time" in out and "asks for no GPUs" in out
     assert not cache.exists()  # nothing prepared
+    rc, out, _ = _cli(capsys, "sweep", REPO / "search_spaces" / "smoke_optuna.yaml", "--dry-run", "--node-cpus", 2,
+                      "--node-gpus", 0)
+    assert rc == 0 and "6 trials in 3 wave(s)" in out and "for the sweep's 6 trials" in out  # num_samples
 
 
 def test_estimate_by_hand() -> None:
