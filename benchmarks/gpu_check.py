@@ -197,16 +197,17 @@ def row_vllm_weight_sync() -> str:
                                     max_model_len=512, gpu_memory_utilization=0.2)
         prompt = tok("10 7 3 -> 21", add_special_tokens=False)["input_ids"]
         ro = ray.get(actor.generate.remote([prompt], SamplingParams(1.0, 1.0, 48, 4, 5)))
-        model = load_model(path).cuda()  # float32 from the bf16 weights
+        dev = "cuda" if torch.cuda.is_available() else "cpu"  # (the row runs on CUDA; CPU for a dry check)
+        model = load_model(path).to(dev).eval()  # float32 from the bf16 weights
         seq = prompt + ro.completion_ids[0]
         engine = torch.tensor(ray.get(actor.prompt_logprobs.remote(seq)), dtype=torch.float64)
         before = _logprobs(model, seq)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        ids = torch.tensor([seq], device="cuda")
+        ids = torch.tensor([seq], device=dev)
         torch.nn.functional.cross_entropy(model(input_ids=ids).logits[0, :-1], ids[0, 1:]).backward()
         opt.step()
-        after = _logprobs(model, seq)
-        ray.get(actor.update_weights.remote([(k, v.detach()) for k, v in model.state_dict().items()]))
+        after = _logprobs(model.eval(), seq)
+        ray.get(actor.update_weights.remote([(k, v.detach().cpu()) for k, v in model.state_dict().items()]))
         synced = torch.tensor(ray.get(actor.prompt_logprobs.remote(seq)), dtype=torch.float64)
         ray.kill(actor)
     finally:
@@ -322,15 +323,16 @@ def row_qlora() -> str:
 
     tok = build_char_tokenizer()
     torch.manual_seed(0)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # (the row runs on CUDA; CPU for a dry check)
     out = []
     for dtype, tol in ((torch.float32, 5e-3), (torch.bfloat16, 5e-2)):
-        model = LlamaForCausalLM(micro_llama_config(len(tok), 256, 2, 4, 512, 256, tok)).to("cuda", dtype).eval()
+        model = LlamaForCausalLM(micro_llama_config(len(tok), 256, 2, 4, 512, 256, tok)).to(dev, dtype).eval()
         peft4 = quantized_lora(model, LoRAConfig(r=8, alpha=16.0, load_in_4bit=True))
         with torch.no_grad():
             for name, p in peft4.named_parameters():
                 if "lora_B" in name:
                     p.normal_(0, 0.02)
-            ids = torch.randint(4, len(tok), (2, 64), device="cuda")
+            ids = torch.randint(4, len(tok), (2, 64), device=dev)
             want = peft4(input_ids=ids).logits.float()
             got = merge_into(model, peft4)(input_ids=ids).logits.float()
         diff = (got - want).abs().max().item()
