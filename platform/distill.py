@@ -176,7 +176,8 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
     rank, world = session.rank, session.world
     torch.manual_seed(trial.seed)
     tok, teacher, student = setup_models(ctx)
-    check_lm_heads(teacher.config.vocab_size, student.config.vocab_size, len(tok), trial.loss.pad_vocab)
+    check_lm_heads(teacher.config.vocab_size, student.config.vocab_size, len(tok), trial.loss.pad_vocab,
+                   spectrum=trial.rollout.policy == "spectrum")
     init_state = {k: v.detach().float().clone() for k, v in student.state_dict().items()}
     start_step, resumed = session.restore()
     student = resumed if resumed is not None else student

@@ -121,7 +121,7 @@ def neutral_generation_config(config) -> GenerationConfig:
                             pad_token_id=config.pad_token_id)
 
 
-def check_lm_heads(teacher_rows: int, student_rows: int, tokens: int, pad_vocab: bool) -> None:
+def check_lm_heads(teacher_rows: int, student_rows: int, tokens: int, pad_vocab: bool, spectrum: bool = False) -> None:
     """The lm_heads of a teacher/student pair against their shared tokenizer.
 
     Both heads must cover the tokenizer (``rows >= tokens``); their sizes may differ only
@@ -133,15 +133,20 @@ def check_lm_heads(teacher_rows: int, student_rows: int, tokens: int, pad_vocab:
         teacher_rows, student_rows: rows of each lm_head (``config.vocab_size``).
         tokens: the tokenizer's size (``len(tokenizer)``).
         pad_vocab: ``trial.loss.pad_vocab``.
+        spectrum: ``rollout.policy`` is ``spectrum``: its pair sampler (`rollout`) scores both
+            models over one vocabulary and does not pad, so the sizes must be equal.
 
     Raises:
         ValueError: a head smaller than the tokenizer, or different sizes without
-            ``pad_vocab`` (both sizes and the field named).
+            ``pad_vocab`` or with ``spectrum`` (both sizes and the field named).
     """
     for role, rows in (("teacher", teacher_rows), ("student", student_rows)):
         if rows < tokens:
             raise ValueError(f"the {role}'s lm_head has {rows} rows but the tokenizer has {tokens} tokens: "
                              "some token ids have no logit")
+    if teacher_rows != student_rows and spectrum:
+        raise ValueError(f"rollout.policy 'spectrum' needs lm_heads of one size (its pair sampler does not pad): "
+                         f"the teacher's has {teacher_rows} rows, the student's {student_rows}")
     if teacher_rows != student_rows and not pad_vocab:
         raise ValueError(
             f"the teacher's lm_head has {teacher_rows} rows and the student's {student_rows} (tokenizer: {tokens} "

@@ -131,7 +131,8 @@ def check_checkpoints(sweep: SweepConfig) -> dict[str, Role]:
     where = ", ".join(f"{r.role} {r.path or 'micro (prepared)'}" for r in (t, s))
     try:
         check_same_vocab(t.tokenizer, s.tokenizer)
-        check_lm_heads(t.vocab_rows, s.vocab_rows, len(s.tokenizer), sweep.trial.loss.pad_vocab)
+        check_lm_heads(t.vocab_rows, s.vocab_rows, len(s.tokenizer), sweep.trial.loss.pad_vocab,
+                       spectrum=any(x.rollout.policy == "spectrum" for x in sweep.trials))
     except ValueError as e:
         raise CheckpointError(f"models ({where}): {e}") from None
     return roles

@@ -143,6 +143,9 @@ def test_lm_head_check_names_both_sizes_and_the_field() -> None:
         check_lm_heads(512, 448, 385, pad_vocab=False)
     with pytest.raises(ValueError, match="student's lm_head has 300 rows but the tokenizer has 385"):
         check_lm_heads(512, 300, 385, pad_vocab=True)
+    with pytest.raises(ValueError, match="rollout.policy 'spectrum' needs lm_heads of one size.*512 rows.*448"):
+        check_lm_heads(512, 448, 385, pad_vocab=True, spectrum=True)
+    check_lm_heads(400, 400, 400, pad_vocab=False, spectrum=True)
 
 
 def _trial(policy: str, kind: str, **loss) -> TrialConfig:

@@ -124,6 +124,9 @@ def test_mismatched_pairs_are_named(standins, capsys) -> None:
     assert "teacher tokenizer has 400 tokens, student has 385: they must match" in err and str(qwen[1]) in err
     rc, _, err = _cli(capsys, "sweep", PAPER["paper_llama"], "--dry-run", *_paths(qwen))  # pad_vocab false
     assert rc == 2 and "512 rows and the student's 448" in err and "trial.loss.pad_vocab: true" in err
+    rc, _, err = _cli(capsys, "sweep", PAPER["paper_spectrum"], "--dry-run", *_paths(qwen),
+                      "--set", "trial.loss.pad_vocab=true")
+    assert rc == 2 and "rollout.policy 'spectrum' needs lm_heads of one size" in err
 
 
 def test_micro_dry_run_says_the_models_would_be_prepared(capsys, tmp_path) -> None:
