@@ -40,7 +40,7 @@ import torch
 from distillab.config import RuntimeContext, TrialConfig
 from distillab.evals.suite import Evaluator, evaluate_stage, pre_eval_path
 from distillab.loss import loss_step
-from distillab.models import check_same_vocab, load_model, load_tokenizer
+from distillab.models import check_lm_heads, check_same_vocab, load_model, load_tokenizer
 from distillab.optim import optimizer_step, save_checkpoint, setup_engine
 from distillab.results import report_metrics, with_forgetting
 from distillab.rlvr import run_rlvr_stage
@@ -176,6 +176,8 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
     rank, world = session.rank, session.world
     torch.manual_seed(trial.seed)
     tok, teacher, student = setup_models(ctx)
+    check_lm_heads(teacher.config.vocab_size, student.config.vocab_size, len(tok), trial.loss.pad_vocab,
+                   spectrum=trial.rollout.policy == "spectrum")
     init_state = {k: v.detach().float().clone() for k, v in student.state_dict().items()}
     start_step, resumed = session.restore()
     student = resumed if resumed is not None else student

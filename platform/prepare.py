@@ -27,12 +27,12 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from distillab.config import MicroModelConfig, SweepConfig, cache_key
 from distillab.evals.suite import Evaluator
 from distillab.mcq import mcq_prompt_ids, mcq_target_text
-from distillab.models import build_char_tokenizer, micro_llama_config
+from distillab.models import build_char_tokenizer, load_model, load_tokenizer, micro_llama_config
 from distillab.optim import TorchStepper, rlvr_schedule
 from distillab.rlvr import lora_policy, run_rlvr
 from distillab.sft import Example, sft_train
@@ -166,8 +166,7 @@ def refine_teacher(sweep: SweepConfig, teacher_dir: Path, out_dir: Path, threads
     """
     torch.set_num_threads(threads)
     cfg, seed = sweep.models.teacher_refine, sweep.models.prepare_seed
-    tok = AutoTokenizer.from_pretrained(teacher_dir)
-    model = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
+    tok, model = load_tokenizer(teacher_dir), load_model(teacher_dir)
     tasks, ev = sweep.trial.tasks, sweep.trial.evaluation
     t0 = time.perf_counter()
     trained, finish = lora_policy(model, cfg.lora)

@@ -32,7 +32,7 @@ STAGES: list[tuple[str, ...]] = [
     ("evals.style", "evals.ood", "evals.suite", "loss", "optim", "telemetry", "sft"),
     ("rlvr",),
     ("distill", "prepare"),
-    ("sweep", "plots"),
+    ("sweep", "plots", "plan"),
     ("cli",),
 ]
 RANK = {name: i for i, stage in enumerate(STAGES) for name in stage}
