@@ -171,7 +171,7 @@ def build_search(sweep: SweepConfig):
             max_t=sc.max_t or sweep.trial.optimizer.steps, reduction_factor=sc.reduction_factor,
         )
     if s.kind == "grid":
-        points = [{"trial_id": t.trial_id, **point_of(t, list(s.grid))} for t in sweep.trials]
+        points = [{"trial_id": t.trial_id, **point_of(t, s.grid_keys)} for t in sweep.trials]
         return {POINT: tune.grid_search(points)}, None, scheduler, 1
     samplers = {
         "tpe": lambda: optuna.samplers.TPESampler(seed=s.seed),
@@ -251,7 +251,7 @@ def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, ver
     r = sweep.resources
     param_space, search_alg, scheduler, num_samples = build_search(sweep)
     param_space["ctx"] = RuntimeContext.for_sweep(sweep, teacher_path, student_path).model_dump(mode="json")
-    searched = {f"{POINT}/{k}": k for k in sweep.search.grid} | {k: k for k in sweep.search.space}
+    searched = {f"{POINT}/{k}": k for k in sweep.search.grid_keys} | {k: k for k in sweep.search.space}
     reporter = tune.CLIReporter(
         parameter_columns=searched, metric_columns=REPORTER_COLUMNS, max_report_frequency=30,
     )
