@@ -205,6 +205,7 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
                 if not path.exists():
                     todo.setdefault(path, (t, rank))
     if not todo:
+        print("[time] OffPD sets: 0 s (none to generate: cached, or no trial reuses one)", flush=True)
         return 0
     threads = threads or max(1, os.cpu_count() or 1)
     tok = load_tokenizer(teacher_path)
@@ -228,8 +229,9 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
         for actor in by_engine.values():
             ray.kill(actor)
     engines = ", ".join(sorted({k[0] for k in by_engine}))
-    print(f"[rollouts] OffPD reuse: {len(todo)} rollout set(s) generated with {engines} in "
-          f"{time.perf_counter() - t0:.0f} s under {sweep.shared_cache_dir()}", flush=True)
+    print(f"[rollouts] OffPD reuse: {len(todo)} rollout set(s) generated with {engines} under "
+          f"{sweep.shared_cache_dir()}", flush=True)
+    print(f"[time] OffPD sets: {time.perf_counter() - t0:.0f} s", flush=True)
     return len(todo)
 
 
@@ -321,8 +323,8 @@ def _fit(tuner, sweep: SweepConfig, root: Path) -> Path:
     grid = tuner.fit()
     errors = [res.error for res in grid if res.error]
     done, want = completed_trials(root), expected_trials(sweep)
-    print(f"[sweep] {done} of {want} trials completed in {time.perf_counter() - t0:.0f} s, {len(errors)} failed",
-          flush=True)
+    print(f"[sweep] {done} of {want} trials completed, {len(errors)} failed", flush=True)
+    print(f"[time] trials: {time.perf_counter() - t0:.0f} s", flush=True)
     if done < want:
         print(f"[sweep] incomplete; continue with: distillab sweep --resume {root}", flush=True)
     if sweep.search.kind == "optuna":
