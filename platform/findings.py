@@ -471,7 +471,8 @@ def f4(trials: pl.DataFrame) -> Verdict:
                       f"{g['reverse'].text()} = {d.text()}; clearly > 0 iff > 2 SEM = {2 * d.sem:.3g}",
                       {**g, "difference": d})]
     ours = {"pass@10 − pass@1, forward KL": g["forward"], "pass@10 − pass@1, reverse KL": g["reverse"]}
-    return _verdict("F4", clauses, [v], ours)
+    extra = {} if matched else {"cells": "no matched cells (no offpd/onpd or spectrum trials with forward/reverse KL)"}
+    return _verdict("F4", clauses, [v], ours, extra=extra)
 
 
 def f5(trials: pl.DataFrame) -> Verdict:
@@ -488,7 +489,8 @@ def f5(trials: pl.DataFrame) -> Verdict:
             s = {lam: v.stat(q, "spectrum", k, lr, lam) for lam in (-2.0, -1.0, 1.0, 2.0)}
             gap[q] = mean_of([s[1.0], s[2.0]]) - mean_of([s[-2.0], s[-1.0]])
         dist, rl = gap["hard10"], gap["hard10_rlvr"]
-        ours |= {f"Countdown-4E pass@10 gap λ>0 − λ<0, {k}, distill": dist, f"…, {k}, rlvr": rl}
+        ours |= {f"Countdown-4E pass@10 gap λ>0 − λ<0, {k} KL, distill": dist,
+                 f"Countdown-4E pass@10 gap λ>0 − λ<0, {k} KL, rlvr": rl}
         clauses.append(Clause(f"(a) {k}", clearly(dist), f"pass@10, mean λ ∈ {{1, 2}} − mean λ ∈ {{−2, −1}}, at distill = {dist.text()}; "
                               f"clearly > 0 iff > 2 SEM = {2 * dist.sem:.3g}", {"distill": dist}))
         c = clearly(rl)
