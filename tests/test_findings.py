@@ -11,6 +11,7 @@ S0 = sd(0.01, 0, −0.01) / √3 = 0.01 / √3.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -23,6 +24,7 @@ from distillab.results import SCHEMAS, Results
 
 DELTA = {42: 0.01, 43: 0.0, 44: -0.01}
 S0 = 0.01 / math.sqrt(3)
+REPO = Path(__file__).resolve().parents[1]
 LRS = (1e-4, 3e-4, 1e-3)
 LR_SPEC = 3e-4
 LAMBDAS = (-2.0, -1.0, 0.0, 1.0, 2.0)
@@ -324,3 +326,26 @@ def test_write_findings_markdown_and_figures(tmp_path) -> None:
         assert paths[stem].stat().st_size > 1000 and f"]({stem}.png)" in md
     text = format_verdicts(result)
     assert "F1  INCONCLUSIVE" in text and "F3  REPRODUCED" in text and "paper:" in text
+
+
+def test_real_trial_rows_of_micro_findings_from_disk(tmp_path) -> None:
+    """The trials rows `sweep.run_trial` writes for search_spaces/micro_findings.yaml (every config
+    column, as Parquet), with the base study's evals: read back with `results.load`, no config column
+    tells two seeds of a cell apart, and every finding is decided (reproduced) as on the frames above."""
+    from distillab.config import load_sweep
+    from distillab.results import load, write_rows
+
+    sweep = load_sweep(REPO / "search_spaces" / "micro_findings.yaml")
+    grid_lrs = sorted({t.optimizer.lr for t in sweep.trials if t.rollout.policy != "spectrum"})
+    cells = base_cells()
+    for t in sweep.trials:
+        r = t.rollout
+        lr = LR_SPEC if r.policy == "spectrum" else LRS[grid_lrs.index(t.optimizer.lr)]
+        row = {"trial_id": t.trial_id, "status": "completed", "start_time": 0.0, "end_time": 1.0,
+               **{k: (str(v) if isinstance(v, (list, dict)) else v) for k, v in t.flat().items()}}
+        write_rows(tmp_path, "trials", [row], key=t.trial_id)
+        write_rows(tmp_path, "evals", _evals(t.trial_id, cells[r.policy, r.lambda_, t.loss.kind, lr], DELTA[t.seed]),
+                   key=t.trial_id)
+    verdicts = decide(load(tmp_path))["all"]
+    assert [v.verdict for v in verdicts] == [REPRODUCED] * 5, format_verdicts({"all": verdicts})
+    assert all(not row["mixed"] for row in cell_table(trial_values(load(tmp_path))).iter_rows(named=True))

@@ -83,6 +83,24 @@ def test_build_search_maps_domains_onto_tune() -> None:
         {"trial_id": t.trial_id, "rollout.policy": p} for t, p in zip(smoke.trials, ["offpd", "onpd"])]}
 
 
+
+def test_build_search_over_a_union_of_grids() -> None:
+    """search.grids (micro_findings.yaml): Tune's points are the validated trials of both grids,
+    each with the values that tell them apart, and each point gives back its trial."""
+    from distillab.sweep import POINT, build_search, trial_of
+
+    s = load_sweep(REPO / "search_spaces" / "micro_findings.yaml")
+    space, none, _, one = build_search(s)
+    points = space[POINT]["grid_search"]
+    assert none is None and one == 1 and [p["trial_id"] for p in points] == [t.trial_id for t in s.trials]
+    assert points[0] == {"trial_id": s.trials[0].trial_id, "rollout.policy": "offpd", "loss.kind": "forward",
+                         "optimizer.lr": s.trials[0].optimizer.lr, "seed": 42, "rollout.lambda": None}
+    assert {p["rollout.lambda"] for p in points if p["rollout.policy"] == "spectrum"} == {-2.0, -1.0, 0.0, 1.0, 2.0}
+    trials = {t.trial_id: t.model_dump(mode="json") for t in s.trials}
+    for p, t in zip(points, s.trials):
+        assert trial_of({POINT: p}, trials, {}) == t
+
+
 # --------------------------------------------------------------------------------------
 # Pareto front by hand
 # --------------------------------------------------------------------------------------
