@@ -328,12 +328,11 @@ def test_write_findings_markdown_and_figures(tmp_path) -> None:
     assert "F1  INCONCLUSIVE" in text and "F3  REPRODUCED" in text and "paper:" in text
 
 
-def test_real_trial_rows_of_micro_findings_from_disk(tmp_path) -> None:
+def _write_micro_findings(root) -> None:
     """The trials rows `sweep.run_trial` writes for search_spaces/micro_findings.yaml (every config
-    column, as Parquet), with the base study's evals: read back with `results.load`, no config column
-    tells two seeds of a cell apart, and every finding is decided (reproduced) as on the frames above."""
+    column), with the evals of the base study, as Parquet under ``root``."""
     from distillab.config import load_sweep
-    from distillab.results import load, write_rows
+    from distillab.results import write_rows
 
     sweep = load_sweep(REPO / "search_spaces" / "micro_findings.yaml")
     grid_lrs = sorted({t.optimizer.lr for t in sweep.trials if t.rollout.policy != "spectrum"})
@@ -343,9 +342,31 @@ def test_real_trial_rows_of_micro_findings_from_disk(tmp_path) -> None:
         lr = LR_SPEC if r.policy == "spectrum" else LRS[grid_lrs.index(t.optimizer.lr)]
         row = {"trial_id": t.trial_id, "status": "completed", "start_time": 0.0, "end_time": 1.0,
                **{k: (str(v) if isinstance(v, (list, dict)) else v) for k, v in t.flat().items()}}
-        write_rows(tmp_path, "trials", [row], key=t.trial_id)
-        write_rows(tmp_path, "evals", _evals(t.trial_id, cells[r.policy, r.lambda_, t.loss.kind, lr], DELTA[t.seed]),
+        write_rows(root, "trials", [row], key=t.trial_id)
+        write_rows(root, "evals", _evals(t.trial_id, cells[r.policy, r.lambda_, t.loss.kind, lr], DELTA[t.seed]),
                    key=t.trial_id)
+
+
+def test_real_trial_rows_of_micro_findings_from_disk(tmp_path) -> None:
+    """Read back with `results.load`, no config column of the real trials rows tells two seeds of
+    a cell apart, and every finding is decided (reproduced) as on the frames above."""
+    from distillab.results import load
+
+    _write_micro_findings(tmp_path)
     verdicts = decide(load(tmp_path))["all"]
     assert [v.verdict for v in verdicts] == [REPRODUCED] * 5, format_verdicts({"all": verdicts})
     assert all(not row["mixed"] for row in cell_table(trial_values(load(tmp_path))).iter_rows(named=True))
+
+
+def test_cli_findings(tmp_path, capsys) -> None:
+    from distillab.cli import main
+
+    root, out = tmp_path / "micro_findings", tmp_path / "out"
+    _write_micro_findings(root)
+    assert main(["findings", str(root), "--out", str(out), "--only", "F1,F4"]) == 0
+    text = capsys.readouterr().out
+    assert "F1  REPRODUCED" in text and "F4  REPRODUCED" in text and "F2 " not in text and "[time] findings:" in text
+    assert (out / "findings.md").exists() and (out / "findings_f4_coverage_gap.png").exists()
+    assert main(["findings", str(root), "--by", "nope"]) == 2
+    assert "--by 'nope' is not a trials column" in capsys.readouterr().err
+    assert main(["findings", str(tmp_path / "absent")]) == 2
