@@ -292,6 +292,9 @@ class CellView:
         self.note = note
 
     def stat(self, q: str, policy: str, kind: str, lr: float | None, lam: float | None = None) -> Stat:
+        """The `Stat` of quantity ``q`` (`QUANTITIES`) in cell (``policy``, ``lam``, ``kind``,
+        ``lr``): mean and SEM over seeds, n seeds; NaN for a missing cell. Records why the cell
+        cannot decide (missing, not completed, mixed, < `MIN_SEEDS` seeds) in ``problems``."""
         label = _label(policy, lam, kind, lr) + self.note
         row = self._rows.get((policy, lam, kind, lr))
         if row is None:
