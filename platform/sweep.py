@@ -71,7 +71,9 @@ def completed_trials(root: Path, trial_id: str | None = None) -> int:
     files = list((root / "trials").glob(pattern)) if (root / "trials").exists() else []
     if not files:
         return 0
-    return pl.scan_parquet(files).filter(pl.col("status") == "completed").select(pl.len()).collect().item()
+    # one scan per file: the rows of a union of grids (search.grids) differ in their config columns
+    status = pl.concat([pl.scan_parquet(f).select("status") for f in files])
+    return status.filter(pl.col("status") == "completed").select(pl.len()).collect().item()
 
 
 def run_trial(params: dict[str, Any], trials: dict[str, dict] | None = None, base: dict[str, Any] | None = None

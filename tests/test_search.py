@@ -101,6 +101,21 @@ def test_build_search_over_a_union_of_grids() -> None:
         assert trial_of({POINT: p}, trials, {}) == t
 
 
+
+def test_completed_trials_counts_rows_of_different_configs(tmp_path) -> None:
+    """Trials rows of a union of grids carry different config columns (an RLVR stage's ``rlvr.*``
+    in one grid, ``rlvr`` null in the other): every row is counted, by status."""
+    from distillab.results import write_rows
+    from distillab.sweep import completed_trials
+
+    rows = {"a": {"status": "completed", "rlvr": None}, "b": {"status": "completed", "rlvr.task": "countdown4"},
+            "c": {"status": "failed", "rlvr.task": "countdown4", "rlvr.steps": 4}}
+    for tid, row in rows.items():
+        write_rows(tmp_path, "trials", [{"trial_id": tid, "start_time": 0.0, "end_time": 1.0, **row}], key=tid)
+    assert completed_trials(tmp_path) == 2
+    assert completed_trials(tmp_path, "b") == 1 and completed_trials(tmp_path, "c") == 0
+
+
 # --------------------------------------------------------------------------------------
 # Pareto front by hand
 # --------------------------------------------------------------------------------------
