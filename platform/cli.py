@@ -6,6 +6,7 @@
     distillab sweep   search_spaces/micro.yaml --dry-run   # check, place and cost the sweep; start nothing
     distillab report  runs/micro                    # final metrics per configuration, mean ± SEM
     distillab report  runs/micro --plots docs/figures   # + figures (PNG) and summary.md
+    distillab findings runs/micro_findings          # PROTOCOL.md §9 verdicts on F1-F5, findings.md + figures
 
 Lazy imports: every ``distillab`` module (config, plan, prepare, sweep, results, plots) and
 ``ray`` are imported inside the subcommand that uses them, so that ``distillab --help``
@@ -66,6 +67,13 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("path", nargs="+", help="sweep directories (<storage_path>/<name>)")
     rp.add_argument("--plots", metavar="DIR", default=None,
                     help="also write the figures (PNG) and summary.md into DIR")
+    fd = sub.add_parser("findings", help="decide PROTOCOL.md §9's verdicts on findings F1-F5")
+    fd.add_argument("path", nargs="+", help="sweep directories (<storage_path>/<name>)")
+    fd.add_argument("--out", metavar="DIR", default=None, help="where findings.md and the figures go "
+                    "(default: the first sweep directory)")
+    fd.add_argument("--by", metavar="COLUMN", default=None, help="decide per value of a trials column: sweep "
+                    "(one group per directory) or a config column such as loss.estimator (ablations)")
+    fd.add_argument("--only", metavar="F1,F4", default=None, help="decide only these findings")
     return parser
 
 
@@ -76,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     _env_defaults()
     if args.cmd == "report":
         return _report(args)
+    if args.cmd == "findings":
+        return _findings(args)
     from distillab.config import ConfigError, load_sweep  # lazy: see the module docstring
 
     resume = getattr(args, "resume", None)
@@ -158,6 +168,29 @@ def _report(args) -> int:
         written = write_report(res, args.plots)  # grouped by the swept config fields
         print(f"figures: {', '.join(str(p) for k, p in written.items() if k != 'summary')}")
         print(f"summary: {written['summary']}")
+    return 0
+
+
+def _findings(args) -> int:
+    """``distillab findings``: the verdicts with their statistics, then findings.md and figures."""
+    from distillab.findings import decide, format_verdicts, write_findings  # lazy: see the module docstring
+    from distillab.results import load
+
+    t0 = time.perf_counter()
+    missing = [p for p in args.path if not Path(p).is_dir()]
+    if missing:
+        print(f"distillab: findings: no such sweep directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    res = load(args.path if len(args.path) > 1 else args.path[0])
+    try:
+        result = decide(res, by=args.by, only=args.only.split(",") if args.only else None)
+    except ValueError as e:  # an unknown --by column or finding
+        print(f"distillab: findings: {e}", file=sys.stderr)
+        return 2
+    print(format_verdicts(result))
+    written = write_findings(res, args.out or args.path[0], result, args.path, by=args.by)
+    print(f"findings: {written['findings']}")
+    print(f"[time] findings: {time.perf_counter() - t0:.0f} s", flush=True)
     return 0
 
 

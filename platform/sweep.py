@@ -71,7 +71,9 @@ def completed_trials(root: Path, trial_id: str | None = None) -> int:
     files = list((root / "trials").glob(pattern)) if (root / "trials").exists() else []
     if not files:
         return 0
-    return pl.scan_parquet(files).filter(pl.col("status") == "completed").select(pl.len()).collect().item()
+    # one scan per file: the rows of a union of grids (search.grids) differ in their config columns
+    status = pl.concat([pl.scan_parquet(f).select("status") for f in files])
+    return status.filter(pl.col("status") == "completed").select(pl.len()).collect().item()
 
 
 def run_trial(params: dict[str, Any], trials: dict[str, dict] | None = None, base: dict[str, Any] | None = None
@@ -171,7 +173,7 @@ def build_search(sweep: SweepConfig):
             max_t=sc.max_t or sweep.trial.optimizer.steps, reduction_factor=sc.reduction_factor,
         )
     if s.kind == "grid":
-        points = [{"trial_id": t.trial_id, **point_of(t, list(s.grid))} for t in sweep.trials]
+        points = [{"trial_id": t.trial_id, **point_of(t, s.grid_keys)} for t in sweep.trials]
         return {POINT: tune.grid_search(points)}, None, scheduler, 1
     samplers = {
         "tpe": lambda: optuna.samplers.TPESampler(seed=s.seed),
@@ -205,6 +207,7 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
                 if not path.exists():
                     todo.setdefault(path, (t, rank))
     if not todo:
+        print("[time] OffPD sets: 0 s (none to generate: cached, or no trial reuses one)", flush=True)
         return 0
     threads = threads or max(1, os.cpu_count() or 1)
     tok = load_tokenizer(teacher_path)
@@ -228,8 +231,9 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
         for actor in by_engine.values():
             ray.kill(actor)
     engines = ", ".join(sorted({k[0] for k in by_engine}))
-    print(f"[rollouts] OffPD reuse: {len(todo)} rollout set(s) generated with {engines} in "
-          f"{time.perf_counter() - t0:.0f} s under {sweep.shared_cache_dir()}", flush=True)
+    print(f"[rollouts] OffPD reuse: {len(todo)} rollout set(s) generated with {engines} under "
+          f"{sweep.shared_cache_dir()}", flush=True)
+    print(f"[time] OffPD sets: {time.perf_counter() - t0:.0f} s", flush=True)
     return len(todo)
 
 
@@ -251,7 +255,7 @@ def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, ver
     r = sweep.resources
     param_space, search_alg, scheduler, num_samples = build_search(sweep)
     param_space["ctx"] = RuntimeContext.for_sweep(sweep, teacher_path, student_path).model_dump(mode="json")
-    searched = {f"{POINT}/{k}": k for k in sweep.search.grid} | {k: k for k in sweep.search.space}
+    searched = {f"{POINT}/{k}": k for k in sweep.search.grid_keys} | {k: k for k in sweep.search.space}
     reporter = tune.CLIReporter(
         parameter_columns=searched, metric_columns=REPORTER_COLUMNS, max_report_frequency=30,
     )
@@ -321,8 +325,8 @@ def _fit(tuner, sweep: SweepConfig, root: Path) -> Path:
     grid = tuner.fit()
     errors = [res.error for res in grid if res.error]
     done, want = completed_trials(root), expected_trials(sweep)
-    print(f"[sweep] {done} of {want} trials completed in {time.perf_counter() - t0:.0f} s, {len(errors)} failed",
-          flush=True)
+    print(f"[sweep] {done} of {want} trials completed, {len(errors)} failed", flush=True)
+    print(f"[time] trials: {time.perf_counter() - t0:.0f} s", flush=True)
     if done < want:
         print(f"[sweep] incomplete; continue with: distillab sweep --resume {root}", flush=True)
     if sweep.search.kind == "optuna":

@@ -33,6 +33,7 @@ STAGES: list[tuple[str, ...]] = [
     ("rlvr",),
     ("distill", "prepare"),
     ("sweep", "plots", "plan"),
+    ("findings",),
     ("cli",),
 ]
 RANK = {name: i for i, stage in enumerate(STAGES) for name in stage}
