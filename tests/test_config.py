@@ -266,3 +266,26 @@ def test_second_domain_and_style_files() -> None:
     style = load_sweep(MICRO.parent / "micro_style.yaml")
     assert style.trial.tasks.teacher_conditioned and style.trial.evaluation.style.kind == "regex"
     assert [t.rollout.policy for t in expand_trials(style)] == ["offpd", "onpd"]
+
+
+def test_tracking_section(tmp_path: Path, monkeypatch) -> None:
+    import importlib.util
+
+    import distillab.config as config
+
+    assert load_sweep(SMOKE).tracking.wandb is None and load_sweep(SMOKE).tracking.mlflow is None  # off by default
+    monkeypatch.setattr(config.importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("wandb", "mlflow") else importlib.util.find_spec(name, *a))
+    for tracker in ("wandb", "mlflow"):
+        msg = _error(tmp_path, f"name: t\ntracking: {{{tracker}: {{}}}}\n")
+        assert f"tracking.{tracker} needs the {tracker} package" in msg and "'.[tracking]'" in msg
+    monkeypatch.undo()
+    monkeypatch.setattr(config.importlib.util, "find_spec", lambda name, *a: object())  # both "installed"
+    sweep = load_sweep(SMOKE, {"tracking": {"wandb": {"mode": "offline", "tags": ["a"]},
+                                            "mlflow": {"tags": {"study": "micro"}}}})
+    assert sweep.tracking.wandb.mode == "offline" and sweep.tracking.wandb.project == "distillab"
+    assert sweep.tracking.mlflow.tracking_uri is None and sweep.tracking.mlflow.tags == {"study": "micro"}
+    assert "tracking.wandb.mode" in _error(tmp_path, "name: t\ntracking: {wandb: {mode: sometimes}}\n")
+    assert "tracking.neptune" in _error(tmp_path, "name: t\ntracking: {neptune: {}}\n")
+    # trackers are not part of a trial: the trial ids do not change
+    assert [t.trial_id for t in sweep.trials] == [t.trial_id for t in load_sweep(SMOKE).trials]
