@@ -19,7 +19,9 @@ Two measurements, each in fresh processes:
        teardown    → the trial's end (checkpoint persisted, worker group and controller stopped)
 
    ``fixed`` = everything but the loop = trainable + wall − loop (issue 14's target:
-   ≤ 12 s on the micro models; the smoke models here are smaller still).
+   ≤ 12 s on the micro models; the smoke models here are smaller still). Then the CPU
+   seconds per trial of every process the sweep started, by kind (`CpuSampler`): on a
+   machine shared with other jobs wall times swing with the load, CPU seconds much less.
 
 2. **One whole single-trial sweep through the CLI** (``distillab sweep``, a subprocess,
    ``--no-dashboard``): ``--steps`` (40) steps at 16 prompts × 32 new tokens on the
@@ -34,8 +36,9 @@ Two measurements, each in fresh processes:
     python benchmarks/sweep_overhead.py --code /path/to/tree # time another checkout's code (A/B)
 
 ``--code DIR`` runs every measurement with ``DIR``'s ``platform/``, ``ops/`` and
-``evals/`` as the ``distillab`` package (a copy of another commit, e.g. ``git archive``):
-phases that code does not record print as ``-``.
+``evals/`` as the ``distillab`` package (a copy of another commit, e.g. ``git archive
+main platform ops evals | tar -x -C DIR``; a module only this checkout has still
+resolves here): phases that code does not record print as ``-``.
 """
 
 from __future__ import annotations

@@ -803,6 +803,14 @@ class TrialConfig(_Strict):
         return flatten(self.model_dump(mode="json"))
 
 
+def _tracker_installed(section, package: str):
+    """``section`` if ``package`` can be imported; else a ValueError naming ``tracking.<package>``."""
+    if importlib.util.find_spec(package) is None:
+        raise ValueError(f"tracking.{package} needs the {package} package, which is not installed "
+                         f"(pip install -e '.[tracking]', or remove tracking.{package})")
+    return section
+
+
 class WandbTracking(_Strict):
     """Weights & Biases through Ray Tune's ``WandbLoggerCallback`` (one run per trial,
     named by its trial id, in ``group`` (default: the sweep's name) of ``project``):
@@ -822,10 +830,7 @@ class WandbTracking(_Strict):
 
     @model_validator(mode="after")
     def _installed(self) -> "WandbTracking":
-        if importlib.util.find_spec("wandb") is None:
-            raise ValueError("tracking.wandb needs the wandb package, which is not installed "
-                             "(pip install -e '.[tracking]', or remove tracking.wandb)")
-        return self
+        return _tracker_installed(self, "wandb")
 
 
 class MLflowTracking(_Strict):
@@ -844,10 +849,7 @@ class MLflowTracking(_Strict):
 
     @model_validator(mode="after")
     def _installed(self) -> "MLflowTracking":
-        if importlib.util.find_spec("mlflow") is None:
-            raise ValueError("tracking.mlflow needs the mlflow package, which is not installed "
-                             "(pip install -e '.[tracking]', or remove tracking.mlflow)")
-        return self
+        return _tracker_installed(self, "mlflow")
 
 
 class TrackingConfig(_Strict):

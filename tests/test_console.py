@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
-import yaml
 
 from distillab.cli import HARMLESS_RAY_LINES
 
@@ -30,13 +30,54 @@ SMOKE = REPO / "search_spaces" / "smoke.yaml"
 ACC = "eval/distill/countdown3/accuracy"
 
 
-def _final_accuracy(root: Path) -> dict[str, float]:
-    """trial id → its Countdown-3 accuracy after distillation, from the ``evals`` table."""
+def _final_accuracy(root: Path, task: str = "countdown3", metric: str = "accuracy") -> dict[str, float]:
+    """trial id → its Countdown-3 accuracy (or ``task``'s ``metric``) after distillation,
+    from the ``evals`` table."""
     from distillab.results import load
 
-    ev = load(root).evals.filter((pl.col("stage") == "distill") & (pl.col("task") == "countdown3")
-                                 & (pl.col("metric") == "accuracy")).collect()
+    ev = load(root).evals.filter((pl.col("stage") == "distill") & (pl.col("task") == task)
+                                 & (pl.col("metric") == metric)).collect()
     return dict(zip(ev["trial_id"], ev["value"]))
+
+
+def _wandb_run(path: Path) -> dict:
+    """What an offline W&B run file (``run-<id>.wandb``) holds: ``name``, ``config``,
+    ``history`` (one dict per logged row) and ``summary``. The file is W&B's record log
+    (LevelDB's log format: 32 KiB blocks of chunks with a 7-byte header, after a 7-byte
+    file header ``:W&B`` 0xBEE1 0) of ``wandb_internal_pb2.Record`` messages."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, pos, block, buf = path.read_bytes(), 7, 32768, b""
+    assert struct.unpack("<4sHB", data[:7]) == (b":W&B", 0xBEE1, 0)
+    out = {"name": None, "config": {}, "history": [], "summary": {}}
+
+    def items(entries) -> dict:
+        return {e.key or "/".join(e.nested_key): json.loads(e.value_json) for e in entries}
+
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if (length, kind) == (0, 0):
+            pos += block - pos % block
+            continue
+        buf = (b"" if kind in (1, 2) else buf) + data[pos + 7:pos + 7 + length]  # 1 full, 2 first, 3 middle, 4 last
+        pos += 7 + length
+        if kind in (1, 4):
+            r = pb.Record()
+            r.ParseFromString(buf)
+            which = r.WhichOneof("record_type")
+            if which == "run":
+                out["name"] = r.run.display_name
+                out["config"].update(items(r.run.config.update))
+            elif which == "config":
+                out["config"].update(items(r.config.update))
+            elif which == "history":
+                out["history"].append(items(r.history.item))
+            elif which == "summary":
+                out["summary"].update(items(r.summary.update))
+    return out
 
 
 @pytest.mark.slow
@@ -72,7 +113,9 @@ def test_a_failed_trial_prints_its_traceback(tmp_path: Path) -> None:
     out = proc.stdout
     assert proc.returncode == 1, out[-3000:]
     assert "Traceback (most recent call last)" in out, out[-3000:]
-    assert "not-a-model" in out and "setup_models" in out, out[-3000:]  # the error and where it happened
+    # the worker's own traceback (where it failed: loading the student's tokenizer) and Tune's
+    assert "Error in training function" in out and "in setup_models" in out and "load_tokenizer" in out, out[-3000:]
+    assert "Trial task failed for trial onpd-forward" in out and "WorkerGroupError" in out, out[-3000:]
     assert "[sweep] 0 of 1 trials completed" in out and "distillab sweep --resume" in out
 
 
@@ -89,20 +132,24 @@ def test_trackers_hold_every_trials_config_and_accuracy(run_locally, tmp_path: P
     trials = load(smoke_sweep).trials.collect()
     policy = dict(zip(trials["trial_id"], trials["rollout.policy"]))
     acc = _final_accuracy(smoke_sweep)
-    assert len(acc) == 2
+    # the smoke students answer nothing right (accuracy 0); S_τ differs between the trials
+    sparsity = _final_accuracy(smoke_sweep, "params", "sparsity@1e-06")
+    assert len(acc) == 2 and len(set(sparsity.values())) == 2
 
-    # W&B, offline: one run directory per trial, its config and its summary (the last value of each key)
-    runs = sorted((smoke_sweep / "wandb" / "wandb").glob("offline-run-*"))
+    # W&B, offline: one run per trial (its .wandb record file), named by the trial id, with its config,
+    # its history (a row per report) and its summary (the last value of each key)
+    runs = sorted((smoke_sweep / "wandb" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 2, runs
     seen = {}
-    for run in runs:
-        config = {k: v["value"] for k, v in yaml.safe_load((run / "files" / "config.yaml").read_text()).items()
-                  if isinstance(v, dict) and "value" in v}
-        summary = json.loads((run / "files" / "wandb-summary.json").read_text())
-        tid = config["trial_id"]
-        assert config["rollout.policy"] == policy[tid] and config["optimizer.lr"] == 1e-3
-        assert summary[ACC] == pytest.approx(acc[tid]) and summary["step"] == 4
-        seen[tid] = run
+    for path in runs:
+        run = _wandb_run(path)
+        tid = run["name"]
+        assert run["config"]["rollout.policy"] == policy[tid] and run["config"]["optimizer.lr"] == 1e-3
+        assert run["config"]["loss.kind"] == "forward" and run["config"]["seed"] == 42
+        assert run["summary"][ACC] == pytest.approx(acc[tid]) and run["summary"]["step"] == 4
+        assert run["summary"]["eval/distill/params/sparsity@1e-06"] == pytest.approx(sparsity[tid])
+        assert [h["step"] for h in run["history"]] == [4, 4]  # the last step's report, then the final one
+        seen[tid] = path
     assert sorted(seen) == sorted(acc)
 
     # MLflow, SQLite under the run folder: one run per trial named by its id, config as parameters
@@ -114,7 +161,8 @@ def test_trackers_hold_every_trials_config_and_accuracy(run_locally, tmp_path: P
         tid = r.info.run_name
         assert r.data.params["trial_id"] == tid and r.data.params["rollout.policy"] == policy[tid]
         assert r.data.metrics[ACC] == pytest.approx(acc[tid])
-        assert r.data.metrics["eval/distill/countdown3/pass_at_1"] >= 0  # '@' is '_at_' in MLflow's names
+        assert r.data.metrics["eval/distill/params/sparsity_at_1e-06"] == pytest.approx(sparsity[tid])  # '@' → '_at_'
+        assert "eval/distill/countdown3/pass_at_1" in r.data.metrics
         history = client.get_metric_history(r.info.run_id, "loss")
         assert {m.step for m in history} == {4}  # the reports of the last step, at its optimizer step
         assert r.info.status == "FINISHED"
