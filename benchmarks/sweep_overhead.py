@@ -129,6 +129,8 @@ class CpuSampler(threading.Thread):
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
                 except OSError:
                     continue
+                if not cmd.strip():  # a zombie (or kernel thread) has no command line: keep its last sample
+                    continue
                 kind = cmd.split(".")[0] if cmd.startswith("ray::") else Path(cmd.split()[0]).name
                 self.kind[pid] = "python" if kind.startswith("python") else kind
             self.last[pid] = cpu
