@@ -768,7 +768,8 @@ class SeedsConfig(_Strict):
     rlvr_step: int = 31
     #: evaluation with stage seed s: Countdown task i of evaluation.countdown_tasks samples with
     #: s + eval_task · i (its pass@k samples + eval_pass), the multiple-choice task with s + eval_mcq
-    #: (+ eval_pass), micro OOD task j with s + eval_ood · j + eval_ood_offset
+    #: (+ eval_pass), micro OOD task j with s + eval_ood · j + eval_ood_offset; requests at equal sampling
+    #: settings are sampled in one call seeded with the first one's seed (`evals.sampling.sample_batched`)
     eval_task: int = 101
     eval_pass: int = 1
     eval_mcq: int = 404
@@ -864,6 +865,63 @@ class TrialConfig(_Strict):
         return flatten(self.model_dump(mode="json"))
 
 
+def _tracker_installed(section, package: str):
+    """``section`` if ``package`` can be imported; else a ValueError naming ``tracking.<package>``."""
+    if importlib.util.find_spec(package) is None:
+        raise ValueError(f"tracking.{package} needs the {package} package, which is not installed "
+                         f"(pip install -e '.[tracking]', or remove tracking.{package})")
+    return section
+
+
+class WandbTracking(_Strict):
+    """Weights & Biases through Ray Tune's ``WandbLoggerCallback`` (one run per trial,
+    named by its trial id, in ``group`` (default: the sweep's name) of ``project``):
+    the trial's config, every report (per-10-step training metrics, the final
+    evaluations). ``mode``: W&B's ``online``, ``offline`` (files under ``dir``, synced
+    later with ``wandb sync``) or ``disabled``; None leaves it to ``WANDB_MODE``.
+    ``dir``: where W&B writes (default ``<sweep dir>/wandb``).
+
+    Raises (validation): ValueError when the ``wandb`` package is not installed."""
+
+    project: str = "distillab"
+    entity: str | None = None
+    group: str | None = None
+    mode: Literal["online", "offline", "disabled"] | None = None
+    dir: str | None = None
+    tags: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _installed(self) -> "WandbTracking":
+        return _tracker_installed(self, "wandb")
+
+
+class MLflowTracking(_Strict):
+    """MLflow through Ray Tune's ``MLflowLoggerCallback`` (one run per trial, named by
+    its trial id, in experiment ``experiment_name``, default the sweep's name): the
+    trial's config as parameters, every report's numbers as metrics at its ``step``.
+    ``tracking_uri``: an MLflow server or store (default: a local SQLite store, one
+    file ``<sweep dir>/mlflow.db``; MLflow 3 refuses its old ``./mlruns`` directory
+    store unless ``MLFLOW_ALLOW_FILE_STORE=true``); ``tags`` are set on every run.
+
+    Raises (validation): ValueError when the ``mlflow`` package is not installed."""
+
+    tracking_uri: str | None = None
+    experiment_name: str | None = None
+    tags: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _installed(self) -> "MLflowTracking":
+        return _tracker_installed(self, "mlflow")
+
+
+class TrackingConfig(_Strict):
+    """Experiment trackers a sweep logs to besides its own Parquet tables (none by
+    default): ``wandb`` and/or ``mlflow`` (`sweep.tracker_callbacks`)."""
+
+    wandb: WandbTracking | None = None
+    mlflow: MLflowTracking | None = None
+
+
 class SweepConfig(_Strict):
     """A sweep YAML, validated. Validation expands the grid once (`expand_trials`):
     `trials` is that list, which the sweep runs."""
@@ -875,6 +933,8 @@ class SweepConfig(_Strict):
     search: SearchConfig = SearchConfig()
     resources: ResourcesConfig = ResourcesConfig()
     fault_tolerance: FaultToleranceConfig = FaultToleranceConfig()
+    #: experiment trackers (W&B, MLflow) fed by Ray Tune's logger callbacks; none by default
+    tracking: TrackingConfig = TrackingConfig()
     _trials: list[TrialConfig] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")

@@ -46,7 +46,7 @@ from distillab.results import report_metrics, with_forgetting
 from distillab.rlvr import run_rlvr_stage
 from distillab.rollout import RolloutSource, Rollouts, TeacherPrompts, step_prompts
 from distillab.tasks import TaskData
-from distillab.telemetry import MetricsLog, RayGauges, quiet_report_log
+from distillab.telemetry import MetricsLog, RayGauges, TrialTimes, quiet_report_log
 
 __all__ = ["Session", "RaySession", "LocalSession", "WorkerState", "setup_models", "setup_trial", "step_metrics",
            "log_step", "finish", "run_worker", "train_loop_per_worker", "loss_step"]
@@ -154,6 +154,7 @@ class WorkerState:
     log: MetricsLog
     gauges: RayGauges | None
     reports: dict[str, dict[str, float]]
+    times: TrialTimes = field(default_factory=TrialTimes)
     last: dict[str, float] = field(default_factory=dict)
     t_start: float = field(default_factory=time.perf_counter)
 
@@ -167,11 +168,14 @@ def _worker_env(ctx: RuntimeContext) -> None:
     quiet_report_log()
 
 
-def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: Session) -> WorkerState:
+def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: Session,
+                times: TrialTimes | None = None) -> WorkerState:
     """Setup: models, the checkpoint to resume from, the evaluation before training
     (rank 0 of a fresh start; shared across the sweep's trials through `pre_eval_path`),
     the DeepSpeed engine (its LR schedule advanced to a resumed step), the rank's
-    training prompts (`tasks.TaskData`), the rollout source and the loss generator."""
+    training prompts (`tasks.TaskData`), the rollout source and the loss generator.
+    ``times``: the run's `telemetry.TrialTimes` (its ``setup`` phase ends here)."""
+    times = times if times is not None else TrialTimes()
     _worker_env(ctx)
     rank, world = session.rank, session.world
     torch.manual_seed(trial.seed)
@@ -199,9 +203,10 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
     if start_step > 0:  # a restart from a checkpoint: say so in the metrics table
         log.info("%s resumed at step %d", trial_id, start_step)
         metrics_log.add(start_step, {"resume/start_step": float(start_step)})
+    times.mark("setup")
     return WorkerState(trial, ctx, trial_id, session, tok, teacher, engine, evaluator, init_state, start_step,
                        prompts, per_worker, source, gen, metrics_log, session.gauges(trial_id) if rank == 0 else None,
-                       reports)
+                       reports, times)
 
 
 def step_metrics(w: WorkerState, rollouts: Rollouts, loss: torch.Tensor, diag: dict[str, float], grad_norm: float,
@@ -261,31 +266,40 @@ def _final_report(w: WorkerState) -> dict[str, float]:
 def finish(w: WorkerState) -> dict[str, float]:
     """Finish: the evaluation after distillation (rank 0; with update sparsity), the
     optional RLVR stage and its evaluation, the final report (the last step's metrics,
-    the in-loop seconds and every evaluation) with the final student checkpoint."""
+    the in-loop seconds and every evaluation) with the final student checkpoint; rank 0
+    writes the in-loop seconds and the run's `telemetry.TrialTimes` to the metrics table."""
     trial, root, rank = w.trial, Path(w.ctx.results_root), w.session.rank
     w.source.close()
     train_s = time.perf_counter() - w.t_start
+    w.times.mark("loop")  # (time/train_s, measured from the state's creation, is the loop's number)
     final = {**w.last, "step": trial.optimizer.steps, "time/train_s": train_s}  # the last diagnostics stay in view
     if rank == 0:
-        w.log.add(trial.optimizer.steps, {"time/train_s": train_s})  # in-loop seconds (of this run, after a resume)
-        w.log.flush(trial.optimizer.steps, key=f"{w.trial_id}__distill__train_time")
         w.reports["distill"] = evaluate_stage(w.evaluator, w.engine.module, trial, w.trial_id, "distill",
                                               trial.optimizer.steps, root, w.init_state)
+        w.times.mark("eval_distill")
     if trial.rlvr is not None:  # GRPO/DAPO on the distilled student, then the suite again (stage rlvr)
         run_rlvr_stage(trial, w.ctx, w.engine, w.tok, w.trial_id, rank, w.session.world, w.session.report, w.gauges)
         final.update(step=trial.optimizer.steps + trial.rlvr.steps)
         if rank == 0:
             w.reports["rlvr"] = evaluate_stage(w.evaluator, w.engine.module, trial, w.trial_id, "rlvr",
                                                trial.rlvr.steps, root, w.init_state)
+    checkpoint = _checkpoint(w, trial.optimizer.steps)
     if rank == 0:
         final.update(_final_report(w))
-    w.session.report(final, _checkpoint(w, trial.optimizer.steps))
+        w.times.mark("finish")
+        times = {k: v for k, v in w.times.seconds.items() if k != "time/loop_s"}
+        times["time/finish_s"] += times.get("time/eval_distill_s", 0.0)  # finish: from the last step on
+        w.log.add(trial.optimizer.steps, {"time/train_s": train_s, **times})  # in-loop seconds (this run)
+        w.log.flush(trial.optimizer.steps, key=f"{w.trial_id}__distill__train_time")
+    w.session.report(final, checkpoint)
     return final
 
 
-def run_worker(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: Session) -> dict[str, float]:
-    """One worker's trial, the recipe of the module docstring. Returns the final report."""
-    w = setup_trial(trial, ctx, trial_id, session)
+def run_worker(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: Session,
+               times: TrialTimes | None = None) -> dict[str, float]:
+    """One worker's trial, the recipe of the module docstring (``times``: its
+    `telemetry.TrialTimes`, started at the train function's first line). Returns the final report."""
+    w = setup_trial(trial, ctx, trial_id, session, times)
     o = trial.optimizer
     for step in range(w.start_step, o.steps):
         t0 = time.perf_counter()
@@ -302,7 +316,9 @@ def run_worker(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: 
 
 def train_loop_per_worker(config: dict) -> None:
     """Ray Train worker function. ``config``: ``trial`` (`TrialConfig` as a JSON dict),
-    ``trial_id`` and ``ctx`` (`config.RuntimeContext` as a JSON dict)."""
+    ``trial_id``, ``ctx`` (`config.RuntimeContext` as a JSON dict) and ``launch``
+    (`telemetry.TrialTimes.launch_info` of the Tune trainable, optional)."""
+    times = TrialTimes(config.get("launch"))
     run_worker(TrialConfig.model_validate(config["trial"]), RuntimeContext.model_validate(config["ctx"]),
-               config["trial_id"], RaySession())
+               config["trial_id"], RaySession(), times)
 

@@ -347,3 +347,26 @@ def test_grids_rlvr_worker_check_applies_to_each_grid(tmp_path: Path) -> None:
             "    - set: {rlvr: {task: countdown3, prompts_per_step: 4}}\n      grid: {seed: [2]}\n")
     assert pytest.raises(ConfigError, load_sweep, _write(tmp_path, text)).match(
         r"trial offpd-forward-lr1e-05-s2-\w+: rlvr.prompts_per_step \(4\) must be a multiple of resources.num_workers")
+
+
+def test_tracking_section(tmp_path: Path, monkeypatch) -> None:
+    import importlib.util
+
+    import distillab.config as config
+
+    assert load_sweep(SMOKE).tracking.wandb is None and load_sweep(SMOKE).tracking.mlflow is None  # off by default
+    monkeypatch.setattr(config.importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("wandb", "mlflow") else importlib.util.find_spec(name, *a))
+    for tracker in ("wandb", "mlflow"):
+        msg = _error(tmp_path, f"name: t\ntracking: {{{tracker}: {{}}}}\n")
+        assert f"tracking.{tracker} needs the {tracker} package" in msg and "'.[tracking]'" in msg
+    monkeypatch.undo()
+    monkeypatch.setattr(config.importlib.util, "find_spec", lambda name, *a: object())  # both "installed"
+    sweep = load_sweep(SMOKE, {"tracking": {"wandb": {"mode": "offline", "tags": ["a"]},
+                                            "mlflow": {"tags": {"study": "micro"}}}})
+    assert sweep.tracking.wandb.mode == "offline" and sweep.tracking.wandb.project == "distillab"
+    assert sweep.tracking.mlflow.tracking_uri is None and sweep.tracking.mlflow.tags == {"study": "micro"}
+    assert "tracking.wandb.mode" in _error(tmp_path, "name: t\ntracking: {wandb: {mode: sometimes}}\n")
+    assert "tracking.neptune" in _error(tmp_path, "name: t\ntracking: {neptune: {}}\n")
+    # trackers are not part of a trial: the trial ids do not change
+    assert [t.trial_id for t in sweep.trials] == [t.trial_id for t in load_sweep(SMOKE).trials]
