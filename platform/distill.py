@@ -40,7 +40,7 @@ import torch
 from distillab.config import RuntimeContext, TrialConfig
 from distillab.evals.suite import Evaluator, evaluate_stage, pre_eval_path
 from distillab.loss import loss_step
-from distillab.models import check_same_vocab, load_model, load_tokenizer
+from distillab.models import DTYPES, check_same_vocab, load_model, load_tokenizer
 from distillab.optim import optimizer_step, save_checkpoint, setup_engine
 from distillab.results import report_metrics, with_forgetting
 from distillab.rlvr import run_rlvr_stage
@@ -124,13 +124,17 @@ class LocalSession:
         return None
 
 
-def setup_models(ctx: RuntimeContext) -> tuple[Any, Any, Any]:
-    """Tokenizer (shared, checked), frozen teacher, trainable student."""
+def setup_models(ctx: RuntimeContext, trial: TrialConfig) -> tuple[Any, Any, Any]:
+    """Tokenizer (shared, checked), frozen teacher, trainable student, both loaded in
+    ``trial.precision`` (`models.DTYPES`: under bf16 the weights are rounded to bf16;
+    DeepSpeed keeps float32 masters of the student's when ``master_weights`` is fp32)
+    with ``trial.attn_implementation``."""
     tok_t, tok_s = load_tokenizer(ctx.teacher_path), load_tokenizer(ctx.student_path)
     check_same_vocab(tok_t, tok_s)
-    teacher = load_model(ctx.teacher_path).eval()
+    dtype, attn = DTYPES[trial.precision], trial.attn_implementation
+    teacher = load_model(ctx.teacher_path, dtype, attn).eval()
     teacher.requires_grad_(False)
-    return tok_s, teacher, load_model(ctx.student_path)
+    return tok_s, teacher, load_model(ctx.student_path, dtype, attn)
 
 
 @dataclass
@@ -168,23 +172,27 @@ def _worker_env(ctx: RuntimeContext) -> None:
 
 
 def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: Session) -> WorkerState:
-    """Setup: models, the checkpoint to resume from, the evaluation before training
-    (rank 0 of a fresh start; shared across the sweep's trials through `pre_eval_path`),
-    the DeepSpeed engine (its LR schedule advanced to a resumed step), the rank's
-    training prompts (`tasks.TaskData`), the rollout source and the loss generator."""
+    """Setup: models (in ``trial.precision``; gradient checkpointing on the student when
+    set), the checkpoint to resume from, the evaluation before training (rank 0 of a
+    fresh start; shared across the sweep's trials through `pre_eval_path`), the
+    DeepSpeed engine (its LR schedule advanced to a resumed step), the rank's training
+    prompts (`tasks.TaskData`), the rollout source and the loss generator."""
     _worker_env(ctx)
     rank, world = session.rank, session.world
     torch.manual_seed(trial.seed)
-    tok, teacher, student = setup_models(ctx)
+    tok, teacher, student = setup_models(ctx, trial)
     init_state = {k: v.detach().float().clone() for k, v in student.state_dict().items()}
     start_step, resumed = session.restore()
-    student = resumed if resumed is not None else student
+    student = resumed.to(DTYPES[trial.precision]) if resumed is not None else student
+    if trial.gradient_checkpointing:
+        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     evaluator = Evaluator(tok, trial.tasks, trial.evaluation, seeds=trial.seeds)
     reports = {}
     if rank == 0 and start_step == 0:  # S_τ = 1 by definition
         reports["pre"] = evaluate_stage(evaluator, student, trial, trial_id, "pre", 0, Path(ctx.results_root),
                                         init_state, cache=pre_eval_path(ctx.shared_cache, trial, ctx.student_path))
-    engine, _, per_worker = setup_engine(student, trial.optimizer, world)
+    engine, _, per_worker = setup_engine(student, trial.optimizer, world, precision=trial.precision,
+                                         master_weights=trial.master_weights)
     for _ in range(start_step):  # LR schedule position after a resume
         engine.lr_scheduler.step()
     data = TaskData.of(trial)

@@ -1,7 +1,8 @@
 """The optimizer of a trial's stages: learning-rate schedules, the DeepSpeed engine
-around the student (distillation and the RLVR stage), the plain-AdamW stepper used
-where DeepSpeed does not fit (``prepare``'s teacher refinement, QLoRA), one
-optimizer step with the unclipped gradient norm, and the student checkpoint.
+around the student (distillation and the RLVR stage) in the trial's precision
+(`deepspeed_bf16`), the plain-AdamW stepper used where DeepSpeed does not fit
+(``prepare``'s teacher refinement, QLoRA), one optimizer step with the unclipped
+gradient norm, and the student checkpoint.
 
 Schedules (PROTOCOL.md §6): distillation warms up linearly over
 ``optimizer.warmup_steps`` then stays constant; SFT and RLVR warm up, then decay
@@ -17,11 +18,13 @@ from typing import Callable
 
 import deepspeed
 import torch
+from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 from torch import Tensor
 
 from distillab.config import OptimizerConfig, RLVRConfig
 
-__all__ = ["lr_lambda", "rlvr_schedule", "setup_engine", "TorchStepper", "optimizer_step", "save_checkpoint"]
+__all__ = ["lr_lambda", "rlvr_schedule", "deepspeed_bf16", "setup_engine", "TorchStepper", "clip_grad_norm",
+           "optimizer_step", "save_checkpoint"]
 
 
 def lr_lambda(warmup: int, total: int, schedule: str) -> Callable[[int], float]:
@@ -51,16 +54,57 @@ def rlvr_schedule(cfg: RLVRConfig) -> Callable[[int], float]:
     return lr_lambda(max(1, round(cfg.warmup_ratio * cfg.steps)), cfg.steps, "cosine")
 
 
+def deepspeed_bf16(precision: str, master_weights: str, zero_stage: int) -> dict | None:
+    """DeepSpeed's ``bf16`` config block for ``trial.precision`` / ``trial.master_weights``
+    (`config.TrialConfig`), or None where DeepSpeed's mixed precision is off:
+
+    - ``fp32``: None (float32 parameters and optimizer).
+    - ``bf16`` with ``fp32`` master weights: ``{"enabled": true}``: DeepSpeed holds the
+      parameters in bf16 and float32 master copies in the optimizer, updated by AdamW
+      and rounded into the bf16 parameters after each step.
+    - ``bf16`` with ``bf16`` master weights: under ZeRO 0 None (the parameters are bf16
+      and torch AdamW updates them in place, its moments bf16 too: ``zeros_like`` of
+      the parameter); under ZeRO ≥ 1 DeepSpeed's ``bf16_master_weights_and_grads`` and
+      ``bf16_optimizer_states`` (the same arithmetic on the partitions).
+    In both bf16 modes an update below half a bf16 step of a bf16 weight is lost at the
+    rounding; with fp32 masters it accumulates in the master until it shows."""
+    if precision != "bf16":
+        return None
+    if master_weights == "fp32":
+        return {"enabled": True}
+    if zero_stage == 0:
+        return None
+    return {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+
+
+def _undo_init_step(ds_opt: FP16_UnfusedOptimizer) -> None:
+    """DeepSpeed's ZeRO-0 bf16 wrapper (``FP16_UnfusedOptimizer``) takes one AdamW step on
+    zero gradients when it is built, to create the state. That advances AdamW's step
+    count (the first real update would be 0.74× Adam's: the bias correction of step 2)
+    and applies weight decay once. Undone here: the state emptied, the float32 masters
+    reset to the bf16 parameters they were copied from."""
+    ds_opt.optimizer.state.clear()
+    for masters, params in zip(ds_opt.fp32_groups, ds_opt.fp16_groups):
+        for m, p in zip(masters, params):
+            m.data.copy_(p.data)
+
+
 def setup_engine(module, o: OptimizerConfig, world_size: int, *, lr: float | None = None, schedule=None,
-                 batch: int | None = None, clip: float | None | str = "optimizer"):
+                 batch: int | None = None, clip: float | None | str = "optimizer", precision: str = "fp32",
+                 master_weights: str = "fp32"):
     """DeepSpeed engine around ``module``: torch AdamW (``o``'s betas, eps, weight decay)
-    as client optimizer, LR linear warm-up then constant, ZeRO stage ``o.zero_stage``.
-    With ZeRO 0 the clipping is done by `optimizer_step` (so the unclipped norm is
-    known); with ZeRO ≥ 1 by DeepSpeed, whose global norm is read back. The RLVR stage
-    passes its own ``lr``, ``schedule`` (a step → multiplier function), per-worker
-    ``batch`` and ``clip``. Returns ``(engine, optimizer, per-worker batch)``."""
+    as client optimizer, LR linear warm-up then constant, ZeRO stage ``o.zero_stage``,
+    mixed precision from ``precision`` / ``master_weights`` (`deepspeed_bf16`; with bf16
+    master weights under ZeRO 0 AdamW trains ``module``'s parameters in their own dtype,
+    so they must already be bf16, as `distill.setup_models` loads them; LoRA adapters,
+    which peft keeps in float32, stay float32). Under ZeRO 0 without DeepSpeed's bf16 the clipping
+    is done by `optimizer_step` (so the unclipped norm is known); otherwise by
+    DeepSpeed, whose global norm is read back. The RLVR stage passes its own ``lr``,
+    ``schedule`` (a step → multiplier function), per-worker ``batch`` and ``clip``.
+    Returns ``(engine, optimizer, per-worker batch)``."""
     per_worker = batch if batch is not None else o.per_worker(world_size)
     clip = o.clip if clip == "optimizer" else clip
+    bf16 = deepspeed_bf16(precision, master_weights, o.zero_stage)
     opt = torch.optim.AdamW(module.parameters(), lr=lr if lr is not None else o.lr, betas=o.betas, eps=o.eps,
                             weight_decay=o.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -69,12 +113,15 @@ def setup_engine(module, o: OptimizerConfig, world_size: int, *, lr: float | Non
         "train_micro_batch_size_per_gpu": per_worker,
         "gradient_accumulation_steps": 1,
         "train_batch_size": per_worker * world_size,
-        "gradient_clipping": (clip or 0.0) if o.zero_stage > 0 else 0.0,
+        "gradient_clipping": (clip or 0.0) if o.zero_stage > 0 or bf16 is not None else 0.0,
         "zero_optimization": {"stage": o.zero_stage, "stage3_gather_16bit_weights_on_model_save": True},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
+        **({"bf16": bf16} if bf16 is not None else {}),
     }
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=opt, lr_scheduler=sched, config=ds_config)
+    if isinstance(engine.optimizer, FP16_UnfusedOptimizer):
+        _undo_init_step(engine.optimizer)
     return engine, opt, per_worker
 
 
@@ -104,18 +151,40 @@ class TorchStepper:
         return self.sched.get_last_lr()
 
 
+def _deepspeed_clips(engine) -> bool:
+    """DeepSpeed clips (and knows the global norm) under ZeRO ≥ 1 and under its bf16."""
+    return bool(engine.zero_optimization() or engine.bfloat16_enabled())
+
+
+def clip_grad_norm(params: list, max_norm: float | None) -> float:
+    """Global L2 norm of the gradients of ``params`` before clipping, the gradients then
+    scaled in place to norm ≤ ``max_norm`` (None: not clipped). float32 gradients go
+    through ``torch.nn.utils.clip_grad_norm_`` (bitwise as before); bf16 ones (bf16 master
+    weights) have their norm computed in float32 (``vector_norm(dtype=float32)``), not
+    rounded to bf16, then ``clip_grads_with_norm_``."""
+    max_norm = max_norm if max_norm is not None else float("inf")
+    grads = [p.grad for p in params]
+    if all(g.dtype == torch.float32 for g in grads):
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    norms = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads])
+    total = torch.linalg.vector_norm(norms)
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return float(total)
+
+
 def optimizer_step(engine, loss: Tensor, o: OptimizerConfig) -> tuple[float, float]:
     """One update of the DeepSpeed ``engine`` from ``loss``: backward, the global
-    gradient norm before clipping (clipped here to ``o.clip`` under ZeRO 0; DeepSpeed's
-    own norm under ZeRO ≥ 1), step. Returns ``(grad_norm, lr of the step)``."""
+    gradient norm before clipping (clipped here to ``o.clip`` under ZeRO 0 without
+    DeepSpeed's bf16, `clip_grad_norm`; DeepSpeed's own norm otherwise), step.
+    Returns ``(grad_norm, lr of the step)``."""
     engine.backward(loss)
     grad_norm = float("nan")
-    if o.zero_stage == 0:
-        params = [p for p in engine.module.parameters() if p.grad is not None]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, o.clip if o.clip is not None else float("inf")))
+    ds_clips = _deepspeed_clips(engine)
+    if not ds_clips:
+        grad_norm = clip_grad_norm([p for p in engine.module.parameters() if p.grad is not None], o.clip)
     lr = engine.get_lr()[0]
     engine.step()
-    if o.zero_stage > 0:
+    if ds_clips:
         gn = engine.get_global_grad_norm()
         grad_norm = float(gn) if gn is not None else float("nan")
     return grad_norm, lr
