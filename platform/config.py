@@ -421,6 +421,14 @@ class EvaluationConfig(_Strict):
     ood_items: int = Field(default=100, ge=1)
     ood_temperature: float = Field(default=0.5, gt=0)
     sparsity_taus: tuple[float, ...] = (1e-6, 1e-8)
+    #: dtype both weights are rounded to before S_τ compares them: ``bf16`` (the paper's setting, whose
+    #: checkpoints are bf16: a change below a bf16 step of the weight is no change) or ``fp32`` (float32
+    #: and bf16 weights at their stored values, as before this field existed)
+    sparsity_dtype: Literal["fp32", "bf16"] = "bf16"
+    #: also report S_τ over only the parameter entries that had a nonzero gradient in some distillation
+    #: step (``params/sparsity_touched@<τ>``) and their share (``params/touched_share``); costs one bool per
+    #: parameter entry and a comparison per step (`optim.TouchedParameters`)
+    sparsity_touched: bool = True
     max_tokens: int = Field(default=48, ge=1)
     #: Countdown tasks scored (accuracy, pass@k) at every stage; add ``countdown4`` for an RLVR stage
     countdown_tasks: tuple[Literal[COUNTDOWN_TASKS], ...] = ("countdown3", "countdown4e")

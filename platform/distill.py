@@ -41,7 +41,7 @@ from distillab.config import RuntimeContext, TrialConfig
 from distillab.evals.suite import Evaluator, evaluate_stage, pre_eval_path
 from distillab.loss import loss_step
 from distillab.models import DTYPES, check_same_vocab, load_model, load_tokenizer
-from distillab.optim import optimizer_step, save_checkpoint, setup_engine
+from distillab.optim import TouchedParameters, optimizer_step, save_checkpoint, setup_engine
 from distillab.results import report_metrics, with_forgetting
 from distillab.rlvr import run_rlvr_stage
 from distillab.rollout import RolloutSource, Rollouts, TeacherPrompts, step_prompts
@@ -158,6 +158,7 @@ class WorkerState:
     log: MetricsLog
     gauges: RayGauges | None
     reports: dict[str, dict[str, float]]
+    touched: TouchedParameters | None = None
     last: dict[str, float] = field(default_factory=dict)
     t_start: float = field(default_factory=time.perf_counter)
 
@@ -176,7 +177,8 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
     set), the checkpoint to resume from, the evaluation before training (rank 0 of a
     fresh start; shared across the sweep's trials through `pre_eval_path`), the
     DeepSpeed engine (its LR schedule advanced to a resumed step), the rank's training
-    prompts (`tasks.TaskData`), the rollout source and the loss generator."""
+    prompts (`tasks.TaskData`), the rollout source, the loss generator and the gradient
+    masks of ``evaluation.sparsity_touched``."""
     _worker_env(ctx)
     rank, world = session.rank, session.world
     torch.manual_seed(trial.seed)
@@ -195,6 +197,7 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
                                          master_weights=trial.master_weights)
     for _ in range(start_step):  # LR schedule position after a resume
         engine.lr_scheduler.step()
+    touched = TouchedParameters(engine.module) if trial.evaluation.sparsity_touched else None
     data = TaskData.of(trial)
     prompts = data.train_prompts(tok, rank)
     conditioning = TeacherPrompts(prompts, data.train_prompts(tok, rank, role="teacher")) \
@@ -207,7 +210,7 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
         metrics_log.add(start_step, {"resume/start_step": float(start_step)})
     return WorkerState(trial, ctx, trial_id, session, tok, teacher, engine, evaluator, init_state, start_step,
                        prompts, per_worker, source, gen, metrics_log, session.gauges(trial_id) if rank == 0 else None,
-                       reports)
+                       reports, touched)
 
 
 def step_metrics(w: WorkerState, rollouts: Rollouts, loss: torch.Tensor, diag: dict[str, float], grad_norm: float,
@@ -272,11 +275,15 @@ def finish(w: WorkerState) -> dict[str, float]:
     w.source.close()
     train_s = time.perf_counter() - w.t_start
     final = {**w.last, "step": trial.optimizer.steps, "time/train_s": train_s}  # the last diagnostics stay in view
+    touched = None
+    if w.touched is not None:  # distillation's gradients only: the hooks end here
+        touched = w.touched.gathered()  # collective
+        w.touched.remove()
     if rank == 0:
         w.log.add(trial.optimizer.steps, {"time/train_s": train_s})  # in-loop seconds (of this run, after a resume)
         w.log.flush(trial.optimizer.steps, key=f"{w.trial_id}__distill__train_time")
         w.reports["distill"] = evaluate_stage(w.evaluator, w.engine.module, trial, w.trial_id, "distill",
-                                              trial.optimizer.steps, root, w.init_state)
+                                              trial.optimizer.steps, root, w.init_state, touched=touched)
     if trial.rlvr is not None:  # GRPO/DAPO on the distilled student, then the suite again (stage rlvr)
         run_rlvr_stage(trial, w.ctx, w.engine, w.tok, w.trial_id, rank, w.session.world, w.session.report, w.gauges)
         final.update(step=trial.optimizer.steps + trial.rlvr.steps)

@@ -2,7 +2,8 @@
 around the student (distillation and the RLVR stage) in the trial's precision
 (`deepspeed_bf16`), the plain-AdamW stepper used where DeepSpeed does not fit
 (``prepare``'s teacher refinement, QLoRA), one optimizer step with the unclipped
-gradient norm, and the student checkpoint.
+gradient norm, the masks of parameters that ever had a gradient (`TouchedParameters`),
+and the student checkpoint.
 
 Schedules (PROTOCOL.md §6): distillation warms up linearly over
 ``optimizer.warmup_steps`` then stays constant; SFT and RLVR warm up, then decay
@@ -24,7 +25,7 @@ from torch import Tensor
 from distillab.config import OptimizerConfig, RLVRConfig
 
 __all__ = ["lr_lambda", "rlvr_schedule", "deepspeed_bf16", "setup_engine", "TorchStepper", "clip_grad_norm",
-           "optimizer_step", "save_checkpoint"]
+           "optimizer_step", "TouchedParameters", "save_checkpoint"]
 
 
 def lr_lambda(warmup: int, total: int, schedule: str) -> Callable[[int], float]:
@@ -188,6 +189,54 @@ def optimizer_step(engine, loss: Tensor, o: OptimizerConfig) -> tuple[float, flo
         gn = engine.get_global_grad_norm()
         grad_norm = float(gn) if gn is not None else float("nan")
     return grad_norm, lr
+
+
+class TouchedParameters:
+    """Which entries of each trainable parameter of ``module`` had a nonzero gradient in
+    some step: the diagnostic of update sparsity that leaves out what training could not
+    move (issue 17: the micro student's embedding rows of characters Countdown never
+    uses). A tensor hook per parameter ORs ``grad != 0`` into a bool mask of the
+    parameter's full shape (one byte per entry, allocated at its first gradient), on this
+    rank's local gradient, before clipping, reduction or the optimizer; `gathered` is the
+    union over ranks. ``masks``: the masks of a resumed run."""
+
+    def __init__(self, module, masks: dict[str, Tensor] | None = None):
+        params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.shapes = {n: tuple(getattr(p, "ds_shape", p.shape)) for n, p in params}  # ZeRO 3: the full shape
+        self.device = params[0][1].device if params else torch.device("cpu")
+        self.masks: dict[str, Tensor] = {n: m.to(self.device) for n, m in (masks or {}).items()}
+        self._handles = [p.register_hook(self._hook(n)) for n, p in params]
+
+    def _hook(self, name: str):
+        def hook(grad: Tensor) -> None:
+            nonzero = grad.detach() != 0
+            if name in self.masks:
+                self.masks[name] |= nonzero
+            else:
+                self.masks[name] = nonzero
+        return hook
+
+    def gathered(self) -> dict[str, Tensor]:
+        """name → bool mask (CPU) of the entries with a nonzero gradient on any rank
+        (an all-reduce MAX on the parameters' device when ``torch.distributed`` has
+        several ranks: call it on every rank)."""
+        dist = torch.distributed
+        several = dist.is_initialized() and dist.get_world_size() > 1
+        out = {}
+        for n in sorted(self.shapes):
+            m = self.masks.get(n)
+            m = torch.zeros(self.shapes[n], dtype=torch.bool, device=self.device) if m is None else m
+            if several:
+                m = m.to(torch.uint8)
+                dist.all_reduce(m, op=dist.ReduceOp.MAX)
+            out[n] = m.bool().cpu()
+        return out
+
+    def remove(self) -> None:
+        """Remove the hooks (the masks stay)."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
 
 
 def save_checkpoint(engine, o: OptimizerConfig, tokenizer, step: int, directory: Path) -> None:
