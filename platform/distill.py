@@ -18,13 +18,13 @@ The loop talks to Ray Train only through a `Session` (rank, world size, the
 checkpoint to resume from, ``report``): `RaySession` inside a ``TorchTrainer``,
 `LocalSession` in one process (tests/test_golden.py runs 20 real steps that way).
 With ``optimizer.checkpoint_every`` a restarted worker group resumes from the latest
-checkpoint (weights, step, LR schedule; not the AdamW moments). Metric keys:
-`distillab.registry`.
+checkpoint exactly: weights, step, AdamW moments and master weights, LR schedule, the
+random streams and the gradient masks (`optim.save_checkpoint`; tests/test_resume.py).
+Metric keys: `distillab.registry`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import ray.train
 import torch
@@ -41,7 +41,18 @@ from distillab.config import RuntimeContext, TrialConfig
 from distillab.evals.suite import Evaluator, evaluate_stage, pre_eval_path
 from distillab.loss import loss_step
 from distillab.models import DTYPES, check_same_vocab, load_model, load_tokenizer
-from distillab.optim import TouchedParameters, optimizer_step, save_checkpoint, setup_engine
+from distillab.optim import (
+    Resume,
+    TouchedParameters,
+    engine_state,
+    load_checkpoint,
+    load_engine_state,
+    optimizer_step,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    setup_engine,
+)
 from distillab.results import report_metrics, with_forgetting
 from distillab.rlvr import run_rlvr_stage
 from distillab.rollout import RolloutSource, Rollouts, TeacherPrompts, step_prompts
@@ -58,42 +69,40 @@ WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 class Session(Protocol):
     """What the recipe needs from its runner: this worker's ``rank`` and the ``world``
-    size, `restore` (the step and student of the checkpoint to resume from, or
-    ``(0, None)``), `report` (metrics and, optionally, a checkpoint directory the
-    session may delete afterwards) and `gauges` (Ray gauges, or None)."""
+    size, `restore` (``load(directory)`` of the checkpoint to resume from, or None),
+    `report` (metrics and, optionally, a checkpoint directory the session may delete
+    afterwards) and `gauges` (Ray gauges, or None)."""
 
     rank: int
     world: int
 
-    def restore(self) -> tuple[int, Any]: ...
+    def restore(self, load: Callable[[Path], Any]) -> Any: ...
 
     def report(self, metrics: dict[str, float], checkpoint: Path | None = None) -> None: ...
 
     def gauges(self, trial_id: str) -> RayGauges | None: ...
 
 
-def _load_checkpoint(directory: str | Path) -> tuple[int, Any]:
-    """(step, student) of a checkpoint written by `optim.save_checkpoint`."""
-    return json.loads((Path(directory) / "trainer_state.json").read_text())["step"], load_model(directory)
-
-
 class RaySession:
     """`Session` inside a Ray Train worker (``ray.train.get_context`` / ``get_checkpoint`` /
-    ``report``; rank 0 passes the checkpoint, whose directory is removed once Ray copied it)."""
+    ``report``). Every rank passes the checkpoint directory it wrote (rank 0 the weights,
+    each rank its training state; Ray Train merges them into one checkpoint), which is
+    removed once Ray copied it."""
 
     def __init__(self):
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
 
-    def restore(self) -> tuple[int, Any]:
+    def restore(self, load: Callable[[Path], Any]) -> Any:
         ckpt = ray.train.get_checkpoint()
         if ckpt is None:
-            return 0, None
+            return None
         with ckpt.as_directory() as d:
-            return _load_checkpoint(d)
+            return load(Path(d))
 
     def report(self, metrics: dict[str, float], checkpoint: Path | None = None) -> None:
-        ckpt = ray.train.Checkpoint.from_directory(str(checkpoint)) if checkpoint and self.rank == 0 else None
+        wrote = checkpoint is not None and any(Path(checkpoint).iterdir())
+        ckpt = ray.train.Checkpoint.from_directory(str(checkpoint)) if wrote else None
         ray.train.report(metrics, checkpoint=ckpt)
         if checkpoint is not None:
             shutil.rmtree(checkpoint, ignore_errors=True)
@@ -112,8 +121,8 @@ class LocalSession:
     rank: int = 0
     world: int = 1
 
-    def restore(self) -> tuple[int, Any]:
-        return (0, None) if self.resume_from is None else _load_checkpoint(self.resume_from)
+    def restore(self, load: Callable[[Path], Any]) -> Any:
+        return None if self.resume_from is None else load(Path(self.resume_from))
 
     def report(self, metrics: dict[str, float], checkpoint: Path | None = None) -> None:
         self.reports.append(dict(metrics))
@@ -176,16 +185,19 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
     """Setup: models (in ``trial.precision``; gradient checkpointing on the student when
     set), the checkpoint to resume from, the evaluation before training (rank 0 of a
     fresh start; shared across the sweep's trials through `pre_eval_path`), the
-    DeepSpeed engine (its LR schedule advanced to a resumed step), the rank's training
-    prompts (`tasks.TaskData`), the rollout source, the loss generator and the gradient
-    masks of ``evaluation.sparsity_touched``."""
+    DeepSpeed engine, the rank's training prompts (`tasks.TaskData`), the rollout source,
+    the loss generator and the gradient masks of ``sparsity_touched``. A resumed worker
+    continues exactly (`optim.load_checkpoint`): its engine's AdamW, master weights and
+    LR schedule, the masks and, last, every random stream (`set_rng_state`)."""
     _worker_env(ctx)
     rank, world = session.rank, session.world
     torch.manual_seed(trial.seed)
     tok, teacher, student = setup_models(ctx, trial)
     init_state = {k: v.detach().float().clone() for k, v in student.state_dict().items()}
-    start_step, resumed = session.restore()
-    student = resumed.to(DTYPES[trial.precision]) if resumed is not None else student
+    resume: Resume | None = session.restore(
+        lambda d: load_checkpoint(d, rank, DTYPES[trial.precision], trial.attn_implementation))
+    start_step = 0 if resume is None else resume.step
+    student = student if resume is None else resume.student
     if trial.gradient_checkpointing:
         student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     evaluator = Evaluator(tok, trial.tasks, trial.evaluation, seeds=trial.seeds)
@@ -195,9 +207,8 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
                                         init_state, cache=pre_eval_path(ctx.shared_cache, trial, ctx.student_path))
     engine, _, per_worker = setup_engine(student, trial.optimizer, world, precision=trial.precision,
                                          master_weights=trial.master_weights)
-    for _ in range(start_step):  # LR schedule position after a resume
-        engine.lr_scheduler.step()
-    touched = TouchedParameters(engine.module) if trial.evaluation.sparsity_touched else None
+    touched = TouchedParameters(engine.module, None if resume is None else resume.state["touched"]) \
+        if trial.evaluation.sparsity_touched else None
     data = TaskData.of(trial)
     prompts = data.train_prompts(tok, rank)
     conditioning = TeacherPrompts(prompts, data.train_prompts(tok, rank, role="teacher")) \
@@ -205,7 +216,9 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
     source = RolloutSource(trial, ctx, tok, teacher, engine.module, rank, world, conditioning)
     gen = torch.Generator().manual_seed(trial.seed * trial.seeds.loss + rank)
     metrics_log = MetricsLog(ctx.results_root, trial_id, "distill", rank)
-    if start_step > 0:  # a restart from a checkpoint: say so in the metrics table
+    if resume is not None:  # a restart from a checkpoint: continue its optimizer and random streams; say so
+        load_engine_state(engine, resume.state)
+        set_rng_state(resume.state["rng"], gen)
         log.info("%s resumed at step %d", trial_id, start_step)
         metrics_log.add(start_step, {"resume/start_step": float(start_step)})
     return WorkerState(trial, ctx, trial_id, session, tok, teacher, engine, evaluator, init_state, start_step,
@@ -235,10 +248,13 @@ def step_metrics(w: WorkerState, rollouts: Rollouts, loss: torch.Tensor, diag: d
 
 
 def _checkpoint(w: WorkerState, step: int) -> Path:
-    """A temporary directory holding the student after ``step`` (rank 0, and every rank under ZeRO 3)."""
+    """A temporary directory holding the checkpoint after ``step`` (`optim.save_checkpoint`):
+    the student (rank 0) and this rank's training state: the engine's AdamW, master
+    weights and LR schedule, the random streams and the gradient masks."""
     d = Path(tempfile.mkdtemp(prefix="distillab-ckpt-"))
-    if w.session.rank == 0 or w.trial.optimizer.zero_stage == 3:
-        save_checkpoint(w.engine, w.trial.optimizer, w.tok, step, d)
+    state = {**engine_state(w.engine), "rng": rng_state(w.gen),
+             "touched": {} if w.touched is None else dict(w.touched.masks)}
+    save_checkpoint(w.engine, w.trial.optimizer, w.tok, step, d, rank=w.session.rank, state=state)
     return d
 
 

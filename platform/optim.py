@@ -3,7 +3,8 @@ around the student (distillation and the RLVR stage) in the trial's precision
 (`deepspeed_bf16`), the plain-AdamW stepper used where DeepSpeed does not fit
 (``prepare``'s teacher refinement, QLoRA), one optimizer step with the unclipped
 gradient norm, the masks of parameters that ever had a gradient (`TouchedParameters`),
-and the student checkpoint.
+and the checkpoint: the student's weights (safetensors) and each rank's training state
+(AdamW moments, master weights, LR schedule, random streams) for an exact resume.
 
 Schedules (PROTOCOL.md §6): distillation warms up linearly over
 ``optimizer.warmup_steps`` then stays constant; SFT and RLVR warm up, then decay
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import json
 import math
+import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -21,11 +24,14 @@ import deepspeed
 import torch
 from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 from torch import Tensor
+from transformers import PreTrainedModel
 
 from distillab.config import OptimizerConfig, RLVRConfig
+from distillab.models import load_model
 
 __all__ = ["lr_lambda", "rlvr_schedule", "deepspeed_bf16", "setup_engine", "TorchStepper", "clip_grad_norm",
-           "optimizer_step", "TouchedParameters", "save_checkpoint"]
+           "optimizer_step", "TouchedParameters", "TRAINING_STATE", "engine_state", "load_engine_state",
+           "rng_state", "set_rng_state", "save_checkpoint", "Resume", "load_checkpoint"]
 
 
 def lr_lambda(warmup: int, total: int, schedule: str) -> Callable[[int], float]:
@@ -239,13 +245,115 @@ class TouchedParameters:
         self._handles = []
 
 
-def save_checkpoint(engine, o: OptimizerConfig, tokenizer, step: int, directory: Path) -> None:
-    """The student of ``engine`` (safetensors; ZeRO 3 gathered), its tokenizer and
-    ``trainer_state.json`` (``{"step": step}``) into ``directory``."""
-    if o.zero_stage == 3:
-        state = engine._zero3_consolidated_16bit_state_dict()
-        engine.module.save_pretrained(directory, state_dict=state, safe_serialization=True)
-    else:
-        engine.module.save_pretrained(directory, safe_serialization=True)
-    tokenizer.save_pretrained(directory)
-    (Path(directory) / "trainer_state.json").write_text(json.dumps({"step": step}))
+#: A checkpoint's per-rank training state (`save_checkpoint`), beside the safetensors weights.
+TRAINING_STATE = "training_state-rank{rank}.pt"
+
+
+def _inner_optimizer(engine):
+    """The torch optimizer holding the AdamW state: DeepSpeed's client optimizer itself,
+    or the one its bf16 / ZeRO wrapper drives (``wrapper.optimizer``)."""
+    return getattr(engine.optimizer, "optimizer", engine.optimizer)
+
+
+def _masters(engine) -> list[Tensor]:
+    """The tensors the inner optimizer updates where they are not the module's own
+    parameters: DeepSpeed's float32 (or bf16) master weights and ZeRO partitions; []
+    where AdamW updates the module's parameters directly (ZeRO 0 without DeepSpeed's bf16)."""
+    inner = _inner_optimizer(engine)
+    return [] if inner is engine.optimizer else [p for g in inner.param_groups for p in g["params"]]
+
+
+def engine_state(engine) -> dict:
+    """What `load_engine_state` needs to continue ``engine`` exactly: the AdamW
+    ``state_dict`` (moments, step counts, hyperparameters), the LR scheduler's
+    ``state_dict`` and this rank's master weights (`_masters`). Tensors and plain values
+    only, so ``torch.load(..., weights_only=True)`` reads it."""
+    return {"optimizer": _inner_optimizer(engine).state_dict(), "masters": [m.detach() for m in _masters(engine)],
+            "scheduler": engine.lr_scheduler.state_dict()}
+
+
+def load_engine_state(engine, state: dict) -> None:
+    """Continue ``engine`` (built as the saved one: the same model, ZeRO stage, precision
+    and world size) from `engine_state`: master weights copied in, then the AdamW and LR
+    scheduler states loaded.
+
+    Raises:
+        ValueError: the saved master weights do not match this engine's in number or
+            shape (another ZeRO stage, precision or world size).
+    """
+    masters = _masters(engine)
+    saved = state["masters"]
+    if len(saved) != len(masters) or any(a.shape != b.shape for a, b in zip(saved, masters)):
+        raise ValueError(f"the checkpoint's optimizer holds {len(saved)} master tensors "
+                         f"{[tuple(t.shape) for t in saved][:4]}, this engine {len(masters)} "
+                         f"{[tuple(t.shape) for t in masters][:4]}: resume with the ZeRO stage, precision and "
+                         "number of workers that wrote it")
+    with torch.no_grad():
+        for m, t in zip(masters, saved):
+            m.copy_(t)
+    _inner_optimizer(engine).load_state_dict(state["optimizer"])
+    engine.lr_scheduler.load_state_dict(state["scheduler"])
+
+
+def save_checkpoint(engine, o: OptimizerConfig, tokenizer, step: int, directory: Path, *, rank: int = 0,
+                    state: dict | None = None) -> None:
+    """A checkpoint in ``directory``: on rank 0 the student of ``engine`` (safetensors;
+    under ZeRO 3 gathered from every rank, so every rank must call this), its tokenizer
+    and ``trainer_state.json`` (``{"step": step}``); with ``state`` (tensors and plain
+    values: `engine_state` and the caller's RNG states) this rank's
+    ``training_state-rank<r>.pt`` (``torch.save``; `load_checkpoint` reads it back with
+    ``weights_only=True``, which unpickles no code)."""
+    weights = engine._zero3_consolidated_16bit_state_dict() if o.zero_stage == 3 else None  # collective
+    directory = Path(directory)
+    if rank == 0:
+        engine.module.save_pretrained(directory, state_dict=weights, safe_serialization=True)
+        tokenizer.save_pretrained(directory)
+        (directory / "trainer_state.json").write_text(json.dumps({"step": step}))
+    if state is not None:
+        torch.save(state, directory / TRAINING_STATE.format(rank=rank))
+
+
+def rng_state(gen: torch.Generator) -> dict:
+    """The random streams a step reads, to save in a checkpoint: torch's CPU (and CUDA)
+    generators, the loss generator ``gen`` (sampled estimator) and Python's ``random``
+    (numpy's is not used in the loop). Tensors and plain values (``weights_only``-safe)."""
+    return {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "loss": gen.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict, gen: torch.Generator) -> None:
+    """Restore `rng_state`'s streams (``gen``: the loss generator)."""
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+    gen.set_state(state["loss"])
+    random.setstate(state["python"])
+
+
+@dataclass
+class Resume:
+    """A checkpoint to continue from (`load_checkpoint`): its ``step``, the ``student``
+    and this rank's training ``state`` (the dict given to `save_checkpoint`)."""
+
+    step: int
+    student: PreTrainedModel
+    state: dict
+
+
+def load_checkpoint(directory: str | Path, rank: int, dtype: torch.dtype = torch.float32,
+                    attn_implementation: str | None = None) -> Resume:
+    """The `Resume` of a checkpoint written by `save_checkpoint`: the student loaded in
+    ``dtype`` with ``attn_implementation`` (`models.load_model`) and rank ``rank``'s
+    training state (``torch.load(weights_only=True)``: tensors and plain values only).
+
+    Raises:
+        FileNotFoundError: the checkpoint has no training state for ``rank`` (written
+            before exact resume, or by fewer workers); the message names the file.
+    """
+    directory = Path(directory)
+    path = directory / TRAINING_STATE.format(rank=rank)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: this checkpoint has no training state (optimizer, LR schedule, "
+                                f"RNG) for rank {rank}, so it cannot be resumed exactly")
+    step = json.loads((directory / "trainer_state.json").read_text())["step"]
+    return Resume(step, load_model(directory, dtype, attn_implementation), torch.load(path, weights_only=True))
