@@ -45,6 +45,7 @@ from distillab.optim import (
     Resume,
     TouchedParameters,
     engine_state,
+    gathered_for_generation,
     load_checkpoint,
     load_engine_state,
     optimizer_step,
@@ -213,7 +214,8 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
     prompts = data.train_prompts(tok, rank)
     conditioning = TeacherPrompts(prompts, data.train_prompts(tok, rank, role="teacher")) \
         if trial.tasks.teacher_conditioned else None
-    source = RolloutSource(trial, ctx, tok, teacher, engine.module, rank, world, conditioning)
+    with gathered_for_generation(engine, trial.rollout.policy == "onpd") as module:  # its first weight sync
+        source = RolloutSource(trial, ctx, tok, teacher, module, rank, world, conditioning)
     gen = torch.Generator().manual_seed(trial.seed * trial.seeds.loss + rank)
     metrics_log = MetricsLog(ctx.results_root, trial_id, "distill", rank)
     if resume is not None:  # a restart from a checkpoint: continue its optimizer and random streams; say so
@@ -298,8 +300,10 @@ def finish(w: WorkerState) -> dict[str, float]:
     if rank == 0:
         w.log.add(trial.optimizer.steps, {"time/train_s": train_s})  # in-loop seconds (of this run, after a resume)
         w.log.flush(trial.optimizer.steps, key=f"{w.trial_id}__distill__train_time")
-        w.reports["distill"] = evaluate_stage(w.evaluator, w.engine.module, trial, w.trial_id, "distill",
-                                              trial.optimizer.steps, root, w.init_state, touched=touched)
+    with gathered_for_generation(w.engine) as student:  # ZeRO 3: whole on every rank (collective)
+        if rank == 0:
+            w.reports["distill"] = evaluate_stage(w.evaluator, student, trial, w.trial_id, "distill",
+                                                  trial.optimizer.steps, root, w.init_state, touched=touched)
     if trial.rlvr is not None:  # GRPO/DAPO on the distilled student, then the suite again (stage rlvr)
         run_rlvr_stage(trial, w.ctx, w.engine, w.tok, w.trial_id, rank, w.session.world, w.session.report, w.gauges)
         final.update(step=trial.optimizer.steps + trial.rlvr.steps)
@@ -316,15 +320,18 @@ def run_worker(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: 
     """One worker's trial, the recipe of the module docstring. Returns the final report."""
     w = setup_trial(trial, ctx, trial_id, session)
     o = trial.optimizer
+    samples = trial.rollout.policy != "offpd"  # the student samples (ZeRO 3: gathered whole for it)
     for step in range(w.start_step, o.steps):
         t0 = time.perf_counter()
         prompts = step_prompts(w.prompts, step, w.per_worker, o.rollouts_per_prompt)
-        rollouts = w.source.get(step, prompts, w.engine.module)
+        with gathered_for_generation(w.engine, samples) as student:
+            rollouts = w.source.get(step, prompts, student)
         t_gen = time.perf_counter() - t0
         w.engine.module.train()
         loss, diag = loss_step(trial, w.engine, w.teacher, rollouts, w.tok.pad_token_id, w.gen)
         grad_norm, lr = optimizer_step(w.engine, loss, o)
-        t_sync = w.source.sync(w.engine.module, step + 1)
+        with gathered_for_generation(w.engine, samples and w.source.syncs) as student:
+            t_sync = w.source.sync(student, step + 1)
         log_step(w, step + 1, step_metrics(w, rollouts, loss, diag, grad_norm, lr, t0, t_gen, t_sync))
     return finish(w)
 

@@ -2,9 +2,10 @@
 around the student (distillation and the RLVR stage) in the trial's precision
 (`deepspeed_bf16`), the plain-AdamW stepper used where DeepSpeed does not fit
 (``prepare``'s teacher refinement, QLoRA), one optimizer step with the unclipped
-gradient norm, the masks of parameters that ever had a gradient (`TouchedParameters`),
-and the checkpoint: the student's weights (safetensors) and each rank's training state
-(AdamW moments, master weights, LR schedule, random streams) for an exact resume.
+gradient norm, the student whole for generation under ZeRO 3 (`gathered_for_generation`),
+the masks of parameters that ever had a gradient (`TouchedParameters`), and the
+checkpoint: the student's weights (safetensors) and each rank's training state (AdamW
+moments, master weights, LR schedule, random streams) for an exact resume.
 
 Schedules (PROTOCOL.md §6): distillation warms up linearly over
 ``optimizer.warmup_steps`` then stays constant; SFT and RLVR warm up, then decay
@@ -13,6 +14,7 @@ with a cosine to 10 % of the peak.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -24,14 +26,14 @@ import deepspeed
 import torch
 from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 from torch import Tensor
-from transformers import PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from distillab.config import OptimizerConfig, RLVRConfig
 from distillab.models import load_model
 
-__all__ = ["lr_lambda", "rlvr_schedule", "deepspeed_bf16", "setup_engine", "TorchStepper", "clip_grad_norm",
-           "optimizer_step", "TouchedParameters", "TRAINING_STATE", "engine_state", "load_engine_state",
-           "rng_state", "set_rng_state", "save_checkpoint", "Resume", "load_checkpoint"]
+__all__ = ["lr_lambda", "rlvr_schedule", "deepspeed_bf16", "setup_engine", "gathered_for_generation", "TorchStepper",
+           "clip_grad_norm", "optimizer_step", "TouchedParameters", "TRAINING_STATE", "engine_state",
+           "load_engine_state", "rng_state", "set_rng_state", "save_checkpoint", "Resume", "load_checkpoint"]
 
 
 def lr_lambda(warmup: int, total: int, schedule: str) -> Callable[[int], float]:
@@ -121,7 +123,9 @@ def setup_engine(module, o: OptimizerConfig, world_size: int, *, lr: float | Non
         "gradient_accumulation_steps": 1,
         "train_batch_size": per_worker * world_size,
         "gradient_clipping": (clip or 0.0) if o.zero_stage > 0 or bf16 is not None else 0.0,
-        "zero_optimization": {"stage": o.zero_stage, "stage3_gather_16bit_weights_on_model_save": True},
+        "zero_optimization": {"stage": o.zero_stage, "stage3_gather_16bit_weights_on_model_save": True,
+                              **({"stage3_param_persistence_threshold": o.zero3_persistence_threshold}
+                                 if o.zero_stage == 3 else {})},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**9,
         **({"bf16": bf16} if bf16 is not None else {}),
@@ -129,7 +133,50 @@ def setup_engine(module, o: OptimizerConfig, world_size: int, *, lr: float | Non
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=opt, lr_scheduler=sched, config=ds_config)
     if isinstance(engine.optimizer, FP16_UnfusedOptimizer):
         _undo_init_step(engine.optimizer)
+    if o.zero_stage == 3:
+        _persist_lm_head(engine)
     return engine, opt, per_worker
+
+
+def _persist_lm_head(engine) -> None:
+    """ZeRO 3 gathers a partitioned parameter only inside its own module's forward and
+    backward, but the fused loss (`loss.forward`, ``ops.chunked``) reads the student's
+    lm_head weight outside the lm_head's forward. So the weight is made persistent, as
+    DeepSpeed makes its small parameters: gathered once and re-gathered after every
+    step (``ds_persist``, ``persistent_parameters``), and never released by the module
+    hooks (``is_external_param``; ``ds_persist`` alone still lets the first, tracing
+    step release it). One full lm_head per rank; its gradient and optimizer state stay
+    partitioned."""
+    weight = engine.module.get_output_embeddings().weight
+    if not getattr(weight, "ds_persist", False):
+        weight.ds_persist = weight.is_external_param = True
+        engine.optimizer.persistent_parameters.append(weight)  # the list its parameter offload also holds
+        weight.all_gather([weight])
+
+
+@contextlib.contextmanager
+def gathered_for_generation(engine, enabled: bool = True):
+    """A context giving the student of ``engine`` whole, for generation. Under ZeRO 3
+    (and ``enabled``) that is a plain copy of it (built once from its config and kept on
+    the engine), into which every parameter is gathered (``deepspeed.zero.GatheredParameters``:
+    collective, every rank must enter) and copied. Generating with the ZeRO 3 module itself
+    would run DeepSpeed's per-submodule all-gathers, which do not match across ranks
+    that generate sequences of different lengths (and one rank evaluating alone would
+    wait forever). It costs one full copy of the student per rank. Otherwise
+    ``engine.module`` itself."""
+    if not enabled or engine.zero_optimization_stage() != 3:
+        yield engine.module
+        return
+    module = engine.module
+    replica = getattr(engine, "distillab_replica", None)
+    if replica is None:
+        replica = AutoModelForCausalLM.from_config(module.config, dtype=module.dtype).eval().requires_grad_(False)
+        engine.distillab_replica = replica
+    params = dict(module.named_parameters())
+    with deepspeed.zero.GatheredParameters(list(params.values())), torch.no_grad():
+        for name, p in replica.named_parameters():
+            p.copy_(params[name])
+    yield replica
 
 
 class TorchStepper:
@@ -255,20 +302,34 @@ def _inner_optimizer(engine):
     return getattr(engine.optimizer, "optimizer", engine.optimizer)
 
 
+def _zero3(engine) -> bool:
+    """ZeRO 3's optimizer: its inner optimizer holds the flat partitions only during a step."""
+    return hasattr(engine.optimizer, "fp32_partitioned_groups_flat")
+
+
 def _masters(engine) -> list[Tensor]:
     """The tensors the inner optimizer updates where they are not the module's own
     parameters: DeepSpeed's float32 (or bf16) master weights and ZeRO partitions; []
     where AdamW updates the module's parameters directly (ZeRO 0 without DeepSpeed's bf16)."""
+    if _zero3(engine):
+        return list(engine.optimizer.fp32_partitioned_groups_flat)
     inner = _inner_optimizer(engine)
     return [] if inner is engine.optimizer else [p for g in inner.param_groups for p in g["params"]]
 
 
 def engine_state(engine) -> dict:
     """What `load_engine_state` needs to continue ``engine`` exactly: the AdamW
-    ``state_dict`` (moments, step counts, hyperparameters), the LR scheduler's
-    ``state_dict`` and this rank's master weights (`_masters`). Tensors and plain values
-    only, so ``torch.load(..., weights_only=True)`` reads it."""
-    return {"optimizer": _inner_optimizer(engine).state_dict(), "masters": [m.detach() for m in _masters(engine)],
+    ``state_dict`` (moments, step counts, hyperparameters; under ZeRO 3 the same, keyed
+    by partition), the LR scheduler's ``state_dict`` and this rank's master weights
+    (`_masters`). Tensors and plain values only, so ``torch.load(..., weights_only=True)``
+    reads it."""
+    inner, masters = _inner_optimizer(engine), _masters(engine)
+    if _zero3(engine):
+        optimizer = {"state": {i: inner.state[m] for i, m in enumerate(masters) if m in inner.state},
+                     "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in inner.param_groups]}
+    else:
+        optimizer = inner.state_dict()
+    return {"optimizer": optimizer, "masters": [m.detach() for m in masters],
             "scheduler": engine.lr_scheduler.state_dict()}
 
 
@@ -281,7 +342,7 @@ def load_engine_state(engine, state: dict) -> None:
         ValueError: the saved master weights do not match this engine's in number or
             shape (another ZeRO stage, precision or world size).
     """
-    masters = _masters(engine)
+    masters, inner = _masters(engine), _inner_optimizer(engine)
     saved = state["masters"]
     if len(saved) != len(masters) or any(a.shape != b.shape for a, b in zip(saved, masters)):
         raise ValueError(f"the checkpoint's optimizer holds {len(saved)} master tensors "
@@ -291,7 +352,13 @@ def load_engine_state(engine, state: dict) -> None:
     with torch.no_grad():
         for m, t in zip(masters, saved):
             m.copy_(t)
-    _inner_optimizer(engine).load_state_dict(state["optimizer"])
+    if _zero3(engine):
+        for i, st in state["optimizer"]["state"].items():
+            inner.state[masters[i]] = {k: v.to(masters[i].device) for k, v in st.items()}
+        for g, hyper in zip(inner.param_groups, state["optimizer"]["param_groups"]):
+            g.update(hyper)
+    else:
+        inner.load_state_dict(state["optimizer"])
     engine.lr_scheduler.load_state_dict(state["scheduler"])
 
 

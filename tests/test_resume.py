@@ -34,7 +34,8 @@ class KeepingSession(LocalSession):
 
     def report(self, metrics: dict[str, float], checkpoint: Path | None = None) -> None:
         if checkpoint is not None:
-            self.kept[int(metrics["step"])] = Path(shutil.copytree(checkpoint, self.keep_dir / f"step{metrics['step']}"))
+            step = int(metrics["step"])
+            self.kept[step] = Path(shutil.copytree(checkpoint, self.keep_dir / f"step{step}"))
         super().report(metrics, checkpoint)
 
 
