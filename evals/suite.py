@@ -149,9 +149,11 @@ def sparsity_rows(initial: dict, final: dict, taus, dtype: torch.dtype | None = 
 
 def pre_eval_path(cache_dir: str | Path, trial: TrialConfig, student_path: str | Path) -> Path:
     """Where the evaluation of the untrained student is kept: it depends only on the
-    student checkpoint, the evaluation and task settings and the seeds, so every trial
-    of a sweep that shares those reuses it (``<cache_dir>/pre-eval-<config.cache_key>.json``)."""
+    student checkpoint, the precision and attention implementation it is loaded with,
+    the evaluation and task settings and the seeds, so every trial of a sweep that shares
+    those reuses it (``<cache_dir>/pre-eval-<config.cache_key>.json``)."""
     key = cache_key("pre_eval", 2, student=checkpoint_identity(student_path),
+                    precision=trial.precision, attn_implementation=trial.attn_implementation,
                     evaluation=trial.evaluation.model_dump(mode="json"),
                     tasks=trial.tasks.inputs(teacher=False, mcq=trial.evaluation.mcq_items > 0),
                     seed=trial.seed, seeds=trial.seeds.model_dump())

@@ -106,9 +106,9 @@ def setup_engine(module, o: OptimizerConfig, world_size: int, *, lr: float | Non
     mixed precision from ``precision`` / ``master_weights`` (`deepspeed_bf16`; with bf16
     master weights under ZeRO 0 AdamW trains ``module``'s parameters in their own dtype,
     so they must already be bf16, as `distill.setup_models` loads them; LoRA adapters,
-    which peft keeps in float32, stay float32). Under ZeRO 0 without DeepSpeed's bf16 the clipping
-    is done by `optimizer_step` (so the unclipped norm is known); otherwise by
-    DeepSpeed, whose global norm is read back. The RLVR stage passes its own ``lr``,
+    which peft keeps in float32, stay float32). Under ZeRO 0 without DeepSpeed's bf16
+    the clipping is done by `optimizer_step` (so the unclipped norm is known); otherwise
+    by DeepSpeed, whose global norm is read back. The RLVR stage passes its own ``lr``,
     ``schedule`` (a step → multiplier function), per-worker ``batch`` and ``clip``.
     Returns ``(engine, optimizer, per-worker batch)``."""
     per_worker = batch if batch is not None else o.per_worker(world_size)
