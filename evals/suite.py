@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from distillab.config import EvaluationConfig, SeedsConfig, TasksConfig, TrialConfig, cache_key, checkpoint_identity
@@ -37,6 +38,7 @@ from distillab.evals.ood import ood_backend
 from distillab.evals.sampling import Request, sample_batched
 from distillab.evals.style import style_share
 from distillab.mcq import mcq_prompt_ids, score_mcq
+from distillab.models import DTYPES
 from distillab.registry import eval_key
 from distillab.results import atomic_write_bytes, write_rows
 from distillab.rollout import SamplingParams, TransformersEngine
@@ -123,25 +125,40 @@ class Evaluator:
         return rows
 
 
-def sparsity_rows(initial: dict, final: dict, taus) -> list[dict]:
-    """Update sparsity S_τ (PROTOCOL.md §4; `evals.metrics.update_sparsity`) at each
-    threshold τ of ``taus``: a row over all parameters (task ``params``, ``n`` = tensors)
-    and one per tensor (task ``params/<tensor name>``, ``n`` = its elements; empty
-    tensors skipped), metric ``sparsity@<τ>``."""
+def sparsity_rows(initial: dict, final: dict, taus, dtype: torch.dtype | None = None,
+                  touched: dict | None = None) -> list[dict]:
+    """Update sparsity S_τ (PROTOCOL.md §4; `evals.metrics.update_sparsity`, both weights
+    rounded to ``dtype`` first when given) at each threshold τ of ``taus``: a row over
+    all parameters (task ``params``, ``n`` = tensors) and one per tensor (task
+    ``params/<tensor name>``, ``n`` = its elements; empty tensors skipped), metric
+    ``sparsity@<τ>``. With ``touched`` (name → bool mask of the entries that had a
+    nonzero gradient in some step, `optim.TouchedParameters`): ``params`` rows
+    ``touched_share`` (touched entries / all entries, ``n`` = all entries) and
+    ``sparsity_touched@<τ>`` (S_τ over the touched entries only, ``n`` = their count;
+    left out when no entry was touched)."""
     rows = []
     for tau in taus:
-        overall, per_tensor = update_sparsity(initial, final, tau)
+        overall, per_tensor = update_sparsity(initial, final, tau, dtype=dtype)
         rows.append({"task": "params", "metric": f"sparsity@{tau:g}", "value": overall, "n": len(final)})
         rows += [{"task": f"params/{name}", "metric": f"sparsity@{tau:g}", "value": v, "n": final[name].numel()}
                  for name, v in per_tensor.items() if not math.isnan(v)]
+    if touched is not None:
+        total = sum(t.numel() for t in final.values())
+        n_touched = sum(int(m.sum()) for name, m in touched.items() if name in final)
+        rows.append({"task": "params", "metric": "touched_share", "value": n_touched / total, "n": total})
+        for tau in taus if n_touched else ():
+            overall, _ = update_sparsity(initial, final, tau, dtype=dtype, masks=touched)
+            rows.append({"task": "params", "metric": f"sparsity_touched@{tau:g}", "value": overall, "n": n_touched})
     return rows
 
 
 def pre_eval_path(cache_dir: str | Path, trial: TrialConfig, student_path: str | Path) -> Path:
     """Where the evaluation of the untrained student is kept: it depends only on the
-    student checkpoint, the evaluation and task settings and the seeds, so every trial
-    of a sweep that shares those reuses it (``<cache_dir>/pre-eval-<config.cache_key>.json``)."""
+    student checkpoint, the precision and attention implementation it is loaded with,
+    the evaluation and task settings and the seeds, so every trial of a sweep that shares
+    those reuses it (``<cache_dir>/pre-eval-<config.cache_key>.json``)."""
     key = cache_key("pre_eval", 3, student=checkpoint_identity(student_path),
+                    precision=trial.precision, attn_implementation=trial.attn_implementation,
                     evaluation=trial.evaluation.model_dump(mode="json"),
                     tasks=trial.tasks.inputs(teacher=False, mcq=trial.evaluation.mcq_items > 0),
                     seed=trial.seed, seeds=trial.seeds.model_dump())
@@ -149,12 +166,14 @@ def pre_eval_path(cache_dir: str | Path, trial: TrialConfig, student_path: str |
 
 
 def evaluate_stage(evaluator: Evaluator, model, trial: TrialConfig, trial_id: str, stage: str, step: int, root: Path,
-                   init_state: dict | None = None, cache: Path | None = None) -> dict[str, float]:
+                   init_state: dict | None = None, cache: Path | None = None,
+                   touched: dict | None = None) -> dict[str, float]:
     """The evaluation of one stage of a trial: the suite (`Evaluator.evaluate`, seeded by
     ``trial.seed``; read from ``cache`` when that file exists, else written there), and
-    with ``init_state`` the update sparsity against it (`sparsity_rows`), written to the
-    ``evals`` table (key ``<trial_id>__<stage>__<step>``). Returns the rows as report
-    keys: ``{eval/<stage>/<task>/<metric>: value}``."""
+    with ``init_state`` the update sparsity against it at ``evaluation.sparsity_dtype``
+    (`sparsity_rows`, with the ``touched`` masks when given), written to the ``evals``
+    table (key ``<trial_id>__<stage>__<step>``). Returns the rows as report keys:
+    ``{eval/<stage>/<task>/<metric>: value}``."""
     t0 = time.perf_counter()
     if cache is not None and cache.exists():  # the same model, settings and seed were evaluated already
         rows = json.loads(cache.read_text())
@@ -164,7 +183,8 @@ def evaluate_stage(evaluator: Evaluator, model, trial: TrialConfig, trial_id: st
             atomic_write_bytes(cache, json.dumps(rows).encode())
     if init_state is not None:
         final = {k: v.detach().float() for k, v in model.state_dict().items()}
-        rows += sparsity_rows(init_state, final, trial.evaluation.sparsity_taus)
+        rows += sparsity_rows(init_state, final, trial.evaluation.sparsity_taus,
+                              DTYPES[trial.evaluation.sparsity_dtype], touched)
     for r in rows:
         r.update(trial_id=trial_id, stage=stage, step=step)
     write_rows(root, "evals", rows, key=f"{trial_id}__{stage}__{step}")

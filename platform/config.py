@@ -308,8 +308,12 @@ class OptimizerConfig(_Strict):
     prompts_per_step: int = Field(default=32, ge=1)
     rollouts_per_prompt: int = Field(default=1, ge=1)
     train_prompts: int = Field(default=20_000, ge=1)
-    #: DeepSpeed ZeRO stage (0-2; stage 3 needs collective evaluation, not built yet)
-    zero_stage: int = Field(default=0, ge=0, le=2)
+    #: DeepSpeed ZeRO stage (0-3; under 3 the student is gathered whole on every rank for generation:
+    #: evaluation, OnPD/λ rollouts)
+    zero_stage: int = Field(default=0, ge=0, le=3)
+    #: ZeRO 3: parameters of at most this many elements stay whole on every rank (DeepSpeed's
+    #: ``stage3_param_persistence_threshold``); the student's lm_head always does (the fused loss reads it)
+    zero3_persistence_threshold: int = Field(default=100_000, ge=0)
     checkpoint_every: int = Field(default=0, ge=0)
 
     @field_validator("betas")
@@ -421,6 +425,14 @@ class EvaluationConfig(_Strict):
     ood_items: int = Field(default=100, ge=1)
     ood_temperature: float = Field(default=0.5, gt=0)
     sparsity_taus: tuple[float, ...] = (1e-6, 1e-8)
+    #: dtype both weights are rounded to before S_τ compares them: ``bf16`` (the paper's setting, whose
+    #: checkpoints are bf16: a change below a bf16 step of the weight is no change) or ``fp32`` (float32
+    #: and bf16 weights at their stored values, as before this field existed)
+    sparsity_dtype: Literal["fp32", "bf16"] = "bf16"
+    #: also report S_τ over only the parameter entries that had a nonzero gradient in some distillation
+    #: step (``params/sparsity_touched@<τ>``) and their share (``params/touched_share``); costs one bool per
+    #: parameter entry and a comparison per step (`optim.TouchedParameters`)
+    sparsity_touched: bool = True
     max_tokens: int = Field(default=48, ge=1)
     #: Countdown tasks scored (accuracy, pass@k) at every stage; add ``countdown4`` for an RLVR stage
     countdown_tasks: tuple[Literal[COUNTDOWN_TASKS], ...] = ("countdown3", "countdown4e")
@@ -822,6 +834,13 @@ class TrialConfig(_Strict):
         if self.master_weights == "bf16" and self.precision != "bf16":
             raise ValueError("master_weights 'bf16' needs precision 'bf16' (allowed with precision 'fp32': "
                              f"master_weights 'fp32'; got precision {self.precision!r})")
+        return self
+
+    @model_validator(mode="after")
+    def _check_zero3(self) -> "TrialConfig":
+        if self.optimizer.zero_stage == 3 and self.rlvr is not None:
+            raise ValueError("optimizer.zero_stage 3 does not run an rlvr stage (its engine would wrap the "
+                             "partitioned student again): use zero_stage 0-2 or rlvr: null")
         return self
 
     @model_validator(mode="after")

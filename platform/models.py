@@ -100,10 +100,21 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tok
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """``AutoModelForCausalLM.from_pretrained`` (remote code off) in ``dtype``, with the
-    checkpoint's sampling defaults dropped (`neutral_generation_config`)."""
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False)
+#: The precision names of the config (``trial.precision``, ``trial.master_weights``,
+#: ``evaluation.sparsity_dtype``) as torch dtypes.
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
+               attn_implementation: str | None = None) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained`` (remote code off) in ``dtype`` (weights
+    stored in another dtype are cast, round to nearest even), with the attention
+    implementation ``attn_implementation`` (``eager``, ``sdpa``, ``flash_attention_2``;
+    None: the model's default) and the checkpoint's sampling defaults dropped
+    (`neutral_generation_config`). transformers raises for an implementation this
+    machine lacks (flash_attention_2 without the package or a GPU)."""
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False, **extra)
     model.generation_config = neutral_generation_config(model.config)
     return model
 

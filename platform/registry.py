@@ -153,6 +153,10 @@ for _key, _producer, _doc in (
     ("eval/<stage>/params/sparsity@<tau>", "distill.evaluate_stage",
      "update sparsity S_τ over all parameters (τ: the threshold; 1 at pre)"),
     ("eval/<stage>/params/<tensor>/sparsity@<tau>", "distill.evaluate_stage", "update sparsity S_τ of one tensor"),
+    ("eval/<stage>/params/sparsity_touched@<tau>", "evals.suite.sparsity_rows",
+     "S_τ over only the parameter entries that had a nonzero gradient in some distillation step (stage distill)"),
+    ("eval/<stage>/params/touched_share", "evals.suite.sparsity_rows",
+     "share of parameter entries that had a nonzero gradient in some distillation step (stage distill)"),
 ):
     register(_key, _producer, _doc, scope="final")
 

@@ -376,13 +376,15 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
 
 
 def _rlvr_stepper(trial: TrialConfig, module, world: int, r):
-    """The RLVR stage's optimizer: a DeepSpeed engine around ``module`` (AdamW rebuilt:
-    the distillation optimizer's moments are not carried over), or plain AdamW over
+    """The RLVR stage's optimizer: a DeepSpeed engine around ``module`` in the trial's
+    precision (AdamW rebuilt: the distillation optimizer's moments, and under bf16 its
+    float32 masters, are not carried over: the stage starts from the bf16 student), or plain AdamW over
     QLoRA's adapters (DeepSpeed takes no 4-bit parameters)."""
     if r.lora is not None and r.lora.load_in_4bit:
         return TorchStepper(module, r.lr, rlvr_schedule(r))
     stepper, _, _ = setup_engine(module, trial.optimizer, world, lr=r.lr, schedule=rlvr_schedule(r),
-                                 batch=r.prompts_per_step * r.samples_per_prompt, clip=r.clip)
+                                 batch=r.prompts_per_step * r.samples_per_prompt, clip=r.clip,
+                                 precision=trial.precision, master_weights=trial.master_weights)
     return stepper
 
 
