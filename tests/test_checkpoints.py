@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from _checkpoints import BPE_VOCAB, bpe_tokenizer, llama3_pair, padded_vocab, qwen2_pair
+from _helpers import one_gloo_rank
 from distillab.config import RuntimeContext, TrialConfig
 from distillab.countdown import CountdownSpec, generate_problems, render_solution, solve
 from distillab.distill import LocalSession, run_worker
@@ -20,7 +21,6 @@ from distillab.models import check_lm_heads, check_same_vocab, load_model, load_
 from distillab.results import load
 from distillab.rollout import SamplingParams, TransformersEngine
 from distillab.tasks import TaskData, countdown_prompt_ids, render_prompt, score_countdown
-from fixtures.record_golden import init_one_rank
 
 torch.set_num_threads(1)
 
@@ -33,11 +33,7 @@ def pairs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def one_rank():
-    import torch.distributed as dist
-
-    init_one_rank()
-    yield
-    dist.destroy_process_group()
+    yield from one_gloo_rank()
 
 
 def _ids(tok, text: str) -> list[int]:

@@ -24,6 +24,8 @@ import polars as pl
 import pytest
 
 from distillab.cli import HARMLESS_RAY_LINES
+from distillab.config import load_sweep
+from distillab.models import build_char_tokenizer, micro_llama_config
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "search_spaces" / "smoke.yaml"
@@ -100,11 +102,18 @@ def test_a_smoke_sweep_prints_a_calm_console(smoke_sweep: Path) -> None:
 
 @pytest.mark.slow
 def test_a_failed_trial_prints_its_traceback(tmp_path: Path) -> None:
-    """The student path of a trial is a directory with no model in it: its Train worker
-    fails at set-up, and the console shows the traceback and the error."""
-    empty = tmp_path / "not-a-model"
-    empty.mkdir()
-    sets = {"storage_path": tmp_path, "models.cache_dir": REPO / ".cache" / "models", "models.student_path": empty,
+    """The student path of a trial is a checkpoint directory whose config and tokenizer
+    pass the sweep's own checks (`plan.check_checkpoints`) but whose weights file is not
+    safetensors: its Train worker fails at set-up, and the console shows the traceback
+    and the error."""
+    broken = tmp_path / "broken-model"
+    tok = build_char_tokenizer()
+    s = load_sweep(SMOKE, {}).models.micro_student
+    micro_llama_config(len(tok), s.hidden_size, s.num_layers, s.num_heads, s.intermediate_size,
+                       s.max_position_embeddings, tok).save_pretrained(broken)
+    tok.save_pretrained(broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    sets = {"storage_path": tmp_path, "models.cache_dir": REPO / ".cache" / "models", "models.student_path": broken,
             "search.grid": "{rollout.policy: [onpd]}", "fault_tolerance.trial_retries": 0,
             "fault_tolerance.worker_restarts": 0}
     cmd = [sys.executable, "-m", "distillab.cli", "sweep", str(SMOKE), "--no-dashboard"]
@@ -113,8 +122,8 @@ def test_a_failed_trial_prints_its_traceback(tmp_path: Path) -> None:
     out = proc.stdout
     assert proc.returncode == 1, out[-3000:]
     assert "Traceback (most recent call last)" in out, out[-3000:]
-    # the worker's own traceback (where it failed: loading the student's tokenizer) and Tune's
-    assert "Error in training function" in out and "in setup_models" in out and "load_tokenizer" in out, out[-3000:]
+    # the worker's own traceback (where it failed: loading the student's weights) and Tune's
+    assert "Error in training function" in out and "in setup_models" in out and "load_model" in out, out[-3000:]
     assert "Trial task failed for trial onpd-forward" in out and "WorkerGroupError" in out, out[-3000:]
     assert "[sweep] 0 of 1 trials completed" in out and "distillab sweep --resume" in out
 
@@ -123,7 +132,6 @@ def test_a_failed_trial_prints_its_traceback(tmp_path: Path) -> None:
 def test_trackers_hold_every_trials_config_and_accuracy(run_locally, tmp_path: Path) -> None:
     pytest.importorskip("wandb")
     mlflow = pytest.importorskip("mlflow")
-    from distillab.config import load_sweep
     from distillab.results import load
 
     sweep = load_sweep(SMOKE, {"storage_path": str(tmp_path), "models.cache_dir": str(REPO / ".cache" / "models"),
