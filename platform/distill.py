@@ -41,19 +41,8 @@ from distillab.config import RuntimeContext, TrialConfig
 from distillab.evals.suite import Evaluator, evaluate_stage, pre_eval_path
 from distillab.loss import loss_step
 from distillab.models import DTYPES, check_lm_heads, check_same_vocab, load_model, load_tokenizer
-from distillab.optim import (
-    Resume,
-    TouchedParameters,
-    engine_state,
-    gathered_for_generation,
-    load_checkpoint,
-    load_engine_state,
-    optimizer_step,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-    setup_engine,
-)
+from distillab.optim import (Resume, TouchedParameters, engine_state, gathered_for_generation, load_checkpoint,
+                             load_engine_state, optimizer_step, rng_state, save_checkpoint, set_rng_state, setup_engine)
 from distillab.results import report_metrics, with_forgetting
 from distillab.rlvr import run_rlvr_stage
 from distillab.rollout import RolloutSource, Rollouts, TeacherPrompts, step_prompts

@@ -241,8 +241,9 @@ def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = Fal
             summary = _summary(info["evals"])
             log.info("prepared %s in %.0f s: %s", role, time.perf_counter() - t0, summary)
             print(f"[prepare] {role}: {info['params']/1e6:.2f}M params, {info['train_seconds']:.0f} s SFT, {summary}", flush=True)
-        else:
-            print(f"[prepare] {role}: cached at {out}", flush=True)
+        else:  # the scores it was prepared with (prepare.json), so a calibration reads them here
+            evals = json.loads((out / "prepare.json").read_text()).get("evals", [])
+            print(f"[prepare] {role}: cached at {out}, {_summary(evals)}", flush=True)
         paths.append(out)
     if m.teacher_refine is not None:
         base = paths[0]
