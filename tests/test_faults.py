@@ -296,7 +296,8 @@ def test_ray_job_submit(tmp_path: Path) -> None:
                 assert head.poll() is None, (tmp_path / "head.log").read_text()[-3000:]
                 time.sleep(1)
         entry = [sys.executable, "-m", "distillab.cli", "sweep", "search_spaces/smoke.yaml",
-                 "--set", f"storage_path={tmp_path}", "--set", f"models.cache_dir={CACHE / 'models'}"]
+                 "--set", f"storage_path={tmp_path}", "--set", f"models.cache_dir={CACHE / 'models'}",
+                 "--set", "search.grid={rollout.policy: [onpd]}"]  # one trial: it samples, so every gauge is set
         sub = subprocess.run(
             [ray_bin, "job", "submit", "--address", address, "--working-dir", str(REPO),
              "--submission-id", "distillab-smoke", "--", *entry],
@@ -324,5 +325,5 @@ def test_ray_job_submit(tmp_path: Path) -> None:
         _kill_session(head.pid)
     res = load(tmp_path / "smoke")
     rows = res.trials.collect()
-    assert rows.height == 2 and (rows["status"] == "completed").all()
+    assert rows.height == 1 and (rows["status"] == "completed").all()
     assert res.evals.filter(pl.col("stage") == "distill").collect().height > 0

@@ -3,6 +3,7 @@ config errors before compute, and a real smoke trial through Ray Tune (slow)."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import polars as pl
@@ -37,39 +38,53 @@ def test_rlvr_config_errors_name_the_field() -> None:
     assert ok.rlvr.samples_per_prompt == 8 and ok.rlvr.beta == 0.0 and ok.rlvr.top_p == 0.95  # PROTOCOL.md §6
 
 
+QLORA = {"r": 8, "alpha": 16, "load_in_4bit": True}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("lora, workers", [(None, 1), ({"r": 8, "alpha": 16, "load_in_4bit": True}, 1), (None, 2)],
-                         ids=["full", "qlora", "two-workers"])
-def test_smoke_trial_with_rlvr_stage(run_locally, tmp_path, lora, workers) -> None:
-    """A smoke trial distils, then runs 12 GRPO steps (full fine-tuning through DeepSpeed,
-    LoRA on a 4-bit copy, or data-parallel over two Train workers), with every stage
-    evaluated."""
+@pytest.mark.parametrize("workers", [1, 2], ids=["full-and-qlora", "two-workers"])
+def test_smoke_trial_with_rlvr_stage(run_locally, tmp_path, workers) -> None:
+    """Smoke trials distil, then run 12 GRPO steps, with every stage evaluated: on one Train
+    worker, one sweep of two trials side by side (full fine-tuning through DeepSpeed, and
+    LoRA on a 4-bit copy); data-parallel over two Train workers, full fine-tuning."""
     from distillab.results import load, rlvr_reward_summary
 
-    if lora is not None:
-        pytest.importorskip("bitsandbytes")
+    qlora = workers == 1 and importlib.util.find_spec("bitsandbytes") is not None
+    grid = {"rollout.policy": ["offpd"]}
     sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
         "storage_path": str(tmp_path), "models.cache_dir": str(REPO / ".cache" / "models"),
-        "search.grid": {"rollout.policy": ["offpd"]}, "trial.rlvr": {**RLVR, "lora": lora},
-        "resources.num_workers": workers, "resources.max_concurrent_trials": 1,
+        "search.grid": None, "search.grids": [{"grid": grid}, *([{"set": {"rlvr.lora": QLORA}, "grid": grid}] * qlora)],
+        "trial.rlvr": RLVR, "resources.num_workers": workers, "resources.max_concurrent_trials": 3 - workers,
         "trial.evaluation.countdown_tasks": ["countdown3", "countdown4e", "countdown4"],
     })
     res = load(run_locally(sweep))
     trials = res.trials.collect()
-    assert trials["status"].to_list() == ["completed"], trials["error"].to_list()
-    ev = res.evals.collect()
+    assert trials["status"].to_list() == ["completed"] * (1 + qlora), trials["error"].to_list()
+    assert sorted(t.rlvr.lora is not None for t in sweep.trials) == [False] + [True] * qlora
+    for tid in trials["trial_id"]:
+        _check_rlvr_trial(res, tid)
+    summary = rlvr_reward_summary(res)
+    assert summary["steps"].to_list() == [12] * (1 + qlora)
+
+
+def _check_rlvr_trial(res, tid: str) -> None:
+    """Every stage evaluated on every Countdown task; each of the 12 RLVR steps logged once,
+    rewards in range, the LR warmed up over 3 steps then decayed (cosine); the reward
+    summary's first and last windows are the means of the logged rewards."""
+    from distillab.results import rlvr_reward_summary
+
+    ev = res.evals.filter(pl.col("trial_id") == tid).collect()
     got = {(r["stage"], r["task"]) for r in ev.filter(pl.col("metric") == "accuracy").iter_rows(named=True)}
     for stage in ("pre", "distill", "rlvr"):
         for task in ("countdown3", "countdown4e", "countdown4"):
             assert (stage, task) in got
-    m = res.metrics.collect().filter(pl.col("stage") == "rlvr")
+    m = res.metrics.collect().filter((pl.col("stage") == "rlvr") & (pl.col("trial_id") == tid))
     reward = m.filter(pl.col("name") == "rlvr/reward_mean").sort("step")
     assert reward["step"].to_list() == list(range(1, 13))  # every RLVR step exactly once
     assert reward["value"].is_between(0.0, 2.5).all()  # 2 (correct) + at most 0.5 (format)
     lr = m.filter(pl.col("name") == "rlvr/lr").sort("step")["value"].to_list()
     assert lr[0] < lr[1] < lr[2] == pytest.approx(1e-3) and lr[-1] < lr[4] < lr[2]  # 3 warm-up steps, then cosine
-    summary = rlvr_reward_summary(res)
-    assert summary["steps"].to_list() == [12]
+    summary = rlvr_reward_summary(res).filter(pl.col("trial_id") == tid)
     assert summary["first"][0] == pytest.approx(reward["value"].head(10).mean())
     assert summary["last"][0] == pytest.approx(reward["value"].tail(10).mean())
 
