@@ -31,7 +31,9 @@ memory that the allocator keeps counts too). Where clear_refs is refused it fall
 the ``ru_maxrss`` delta (a lower bound). CUDA: ``torch.cuda.max_memory_allocated`` −
 ``memory_allocated`` before the call (tensor memory, not the caching allocator's reserve).
 
-Time: median wall time of ``--repeats`` forward+backward calls after the measured one;
+Time: median wall time (and CPU time of the process: steadier on a shared machine, where
+other processes stretch wall time) of ``--repeats`` forward+backward calls after the
+measured one;
 each implementation's time is also printed as a multiple of ``floor``'s, measured in the
 same run (``time/floor``: how much the divergence math, the chunking and autograd add).
 Defaults to one torch thread (``--threads``) so that runs on a shared 2-core machine are
@@ -179,14 +181,15 @@ def measure(impl: str, args) -> dict:
             peak = (_status_kib("VmHWM") - before) * 1024
         else:
             peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - max0) * 1024
-    times = []
+    times, cpu = [], []
     for _ in range(args.repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step()
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return {"impl": impl, "loss": loss, "peak_bytes": peak, "times": times, "memory": how}
+        cpu.append(time.process_time() - c0)
+    return {"impl": impl, "loss": loss, "peak_bytes": peak, "times": times, "cpu_times": cpu, "memory": how}
 
 
 def _child(impl: str, argv) -> dict | None:
@@ -247,23 +250,26 @@ def main(argv=None) -> None:
                 continue
             if impl in got:
                 got[impl]["times"] += r["times"]
+                got[impl]["cpu_times"] += r["cpu_times"]
             else:
                 got[impl] = r  # peak memory: the first round's
             print(f"  round {rnd} {impl:14s} loss {r['loss']:.6f}  peak {r['peak_bytes'] / 2**20:9.1f} MiB  "
                   f"median {statistics.median(r['times']) * 1e3:9.1f} ms  ({r['memory']})", flush=True)
     rows = [got[i] for i in runnable if i in got]
     for r in rows:
-        r["median"] = statistics.median(r["times"])
+        r["median"], r["cpu_median"] = statistics.median(r["times"]), statistics.median(r["cpu_times"])
     base = next((r for r in rows if r["impl"] == "naive"), None)
     floor = next((r for r in rows if r["impl"] == "floor"), None)
     if base is None and floor is None:
         return
-    print("\nimpl            peak MiB   median ms   peak/naive  time/naive  time/floor")
+    print("\nimpl            peak MiB   median ms  cpu median ms  peak/naive  time/naive  time/floor  cpu/floor")
     for r in rows:
         cols = [f"{r['peak_bytes'] / base['peak_bytes']:11.3f}" if base else f"{'':11s}",
                 f"{r['median'] / base['median']:11.3f}" if base else f"{'':11s}",
-                f"{r['median'] / floor['median']:11.3f}" if floor else ""]
-        print(f"{r['impl']:14s} {r['peak_bytes'] / 2**20:9.1f} {r['median'] * 1e3:11.1f} " + " ".join(cols))
+                f"{r['median'] / floor['median']:11.3f}" if floor else f"{'':11s}",
+                f"{r['cpu_median'] / floor['cpu_median']:10.3f}" if floor else ""]
+        print(f"{r['impl']:14s} {r['peak_bytes'] / 2**20:9.1f} {r['median'] * 1e3:11.1f} {r['cpu_median'] * 1e3:14.1f} "
+              + " ".join(cols))
 
 
 if __name__ == "__main__":

@@ -214,21 +214,25 @@ def _mm_float32(a: Tensor, b: Tensor) -> Tensor:
     return (a @ b).float()
 
 
-def _logits(h: Tensor, w: Tensor, b: Tensor | None, w_up: Tensor | None) -> Tensor:
-    """(c, H) rows x (V, H) weight (+ b) -> (c, V) logits, float32 or wider.
+def _logits(h: Tensor, w: Tensor, b: Tensor | None, w_up: Tensor | None, scale: float = 1.0) -> Tensor:
+    """(c, H) rows x (V, H) weight (+ b), times ``scale`` -> (c, V) logits, float32 or wider.
 
     Low-precision weights: on CUDA a float32-output matmul; elsewhere ``w_up``, a
     float32 copy of ``w`` made once per call. So bf16 inputs give the exact logits
-    of the bf16 values, not logits rounded to bf16."""
-    if w_up is not None:
-        z = h.to(w_up.dtype) @ w_up.t()
-    elif w.dtype in _LOW_PRECISION:
-        z = _mm_float32(h.to(w.dtype), w.t())
-    else:
-        z = h.to(w.dtype) @ w.t()
+    of the bf16 values, not logits rounded to bf16. ``scale`` (the 1/τ of the
+    divergence) rides on the GEMM's α where the weight is used at full precision
+    (no extra pass over the (c, V) logits; exact for τ a power of two)."""
+    if w_up is not None or w.dtype not in _LOW_PRECISION:
+        ww = w_up if w_up is not None else w
+        hh = h.to(ww.dtype)
+        if b is None:
+            return torch.mm(hh, ww.t()) if scale == 1.0 else torch.addmm(
+                hh.new_zeros(()), hh, ww.t(), beta=0.0, alpha=scale)
+        return torch.addmm(b.to(ww.dtype), hh, ww.t(), beta=scale, alpha=scale)
+    z = _mm_float32(h.to(w.dtype), w.t())
     if b is not None:
         z.add_(b.to(z.dtype))
-    return z
+    return z if scale == 1.0 else z.mul_(scale)
 
 
 def _upcast(w: Tensor) -> Tensor | None:
@@ -282,25 +286,30 @@ class _ChunkedDivergence(torch.autograd.Function):
         stats = torch.empty(N if want_stats else 0, 4, dtype=cdt, device=h_s.device)
         loss = torch.zeros((), dtype=torch.float64, device=h_s.device)
         ws_up, wt_up = _upcast(w_s), _upcast(w_t)  # CPU + bf16/fp16 only
+        inv_s, inv_t = 1.0 / tau_s, 1.0 / tau_t
         for start in range(0, N, chunk):
             end = min(start + chunk, N)
             hs = h_s[start:end]  # (c, H)
-            zs = _logits(hs, w_s, b_s, ws_up)  # (c, V)
-            zt = _logits(h_t[start:end], w_t, b_t, wt_up)  # (c, V)
+            zs = _logits(hs, w_s, b_s, ws_up, inv_s)  # (c, V) = z_S/τ_S: the temperatures ride on the GEMMs
+            zt = _logits(h_t[start:end], w_t, b_t, wt_up, inv_t)  # (c, V) = z_T/τ_T
             c = coef[start:end]  # (c,)
             div, g, st = row_fn(
-                zs, zt, kind=kind, tau_s=tau_s, tau_t=tau_t, beta=beta, compute_dtype=cdt,
+                zs, zt, kind=kind, tau_s=1.0, tau_t=1.0, beta=beta, compute_dtype=cdt,
                 need_grad=any_grad, with_stats=want_stats,
-            )
+            )  # g = ∂D/∂(z_S/τ_S)
             del zs, zt
             loss += (div.to(torch.float64) * c.to(torch.float64)).sum()
             if want_stats:
                 stats[start:end] = st
             if any_grad:
-                g.mul_(c.to(g.dtype).unsqueeze(1))  # (c, V) = ∂L/∂z_S
+                g.mul_((c * inv_s).to(g.dtype).unsqueeze(1))  # (c, V) = c_i ∂D/∂z_S
                 if need_h:
                     w_g = ws_up if ws_up is not None else w_s
-                    grad_h[start:end] = (g.to(w_g.dtype) @ w_g).to(h_s.dtype)  # (c, H)
+                    gh = g.to(w_g.dtype)
+                    if gh.dtype == h_s.dtype:
+                        torch.mm(gh, w_g, out=grad_h[start:end])  # (c, H)
+                    else:
+                        grad_h[start:end] = (gh @ w_g).to(h_s.dtype)
                 if need_w:
                     grad_w.addmm_(g.t().to(acc), hs.to(acc))  # (V, H)
                 if need_b:

@@ -62,8 +62,10 @@ def static_decode_supported(model) -> bool:
         return False
     if getattr(cfg, "use_sliding_window", False) or any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
         return False
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    if any(type(m) is not torch.nn.Linear for m in linears):
+    projections = [model.lm_head] + [m for layer in model.model.layers for m in (
+        layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+        layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+    if any(type(m) is not torch.nn.Linear for m in projections):  # a peft LoRA layer, a bitsandbytes Linear4bit
         return False
     return not any(hasattr(p, "ds_id") for p in model.parameters())
 
