@@ -60,8 +60,19 @@ def overrides(args, policy: str, steps: int) -> dict:
         "trial.rollout.engine": "transformers", "trial.rollout.max_tokens": args.max_tokens,
         "trial.rollout.tau_s": 1.0, "trial.rollout.tau_t": 1.0, "trial.loss.tau_s": 1.0, "trial.loss.tau_t": 1.0,
         "trial.loss.kind": "forward", "trial.optimizer.prompts_per_step": args.batch,
-        "trial.optimizer.steps": steps, "resources.torch_threads": 1,
+        "trial.optimizer.steps": steps, "resources.torch_threads": 1, **extra_sets(args),
     }
+
+
+def extra_sets(args) -> dict:
+    """``--set KEY=VALUE`` overrides (YAML values), e.g. the evaluation settings a cached ``prepare`` used."""
+    import yaml
+
+    out = {}
+    for kv in getattr(args, "set", None) or []:
+        k, v = kv.split("=", 1)
+        out[k] = yaml.safe_load(v)
+    return out
 
 
 def _setup(args, policy: str, steps: int):
@@ -74,7 +85,8 @@ def _setup(args, policy: str, steps: int):
     return sweep, teacher, student, sweep.trial
 
 
-def _one_rank() -> None:
+def one_rank() -> None:
+    """One gloo process group (DeepSpeed needs torch.distributed)."""
     import torch.distributed as dist
 
     with socket.socket() as s:
@@ -85,39 +97,54 @@ def _one_rank() -> None:
     dist.init_process_group("gloo", rank=0, world_size=1)
 
 
-def child_distillab(args) -> None:
-    """``--steps`` steps of distillab's trial loop; one JSON line per step."""
-    import torch
-
+def distillab_worker(args, policy: str, steps: int, results_root: str):
+    """A `distill.WorkerState` of the benchmark's trial (`distill.setup_trial` under a
+    `distill.LocalSession`: models, evaluation before training (cached), DeepSpeed, rollout source)."""
     from distillab.config import RuntimeContext
-    from distillab.distill import LocalSession, log_step, setup_trial, step_metrics
+    from distillab.distill import LocalSession, setup_trial
+
+    sweep, teacher, student, trial = _setup(args, policy, steps)
+    ctx = RuntimeContext(teacher_path=str(teacher), student_path=str(student), results_root=results_root,
+                         shared_cache=str(sweep.shared_cache_dir()), resources=sweep.resources)
+    return setup_trial(trial, ctx, "peer_trl", LocalSession())
+
+
+def distillab_step(w, step: int):
+    """One pass of `distill.run_worker`'s loop (prompts, rollouts, loss, update, sync, log):
+    ``(seconds, rollouts, rollout seconds)``."""
+    from distillab.distill import log_step, step_metrics
     from distillab.loss import loss_step
     from distillab.optim import optimizer_step
     from distillab.rollout import step_prompts
 
+    o = w.trial.optimizer
+    t0 = time.perf_counter()
+    prompts = step_prompts(w.prompts, step, w.per_worker, o.rollouts_per_prompt)
+    rollouts = w.source.get(step, prompts, w.engine.module)
+    t_gen = time.perf_counter() - t0
+    w.engine.module.train()
+    loss, diag = loss_step(w.trial, w.engine, w.teacher, rollouts, w.tok.pad_token_id, w.gen)
+    grad_norm, lr = optimizer_step(w.engine, loss, o)
+    t_sync = w.source.sync(w.engine.module, step + 1)
+    log_step(w, step + 1, step_metrics(w, rollouts, loss, diag, grad_norm, lr, t0, t_gen, t_sync))
+    return time.perf_counter() - t0, rollouts, t_gen
+
+
+def child_distillab(args) -> None:
+    """``--steps`` steps of distillab's trial loop; one line per step."""
+    import torch
+
     torch.set_num_threads(1)
-    _one_rank()
-    sweep, teacher, student, trial = _setup(args, args.policy, args.steps)
+    one_rank()
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as d:
-        ctx = RuntimeContext(teacher_path=str(teacher), student_path=str(student), results_root=d,
-                             shared_cache=str(sweep.shared_cache_dir()), resources=sweep.resources)
-        w = setup_trial(trial, ctx, "peer_trl", LocalSession())
-        o = trial.optimizer
+        w = distillab_worker(args, args.policy, args.steps, d)
         prof = _profiler(args)
-        for step in range(o.steps):
+        for step in range(args.steps):
             if prof is not None and step == 1:
                 prof.enable()
-            t0 = time.perf_counter()
-            prompts = step_prompts(w.prompts, step, w.per_worker, o.rollouts_per_prompt)
-            rollouts = w.source.get(step, prompts, w.engine.module)
-            t_gen = time.perf_counter() - t0
-            w.engine.module.train()
-            loss, diag = loss_step(trial, w.engine, w.teacher, rollouts, w.tok.pad_token_id, w.gen)
-            grad_norm, lr = optimizer_step(w.engine, loss, o)
-            t_sync = w.source.sync(w.engine.module, step + 1)
-            log_step(w, step + 1, step_metrics(w, rollouts, loss, diag, grad_norm, lr, t0, t_gen, t_sync))
-            print(MARK + json.dumps({"step": step, "seconds": time.perf_counter() - t0, "tokens": sum(rollouts.lengths),
-                              "rollout_s": t_gen}), flush=True)
+            secs, rollouts, t_gen = distillab_step(w, step)
+            print(MARK + json.dumps({"step": step, "seconds": secs, "tokens": sum(rollouts.lengths),
+                                     "rollout_s": t_gen}), flush=True)
         _print_profile(prof, args)
 
 
@@ -240,7 +267,7 @@ def child_trl_whole(args) -> None:
 def _run_child(args, kind: str, policy: str) -> list[dict]:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--policy", policy, "--steps", str(args.steps),
            "--config", args.config, "--cache", args.cache, "--batch", str(args.batch),
-           "--max-tokens", str(args.max_tokens)]
+           "--max-tokens", str(args.max_tokens)] + [a for kv in args.set for a in ("--set", kv)]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"{kind} {policy} failed:\n{out.stderr[-4000:]}")
@@ -279,7 +306,8 @@ def whole(args) -> tuple[float, float]:
         if out.returncode != 0:
             raise SystemExit(f"distillab sweep failed:\n{out.stderr[-4000:]}")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "trl_whole", "--policy", "onpd", "--config", args.config,
-           "--cache", args.cache, "--batch", str(args.batch), "--max-tokens", str(args.max_tokens)]
+           "--cache", args.cache, "--batch", str(args.batch), "--max-tokens", str(args.max_tokens)] + [
+        a for kv in args.set for a in ("--set", kv)]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True)
     t_trl = time.perf_counter() - t0
@@ -298,6 +326,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--policies", default="onpd,offpd")
     p.add_argument("--no-whole", action="store_true", help="skip the whole-run comparison")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra sweep override (as distillab --set), e.g. the settings the cached models were prepared with")
     p.add_argument("--profile", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--policy", default="onpd", help=argparse.SUPPRESS)
