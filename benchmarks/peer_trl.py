@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -86,15 +85,12 @@ def _setup(args, policy: str, steps: int):
 
 
 def one_rank() -> None:
-    """One gloo process group (DeepSpeed needs torch.distributed)."""
-    import torch.distributed as dist
+    """One gloo process group (DeepSpeed needs torch.distributed): the tests' own
+    (``tests/fixtures/record_golden.init_one_rank``)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from fixtures.record_golden import init_one_rank
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-                      LOCAL_WORLD_SIZE="1")
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    init_one_rank()
 
 
 def distillab_worker(args, policy: str, steps: int, results_root: str):

@@ -185,3 +185,38 @@ def test_spectrum_other_model_on_both_paths(tok, monkeypatch, lam) -> None:
         assert a == pytest.approx(b, abs=1e-6)
     for k in ("student_loglik", "teacher_loglik"):
         assert fast.extras[k] == pytest.approx(slow.extras[k], abs=1e-6)
+
+
+def test_bf16_student_decodes_as_its_forward_and_samples_as_generate(tok, model) -> None:
+    """``trial.precision: bf16`` keeps the static path: with bf16 weights every decode
+    step equals the model's own forward bitwise, and the sampled tokens equal
+    generate()'s under the same seed (its logprobs to bf16 rounding: generate's padded
+    prefill attention rounds differently in bf16, ~2e-3 here)."""
+    import copy
+
+    m = copy.deepcopy(model).to(torch.bfloat16)
+    assert static_decode_supported(m)
+    ids, attn = _batch(tok, (5, 2, 9))
+    with torch.inference_mode():
+        cache = DynamicCache(config=m.config)
+        want = m(input_ids=ids, attention_mask=attn, past_key_values=cache, use_cache=True).logits[:, -1].float()
+        dec = StaticKVDecoder(m, attn, max_new=3)
+        torch.testing.assert_close(dec.prefill(ids), want, rtol=0, atol=1e-2)
+        for t in (20, 31, 17):
+            new = torch.full((ids.shape[0],), t)
+            attn = torch.cat([attn, attn.new_ones(attn.shape[0], 1)], 1)
+            want = m(input_ids=new[:, None], attention_mask=attn, past_key_values=cache, use_cache=True).logits[:, -1]
+            assert torch.equal(dec.step(new), want.float())
+    ids, attn = _batch(tok, (7, 3, 12, 1), seed=4)
+    for seed in range(2):
+        torch.manual_seed(seed)
+        res = m.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=0.7, top_p=0.8, top_k=0,
+                         max_new_tokens=10, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                         output_logits=True, return_dict_in_generate=True)
+        want = res.sequences[:, ids.shape[1]:]
+        torch.manual_seed(seed)
+        with torch.inference_mode():
+            got, lp = sample_tokens(m, ids, attn, temperature=0.7, top_p=0.8, max_new=10,
+                                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        assert torch.equal(got, want), seed
+        torch.testing.assert_close(lp, token_logprobs(torch.stack(res.logits, 1), want, 0.7), rtol=0, atol=1e-2)
