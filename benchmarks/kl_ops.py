@@ -16,6 +16,9 @@ and the gradients w.r.t. h_S and W_S.
     chunked        ``distillab.ops.chunked.chunked_distill_loss``, torch row math
     triton         the same with the Triton row kernels (CUDA only)
     triton_logits  full logits, ``distillab.ops.triton_kl.triton_distill_loss`` (CUDA only)
+    floor          the four matrix products every implementation must do, and nothing else:
+                   z_S = h_S W_Sᵀ and z_T = h_T W_Tᵀ (N × H × V each), ∂L/∂h_S = G W_S and
+                   ∂L/∂W_S = Gᵀ h_S (G an (N, V) stand-in for ∂L/∂z_S), each one full-size GEMM
 
 What "peak memory" measures
 ---------------------------
@@ -28,7 +31,11 @@ memory that the allocator keeps counts too). Where clear_refs is refused it fall
 the ``ru_maxrss`` delta (a lower bound). CUDA: ``torch.cuda.max_memory_allocated`` −
 ``memory_allocated`` before the call (tensor memory, not the caching allocator's reserve).
 
-Time: median wall time of ``--repeats`` forward+backward calls after the measured one.
+Time: median wall time (and CPU time of the process: steadier on a shared machine, where
+other processes stretch wall time) of ``--repeats`` forward+backward calls after the
+measured one;
+each implementation's time is also printed as a multiple of ``floor``'s, measured in the
+same run (``time/floor``: how much the divergence math, the chunking and autograd add).
 Defaults to one torch thread (``--threads``) so that runs on a shared 2-core machine are
 comparable; ratios are what the closing notes quote.
 """
@@ -36,6 +43,7 @@ comparable; ratios are what the closing notes quote.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -45,7 +53,7 @@ import subprocess
 import sys
 import time
 
-IMPLS = ("naive", "trl", "reference", "chunked", "triton", "triton_logits")
+IMPLS = ("naive", "trl", "reference", "chunked", "triton", "triton_logits", "floor")
 CUDA_ONLY = ("triton", "triton_logits")
 
 
@@ -118,6 +126,19 @@ def make_step(impl: str, args):
         def loss_fn():
             zs, zt = logits()
             return triton_distill_loss(zs[None], zt[None], mask, kind=kind, tau_s=tau_s, tau_t=tau_t)
+    elif impl == "floor":
+        hs, ws = h_s.detach(), w_s.detach()
+
+        def step():
+            with torch.no_grad():
+                zs = hs @ ws.T  # (N, V)
+                zt = h_t @ w_t.T  # (N, V)
+                grad_h = zs @ ws  # (N, H): the shape of G W_S
+                grad_w = zs.T @ hs  # (V, H): the shape of Gᵀ h_S
+            del zt, grad_h, grad_w
+            return 0.0  # no loss: only the products
+
+        return step
     else:
         raise ValueError(f"unknown impl {impl!r}; choose from {', '.join(IMPLS)}")
 
@@ -160,14 +181,26 @@ def measure(impl: str, args) -> dict:
             peak = (_status_kib("VmHWM") - before) * 1024
         else:
             peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - max0) * 1024
-    times = []
+    times, cpu = [], []
     for _ in range(args.repeats):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step()
         if cuda:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return {"impl": impl, "loss": loss, "peak_bytes": peak, "times": times, "memory": how}
+        cpu.append(time.process_time() - c0)
+    return {"impl": impl, "loss": loss, "peak_bytes": peak, "times": times, "cpu_times": cpu, "memory": how}
+
+
+def _child(impl: str, argv) -> dict | None:
+    """``measure(impl)`` in a fresh subprocess (CPU peak memory needs its own process)."""
+    argv_child = [sys.executable, os.path.abspath(__file__), "--child", impl] + list(
+        argv if argv is not None else sys.argv[1:])
+    out = subprocess.run(argv_child, capture_output=True, text=True)
+    if out.returncode != 0:
+        print(f"{impl:14s} failed:\n{out.stderr[-2000:]}")
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv=None) -> None:
@@ -181,8 +214,9 @@ def main(argv=None) -> None:
     p.add_argument("--tau-s", dest="tau_s", type=float, default=1.0)
     p.add_argument("--tau-t", dest="tau_t", type=float, default=0.5)
     p.add_argument("--chunk-size", dest="chunk_size", type=int, default=None)
-    p.add_argument("--impls", default="naive,trl,reference,chunked,triton")
+    p.add_argument("--impls", default="naive,trl,reference,chunked,triton,floor")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds over the impls (times pooled)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -198,41 +232,44 @@ def main(argv=None) -> None:
     cuda = args.device.startswith("cuda")
     print(
         f"forward+backward, {args.kind} KL, V={args.vocab:,} H={args.hidden:,} tokens={args.tokens:,} "
-        f"{args.dtype} on {args.device}, {args.threads} thread(s), median of {args.repeats}"
+        f"{args.dtype} on {args.device}, {args.threads} thread(s), median of {args.repeats} x {args.rounds} round(s)"
     )
-    rows = []
+    runnable = []
     for impl in impls:
         if impl in CUDA_ONLY and not cuda:
             print(f"{impl:14s} skipped: Triton kernels are benchmarked on CUDA only (CPU runs them in the interpreter)")
-            continue
-        if impl == "trl":
-            import importlib.util
-
-            if importlib.util.find_spec("trl") is None:
-                print(f"{impl:14s} skipped: trl is not installed")
-                continue
-        if cuda:
-            r = measure(impl, args)
+        elif impl == "trl" and importlib.util.find_spec("trl") is None:
+            print(f"{impl:14s} skipped: trl is not installed")
         else:
-            argv_child = [sys.executable, os.path.abspath(__file__), "--child", impl] + [
-                a for a in (argv if argv is not None else sys.argv[1:])
-            ]
-            out = subprocess.run(argv_child, capture_output=True, text=True)
-            if out.returncode != 0:
-                print(f"{impl:14s} failed:\n{out.stderr[-2000:]}")
+            runnable.append(impl)
+    got: dict[str, dict] = {}
+    for rnd in range(args.rounds):  # interleaved: every impl once per round, the order reversed every other round
+        for impl in (runnable if rnd % 2 == 0 else runnable[::-1]):
+            r = measure(impl, args) if cuda else _child(impl, argv)
+            if r is None:
                 continue
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-        r["median"] = statistics.median(r["times"])
-        rows.append(r)
-        print(f"  {impl:14s} loss {r['loss']:.6f}  peak {r['peak_bytes'] / 2**20:9.1f} MiB  "
-              f"median {r['median'] * 1e3:9.1f} ms  ({r['memory']})", flush=True)
-    base = next((r for r in rows if r["impl"] == "naive"), None)
-    if base is None:
-        return
-    print("\nimpl            peak MiB   median ms   peak/naive  time/naive")
+            if impl in got:
+                got[impl]["times"] += r["times"]
+                got[impl]["cpu_times"] += r["cpu_times"]
+            else:
+                got[impl] = r  # peak memory: the first round's
+            print(f"  round {rnd} {impl:14s} loss {r['loss']:.6f}  peak {r['peak_bytes'] / 2**20:9.1f} MiB  "
+                  f"median {statistics.median(r['times']) * 1e3:9.1f} ms  ({r['memory']})", flush=True)
+    rows = [got[i] for i in runnable if i in got]
     for r in rows:
-        print(f"{r['impl']:14s} {r['peak_bytes'] / 2**20:9.1f} {r['median'] * 1e3:11.1f} "
-              f"{r['peak_bytes'] / base['peak_bytes']:11.3f} {r['median'] / base['median']:11.3f}")
+        r["median"], r["cpu_median"] = statistics.median(r["times"]), statistics.median(r["cpu_times"])
+    base = next((r for r in rows if r["impl"] == "naive"), None)
+    floor = next((r for r in rows if r["impl"] == "floor"), None)
+    if base is None and floor is None:
+        return
+    print("\nimpl            peak MiB   median ms  cpu median ms  peak/naive  time/naive  time/floor  cpu/floor")
+    for r in rows:
+        cols = [f"{r['peak_bytes'] / base['peak_bytes']:11.3f}" if base else f"{'':11s}",
+                f"{r['median'] / base['median']:11.3f}" if base else f"{'':11s}",
+                f"{r['median'] / floor['median']:11.3f}" if floor else f"{'':11s}",
+                f"{r['cpu_median'] / floor['cpu_median']:10.3f}" if floor else ""]
+        print(f"{r['impl']:14s} {r['peak_bytes'] / 2**20:9.1f} {r['median'] * 1e3:11.1f} {r['cpu_median'] * 1e3:14.1f} "
+              + " ".join(cols))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,10 @@ V = 128,256 that is 4 GiB per tensor. Here rows are processed ``chunk_size`` at 
 time (Liger-Kernel's fused linear cross-entropy pattern):
 
     for each chunk of rows i:                         # (c, H) hidden states
-        z_S = h_S W_Sᵀ (+ b_S),  z_T = h_T W_Tᵀ (+ b_T)   # (c, V) each
+        z_S = h_S W_Sᵀ (+ b_S),  z_T = h_T W_Tᵀ (+ b_T)   # (c, V) each, over τ_S and τ_T (the GEMM's α)
         D_i, ∂D_i/∂z_S = ops.kl.token_divergence_and_grad(z_S, z_T)   # same math as the reference
+                                                       # (CPU: a few rows at a time, in cache; written
+                                                       #  over z_S, which is not needed again)
         L      += Σ_i c_i D_i                          # c_i: the reduction's row coefficient
         ∂L/∂h_S[i] = (c_i ∂D_i/∂z_S) W_S                  # (c, H)
         ∂L/∂W_S  += (c_i ∂D_i/∂z_S)ᵀ h_S[i]               # (V, H), float32 accumulator
@@ -79,6 +81,10 @@ __all__ = ["ChunkedOutput", "chunked_distill_loss", "pad_vocab", "row_coefficien
            "token_logprobs_from_hidden"]
 
 BACKENDS = ("auto", "torch", "triton")
+#: Fewest rows per chunk by default: ∂L/∂W_S += Gᵀ h_S reads and writes the (V, H) accumulator once per
+#: chunk, so short chunks make that GEMM memory-bound (at V = 32,000, H = 512: 1.7x the four-GEMM floor
+#: with 32-row chunks, 1.1x with 256; benchmarks/kl_ops.py).
+MIN_CHUNK = 256
 
 
 class ChunkedOutput(NamedTuple):
@@ -214,21 +220,25 @@ def _mm_float32(a: Tensor, b: Tensor) -> Tensor:
     return (a @ b).float()
 
 
-def _logits(h: Tensor, w: Tensor, b: Tensor | None, w_up: Tensor | None) -> Tensor:
-    """(c, H) rows x (V, H) weight (+ b) -> (c, V) logits, float32 or wider.
+def _logits(h: Tensor, w: Tensor, b: Tensor | None, w_up: Tensor | None, scale: float = 1.0) -> Tensor:
+    """(c, H) rows x (V, H) weight (+ b), times ``scale`` -> (c, V) logits, float32 or wider.
 
     Low-precision weights: on CUDA a float32-output matmul; elsewhere ``w_up``, a
     float32 copy of ``w`` made once per call. So bf16 inputs give the exact logits
-    of the bf16 values, not logits rounded to bf16."""
-    if w_up is not None:
-        z = h.to(w_up.dtype) @ w_up.t()
-    elif w.dtype in _LOW_PRECISION:
-        z = _mm_float32(h.to(w.dtype), w.t())
-    else:
-        z = h.to(w.dtype) @ w.t()
+    of the bf16 values, not logits rounded to bf16. ``scale`` (the 1/τ of the
+    divergence) rides on the GEMM's α where the weight is used at full precision
+    (no extra pass over the (c, V) logits; exact for τ a power of two)."""
+    if w_up is not None or w.dtype not in _LOW_PRECISION:
+        ww = w_up if w_up is not None else w
+        hh = h.to(ww.dtype)
+        if b is None:
+            return torch.mm(hh, ww.t()) if scale == 1.0 else torch.addmm(
+                hh.new_zeros(()), hh, ww.t(), beta=0.0, alpha=scale)
+        return torch.addmm(b.to(ww.dtype), hh, ww.t(), beta=scale, alpha=scale)
+    z = _mm_float32(h.to(w.dtype), w.t())
     if b is not None:
         z.add_(b.to(z.dtype))
-    return z
+    return z if scale == 1.0 else z.mul_(scale)
 
 
 def _upcast(w: Tensor) -> Tensor | None:
@@ -254,6 +264,16 @@ def token_logprobs_from_hidden(hidden: Tensor, weight: Tensor, targets: Tensor, 
            for lo in range(0, hidden.shape[0], chunk_size)]
     dtype = torch.promote_types(weight.dtype, torch.float32)
     return torch.cat(out) if out else hidden.new_zeros(0, dtype=dtype)
+
+
+#: Bytes of one block of logits rows for the CPU row math (a few (rows, V) temporaries fit in L2/L3).
+ROW_BLOCK_BYTES = 1 << 19
+
+
+def _row_block(V: int, chunk: int) -> int:
+    """Rows per block of the row math on CPU: a power of two with about `ROW_BLOCK_BYTES`
+    of float32 logits per row block, between 1 and ``chunk``."""
+    return max(1, min(chunk, 1 << max(0, int(math.log2(max(1, ROW_BLOCK_BYTES // (4 * max(V, 1))))))))
 
 
 def _row_fn(backend: str):
@@ -282,30 +302,45 @@ class _ChunkedDivergence(torch.autograd.Function):
         stats = torch.empty(N if want_stats else 0, 4, dtype=cdt, device=h_s.device)
         loss = torch.zeros((), dtype=torch.float64, device=h_s.device)
         ws_up, wt_up = _upcast(w_s), _upcast(w_t)  # CPU + bf16/fp16 only
+        inv_s, inv_t = 1.0 / tau_s, 1.0 / tau_t
+        # rows of the row math at a time: the whole chunk on CUDA; on CPU a few rows, so that its
+        # (rows, V) temporaries stay in cache while the chunk's GEMMs stay large (benchmarks/kl_ops.py)
+        rows = chunk if (h_s.is_cuda or backend == "triton") else _row_block(V, chunk)
         for start in range(0, N, chunk):
             end = min(start + chunk, N)
             hs = h_s[start:end]  # (c, H)
-            zs = _logits(hs, w_s, b_s, ws_up)  # (c, V)
-            zt = _logits(h_t[start:end], w_t, b_t, wt_up)  # (c, V)
+            zs = _logits(hs, w_s, b_s, ws_up, inv_s)  # (c, V) = z_S/τ_S: the temperatures ride on the GEMMs
+            zt = _logits(h_t[start:end], w_t, b_t, wt_up, inv_t)  # (c, V) = z_T/τ_T
+            if any_grad and zs.dtype != cdt:
+                zs = zs.to(cdt)  # the buffer that takes ∂L/∂z_S below
             c = coef[start:end]  # (c,)
-            div, g, st = row_fn(
-                zs, zt, kind=kind, tau_s=tau_s, tau_t=tau_t, beta=beta, compute_dtype=cdt,
-                need_grad=any_grad, with_stats=want_stats,
-            )
-            del zs, zt
-            loss += (div.to(torch.float64) * c.to(torch.float64)).sum()
-            if want_stats:
-                stats[start:end] = st
+            for a in range(0, end - start, rows):
+                b = min(a + rows, end - start)
+                div, g, st = row_fn(
+                    zs[a:b], zt[a:b], kind=kind, tau_s=1.0, tau_t=1.0, beta=beta, compute_dtype=cdt,
+                    need_grad=any_grad, with_stats=want_stats,
+                )  # g = ∂D/∂(z_S/τ_S) of rows a..b
+                loss += (div.to(torch.float64) * c[a:b].to(torch.float64)).sum()
+                if want_stats:
+                    stats[start + a : start + b] = st
+                if any_grad:  # c_i ∂D/∂z_S over the rows' logits, which are not read again
+                    torch.mul(g, (c[a:b] * inv_s).to(g.dtype).unsqueeze(1), out=zs[a:b])
+                del g
+            del zt
             if any_grad:
-                g.mul_(c.to(g.dtype).unsqueeze(1))  # (c, V) = ∂L/∂z_S
+                g = zs  # (c, V) = ∂L/∂z_S
                 if need_h:
                     w_g = ws_up if ws_up is not None else w_s
-                    grad_h[start:end] = (g.to(w_g.dtype) @ w_g).to(h_s.dtype)  # (c, H)
+                    gh = g.to(w_g.dtype)
+                    if gh.dtype == h_s.dtype:
+                        torch.mm(gh, w_g, out=grad_h[start:end])  # (c, H)
+                    else:
+                        grad_h[start:end] = (gh @ w_g).to(h_s.dtype)
                 if need_w:
                     grad_w.addmm_(g.t().to(acc), hs.to(acc))  # (V, H)
                 if need_b:
                     grad_b += g.sum(0).to(acc)
-            del g
+            del zs
         del ws_up, wt_up
         ctx.save_for_backward(
             grad_h if need_h else None,
@@ -384,7 +419,9 @@ def chunked_distill_loss(
         reduction, weights: as in ``ops.kl.reduce_loss``.
         chunk_size: rows per chunk; default: Liger's rule, next power of two of
             ceil(N / ceil(V / H_S)) (chunk logits about the size of the hidden
-            states), at least 16.
+            states), at least `MIN_CHUNK` (256). On CPU the row math then runs over
+            blocks of a few rows of the chunk (`_row_block`), its gradient written over
+            the chunk's student logits, which the two gradient GEMMs read.
         compute_dtype: float32 (default) or float64 for the divergence math.
         backend: ``"auto"`` | ``"torch"`` | ``"triton"`` (module docstring).
         return_stats: also return per-row diagnostics (``ChunkedOutput``).
@@ -457,7 +494,7 @@ def chunked_distill_loss(
     N, H = h_s.shape
     if chunk_size is None:
         inc = max(1, math.ceil(V / max(H, 1)))
-        chunk_size = max(16, 1 << max(0, math.ceil(math.log2(max(1, math.ceil(N / inc))))))
+        chunk_size = max(MIN_CHUNK, 1 << max(0, math.ceil(math.log2(max(1, math.ceil(N / inc))))))
     if int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if backend == "auto":

@@ -270,6 +270,13 @@ STAT_NAMES = ("forward_kl", "reverse_kl", "teacher_entropy", "cross_entropy")
 """Column order of the ``stats`` returned by ``token_divergence_and_grad`` (nats)."""
 
 
+def _scaled(logits: Tensor, tau: float, compute_dtype: torch.dtype) -> Tensor:
+    """z/τ in ``compute_dtype``, detached (no division, and no copy of a ``compute_dtype``
+    input, when τ = 1: the result may then be ``logits`` itself, which callers do not modify)."""
+    z = logits.detach().to(compute_dtype)
+    return z if tau == 1.0 else z / tau
+
+
 def _rowdot(a: Tensor, b: Tensor) -> Tensor:
     """Σ_v a·b over the last dim, (..., V) x (..., V) -> (...), with pairwise-accurate
     summation (a batched ``a @ b`` accumulates sequentially: ~20x the rounding error)."""
@@ -320,28 +327,42 @@ def token_divergence_and_grad(
         kind = "forward" if beta == 0.0 else "reverse"
 
     with torch.no_grad():
-        ls = torch.log_softmax(student_logits.detach().to(compute_dtype) / tau_s, dim=-1)  # (..., V)
-        lt = torch.log_softmax(teacher_logits.detach().to(compute_dtype) / tau_t, dim=-1)  # (..., V)
+        # Each line is one pass over (..., V): the passes, not the flops, set the time of this function
+        # at a large V (benchmarks/kl_ops.py). So: no division by τ = 1, the floor's clamp and the forward
+        # gradient's mask only where a log-probability is below the floor (an −inf or ±1e4 logit), and
+        # only the row sums the requested outputs need.
+        ls = torch.log_softmax(_scaled(student_logits, tau_s, compute_dtype), dim=-1)  # (..., V)
+        lt = torch.log_softmax(_scaled(teacher_logits, tau_t, compute_dtype), dim=-1)  # (..., V)
         ps, pt = ls.exp(), lt.exp()
-        keep = ls > LOGPROB_FLOOR if (need_grad and kind == "forward") else None
-        ls.clamp_min_(LOGPROB_FLOOR)
-        lt.clamp_min_(LOGPROB_FLOOR)
+        floored_s = ls.numel() > 0 and bool(ls.amin() <= LOGPROB_FLOOR)
+        keep = ls > LOGPROB_FLOOR if (need_grad and kind == "forward" and floored_s) else None
+        if floored_s:
+            ls.clamp_min_(LOGPROB_FLOOR)
+        if lt.numel() and bool(lt.amin() < LOGPROB_FLOOR):
+            lt.clamp_min_(LOGPROB_FLOOR)
         stats = None
         if with_stats or kind != "jsd":
             diff = lt - ls  # (..., V)
-            fwd, rev = _rowdot(pt, diff), -_rowdot(ps, diff)
-            if with_stats:
-                stats = torch.stack([fwd, rev, -_rowdot(pt, lt), -_rowdot(pt, ls)], dim=-1)
+            fwd = _rowdot(pt, diff)
+            rev = -_rowdot(ps, diff) if (with_stats or kind == "reverse") else None
+            if with_stats:  # H(π_T) = −π_T·ℓ_T; H(π_T, π_S) = −π_T·ℓ_S = H(π_T) + KL(π_T‖π_S)
+                h_t = -_rowdot(pt, lt)
+                stats = torch.stack([fwd, rev, h_t, h_t + fwd], dim=-1)
         grad = None
         if kind == "forward":
             div = fwd
             if need_grad:
-                pt.masked_fill_(~keep, 0.0)
-                grad = ps.mul_(pt.sum(-1, keepdim=True)).sub_(pt).div_(tau_s)
+                if keep is not None:
+                    pt.mul_(keep)
+                grad = ps.mul_(pt.sum(-1, keepdim=True)).sub_(pt)
+                if tau_s != 1.0:
+                    grad.div_(tau_s)
         elif kind == "reverse":
             div = rev
             if need_grad:  # π_S (r − D) = −π_S (diff + D)
-                grad = diff.add_(div.unsqueeze(-1)).mul_(ps).neg_().div_(tau_s)
+                grad = diff.add_(div.unsqueeze(-1)).mul_(ps).neg_()
+                if tau_s != 1.0:
+                    grad.div_(tau_s)
         else:
             log_m = torch.logaddexp(lt + math.log(beta), ls + math.log1p(-beta))  # (..., V)
             g_t = _rowdot(pt, lt - log_m)

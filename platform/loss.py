@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 
 import torch
 import torch.nn.functional as F
@@ -91,11 +91,25 @@ class Forward:
         return F.linear(self.h_s, self.w_s, self.b_s), F.linear(self.h_t, self.w_t, self.b_t)
 
 
+@lru_cache(maxsize=None)
+def _keeps_last_logits(forward_type: type) -> bool:
+    """Whether a model class's forward takes ``logits_to_keep`` (cached per class: signature() is slow)."""
+    return "logits_to_keep" in inspect.signature(forward_type.forward).parameters
+
+
 def _hidden(model, module, inputs: dict) -> torch.Tensor:
     """Final hidden states (after the final norm for Llama/Qwen), computing the
     logits of the last position only where the model allows (``logits_to_keep=1``)."""
-    keep = "logits_to_keep" in inspect.signature(module.forward).parameters
+    keep = _keeps_last_logits(type(module))
     return model(**inputs, output_hidden_states=True, **({"logits_to_keep": 1} if keep else {})).hidden_states[-1]
+
+
+def _teacher_hidden(teacher, inputs: dict) -> torch.Tensor:
+    """The teacher's final hidden states, in inference mode, from its transformer alone
+    (``base_model``: no lm_head, no per-layer output capture): (B, T, H_T), not an
+    autograd leaf (inference tensors are never saved for backward; the loss reads rows of it)."""
+    with torch.inference_mode():
+        return teacher.base_model(**inputs).last_hidden_state
 
 
 def _lm_head(model) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -106,10 +120,10 @@ def _lm_head(model) -> tuple[torch.Tensor, torch.Tensor | None]:
 def forward(engine, teacher, batch: Batch, pad: bool) -> Forward:
     """Teacher (no grad) and student (``engine(...)``: DeepSpeed's hooks run) forward on
     ``batch``; ``pad``: pad the smaller lm_head with −inf rows (``ops.chunked.pad_vocab``)."""
-    with torch.no_grad():
-        h_t = _hidden(teacher, teacher, batch.teacher_inputs)  # (B, T, H_T)
+    h_t = _teacher_hidden(teacher, batch.teacher_inputs)  # (B, T, H_T)
     h_s = _hidden(engine, engine.module, batch.inputs)  # (B, T, H_S)
     (w_s, b_s), (w_t, b_t) = _lm_head(engine.module), _lm_head(teacher)  # (V_S, H_S), (V_T, H_T)
+    w_t, b_t = w_t.detach(), None if b_t is None else b_t.detach()  # a constant: h_t never enters autograd
     if pad and w_s.shape[0] < w_t.shape[0]:
         w_s, b_s = pad_vocab(w_s, w_t.shape[0], b_s)
     elif pad and w_t.shape[0] < w_s.shape[0]:

@@ -37,6 +37,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
 from distillab.config import TrialConfig, cache_key, checkpoint_identity
+from distillab.decode import StaticKVDecoder, sample_tokens, static_decode_supported
 from distillab.models import load_model
 from distillab.ops.kl import token_logprobs
 from distillab.results import atomic_write_bytes
@@ -177,6 +178,33 @@ def load_named_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str
             state[name].copy_(t)
 
 
+def _generate_batch(model: PreTrainedModel, ids: torch.Tensor, attn: torch.Tensor, sampling: SamplingParams,
+                    eos_token_id: int, pad_token_id: int, proc) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """New tokens (B, L) of one left-padded chunk and, without a processor, their logprobs
+    under softmax(logits/τ) (B, L): `decode.sample_tokens` (static KV cache) where
+    `decode.static_decode_supported`, else ``model.generate`` (same warpers, same draws)."""
+    if static_decode_supported(model):
+        return sample_tokens(model, ids, attn, temperature=sampling.temperature, top_p=sampling.top_p,
+                             max_new=sampling.max_tokens, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                             processor=proc, logprobs=proc is None)
+    res = model.generate(
+        input_ids=ids,
+        attention_mask=attn,
+        do_sample=True,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=0,
+        max_new_tokens=sampling.max_tokens,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        output_logits=proc is None,
+        return_dict_in_generate=True,
+        **({"logits_processor": LogitsProcessorList([proc])} if proc is not None else {}),
+    )
+    new = res.sequences[:, ids.shape[1] :]  # (B, L)
+    return new, token_logprobs(torch.stack(res.logits, dim=1), new, sampling.temperature) if proc is None else None
+
+
 def _sample_chunks(
     model: PreTrainedModel,
     prompt_ids: Sequence[Sequence[int]],
@@ -186,9 +214,9 @@ def _sample_chunks(
     batch_size: int,
     processor_factory=None,
 ) -> tuple[Rollouts, list]:
-    """``model.generate`` over left-padded chunks of the expanded prompts, seeded per
-    chunk from ``sampling.seed``. ``processor_factory(attention_mask)`` (optional)
-    returns a logits processor that runs before temperature and top-p (transformers
+    """`_generate_batch` over left-padded chunks of the expanded prompts, seeded per
+    chunk from ``sampling.seed``. ``processor_factory(attention_mask, max_new)`` (optional)
+    returns a logits processor that runs before temperature and top-p (as transformers
     merges custom processors first). Returns the rollouts (logprobs under
     softmax(logits/τ), or the processor's ``token_logprobs`` when it has them) and
     the processors used, one per chunk."""
@@ -201,33 +229,18 @@ def _sample_chunks(
     for start in range(0, len(expanded), batch_size):
         chunk = expanded[start : start + batch_size]
         ids, attn = left_pad(chunk, pad_token_id)
-        proc = processor_factory(attn) if processor_factory is not None else None
+        proc = processor_factory(attn, sampling.max_tokens) if processor_factory is not None else None
         procs.append(proc)
-        # The global RNG drives generate's multinomial; seed it from our generator
+        # The global RNG drives the sampler's multinomial; seed it from our generator
         # so that each chunk is reproducible under `sampling.seed`.
         torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=gen)))
-        res = model.generate(
-            input_ids=ids,
-            attention_mask=attn,
-            do_sample=True,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=0,
-            max_new_tokens=sampling.max_tokens,
-            eos_token_id=eos_token_id,
-            pad_token_id=pad_token_id,
-            output_logits=proc is None,
-            return_dict_in_generate=True,
-            **({"logits_processor": LogitsProcessorList([proc])} if proc is not None else {}),
-        )
-        new = res.sequences[:, ids.shape[1] :]  # (B, L)
-        if proc is None:
-            lp = token_logprobs(torch.stack(res.logits, dim=1), new, sampling.temperature)  # (B, L)
-        else:
+        new, lp = _generate_batch(model, ids, attn, sampling, eos_token_id, pad_token_id, proc)
+        if proc is not None:
             proc.finish(new)
             lp = proc.token_logprobs["lambda"]  # (B, L)
+        rows, lps = new.tolist(), lp.tolist()
         for b, p in enumerate(chunk):
-            row = new[b].tolist()
+            row = rows[b]
             if eos_token_id in row:
                 n = row.index(eos_token_id) + 1
                 reason = "stop"
@@ -236,7 +249,7 @@ def _sample_chunks(
                 reason = "length"
             out.prompt_ids.append(p)
             out.completion_ids.append(row[:n])
-            out.logprobs.append(lp[b, :n].tolist())
+            out.logprobs.append(lps[b][:n])
             out.finish_reasons.append(reason)
             if proc is not None:
                 for name in ("student", "teacher"):
@@ -271,7 +284,7 @@ class TransformersEngine:
         """
         load_named_tensors(self.model, named_tensors)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> Rollouts:
         """Sample ``sampling.n`` completions per prompt at temperature τ and top-p.
         ``logprobs`` are under softmax(logits/τ) (before top-p truncation)."""
@@ -564,18 +577,51 @@ def spectrum_logits(
     return anchor + ((abs(lam) - 1.0) / 2.0) * bonus
 
 
-class _SpectrumProcessor:
-    """Logits processor run inside the anchor model's ``generate``: steps the other
-    model on the same prefix with its own KV cache, replaces the anchor's scores by
-    z_λ·τ_A (the temperature warper that follows divides by τ_A), and records, per
-    generated token, log π_λ, log π_S and log π_T of the sampled token."""
+class _CachedForward:
+    """The other model of the λ-spectrum stepped through its own ``forward`` with a
+    ``DynamicCache`` (models `decode.static_decode_supported` rejects): the same
+    ``prefill(ids)`` / ``step(tokens)`` → (B, V) float32 logits as `decode.StaticKVDecoder`,
+    at the positions of `position_ids` (counting real tokens)."""
 
-    def __init__(self, other, attention_mask, lam, anchor_is_student, tau_anchor, tau_other, alpha, c):
-        self.other, self.attn, self.lam = other, attention_mask, lam
+    def __init__(self, model, attention_mask: torch.Tensor):
+        self.model, self.attn, self.cache = model, attention_mask, DynamicCache()
+        self.pos = position_ids(attention_mask)
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        out = self.model(input_ids=ids, attention_mask=self.attn, position_ids=self.pos, past_key_values=self.cache,
+                         use_cache=True)
+        self.pos = self.pos[:, -1:]
+        return out.logits[:, -1, :].float()
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.attn = torch.cat([self.attn, self.attn.new_ones((self.attn.shape[0], 1))], dim=1)
+        self.pos = self.pos + 1
+        out = self.model(input_ids=tokens.view(-1, 1), attention_mask=self.attn, position_ids=self.pos,
+                         past_key_values=self.cache, use_cache=True)
+        return out.logits[:, -1, :].float()
+
+
+def _other_stepper(model, attention_mask: torch.Tensor, max_new: int):
+    """`decode.StaticKVDecoder` over ``model`` at the positions of `position_ids`
+    continued by one per new token, or `_CachedForward` where the static path does not apply."""
+    if not static_decode_supported(model):
+        return _CachedForward(model, attention_mask)
+    pos = position_ids(attention_mask)  # (B, T)
+    pos = torch.cat([pos, pos[:, -1:] + torch.arange(1, max_new + 1, device=pos.device)], dim=1)  # (B, T + max_new)
+    return StaticKVDecoder(model, attention_mask, max_new, positions=pos)
+
+
+class _SpectrumProcessor:
+    """Logits processor run inside the anchor model's sampling loop: steps the other
+    model on the same prefix with its own KV cache (`_other_stepper`), replaces the
+    anchor's scores by z_λ·τ_A (the temperature warper that follows divides by τ_A), and
+    records, per generated token, log π_λ, log π_S and log π_T of the sampled token."""
+
+    def __init__(self, other, attention_mask, max_new, lam, anchor_is_student, tau_anchor, tau_other, alpha, c):
+        self.other = _other_stepper(other, attention_mask, max_new)
+        self.lam = lam
         self.anchor_is_student, self.tau_a, self.tau_o = anchor_is_student, tau_anchor, tau_other
         self.alpha, self.c = alpha, c
-        self.cache = DynamicCache()
-        self.pos: torch.Tensor | None = None
         self.prev: dict[str, torch.Tensor] | None = None  # (B, V) rows of the previous step
         self.cols: dict[str, list[torch.Tensor]] = {"lambda": [], "student": [], "teacher": []}
         self.token_logprobs: dict[str, torch.Tensor] = {}
@@ -587,17 +633,10 @@ class _SpectrumProcessor:
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.prev is None:  # first step: the other model reads the whole prompt
-            self.pos = position_ids(self.attn)
-            out = self.other(input_ids=input_ids, attention_mask=self.attn, position_ids=self.pos,
-                             past_key_values=self.cache, use_cache=True)
-            self.pos = self.pos[:, -1:]
+            other_logits = self.other.prefill(input_ids)  # (B, V_O)
         else:
             self._record(input_ids[:, -1])
-            self.attn = torch.cat([self.attn, self.attn.new_ones((self.attn.shape[0], 1))], dim=1)
-            self.pos = self.pos + 1
-            out = self.other(input_ids=input_ids[:, -1:], attention_mask=self.attn, position_ids=self.pos,
-                             past_key_values=self.cache, use_cache=True)
-        other_logits = out.logits[:, -1, :].float()  # (B, V_O)
+            other_logits = self.other.step(input_ids[:, -1])
         if other_logits.shape[-1] != scores.shape[-1]:
             raise ValueError(
                 f"student and teacher vocabularies differ ({scores.shape[-1]} vs {other_logits.shape[-1]})"
@@ -666,7 +705,7 @@ class SpectrumEngine:
         """Load new student weights (by parameter name; `load_named_tensors`)."""
         load_named_tensors(self.student, named_tensors)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(self, prompt_ids: Sequence[Sequence[int]], sampling: SamplingParams) -> Rollouts:
         """Sample ``sampling.n`` completions per prompt from π_λ (top-p, max tokens, seed
         from ``sampling``)."""
@@ -677,8 +716,9 @@ class SpectrumEngine:
         other.eval()
         sp = SamplingParams(tau_a, sampling.top_p, sampling.max_tokens, sampling.n, sampling.seed)
 
-        def factory(attn):
-            return _SpectrumProcessor(other, attn, self.lam, anchor_is_student, tau_a, tau_o, self.alpha, self.c)
+        def factory(attn, max_new):
+            return _SpectrumProcessor(other, attn, max_new, self.lam, anchor_is_student, tau_a, tau_o, self.alpha,
+                                      self.c)
 
         try:
             out, _ = _sample_chunks(anchor, prompt_ids, sp, self.eos_token_id, self.pad_token_id,

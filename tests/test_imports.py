@@ -28,6 +28,7 @@ STAGES: list[tuple[str, ...]] = [
     ("ops", "ops.kl", "ops.chunked", "ops.triton_kl", "evals", "evals.metrics"),
     ("results", "models"),
     ("tasks",),
+    ("decode",),
     ("rollout",),
     ("evals.sampling", "evals.style", "evals.ood", "evals.suite", "loss", "optim", "telemetry", "sft"),
     ("rlvr",),

@@ -158,6 +158,24 @@ def test_chunked_float32_matches_float64_reference(shape, kind, beta):
 
 
 @pytest.mark.parametrize("kind,beta", CASES)
+def test_row_blocks_smaller_than_the_chunk_match_the_float64_reference(kind, beta, monkeypatch):
+    """CPU row math over blocks of 2 rows inside chunks of 7 (the last block of each
+    chunk 1 row), its gradient written over the chunk's logits: float64 reference to 1e-5."""
+    import distillab.ops.chunked as chunked
+
+    B, T, H_s, H_t, V = 3, 5, 9, 7, 53
+    monkeypatch.setattr(chunked, "ROW_BLOCK_BYTES", 2 * 4 * V)
+    assert chunked._row_block(V, 7) == 2
+    hs, ws, bs, ht, wt, mask = make(4242 + len(kind), B, T, H_s, H_t, V, p_mask=0.9)
+    kw = dict(kind=kind, beta=beta, tau_s=0.7, tau_t=1.0, reduction="token_mean")
+    ref, ref_g = reference(hs, ws, bs, ht, wt, mask, **kw)
+    loss, grads = ours(hs, ws, bs, ht, wt, mask, chunk_size=7, backend="torch", **kw)
+    assert abs(loss.item() - ref.item()) <= 1e-5 * abs(ref.item())
+    for name, g, r in zip(("hidden", "weight", "bias"), grads, ref_g):
+        assert rel(g, r) <= 1e-5, (name, rel(g, r))
+
+
+@pytest.mark.parametrize("kind,beta", CASES)
 def test_chunked_bf16_within_1e2_of_float64_reference(kind, beta):
     hs, ws, bs, ht, wt, mask = make(77 + len(kind), 3, 6, 32, 24, 301, dtype=torch.bfloat16)
     ref, ref_g = reference(hs, ws, bs, ht, wt, mask, kind=kind, beta=beta)
