@@ -291,7 +291,7 @@ def run_worker(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: 
         rollouts = w.source.get(step, prompts, w.engine.module)
         t_gen = time.perf_counter() - t0
         w.engine.module.train()
-        loss, diag = loss_step(trial, w.engine, w.teacher, rollouts, w.tok.pad_token_id, w.gen)
+        loss, diag = loss_step(trial, w.engine, w.teacher, rollouts, w.tok.pad_token_id, w.gen, step=step + 1)
         grad_norm, lr = optimizer_step(w.engine, loss, o)
         t_sync = w.source.sync(w.engine.module, step + 1)
         log_step(w, step + 1, step_metrics(w, rollouts, loss, diag, grad_norm, lr, t0, t_gen, t_sync))
