@@ -266,3 +266,46 @@ def test_second_domain_and_style_files() -> None:
     style = load_sweep(MICRO.parent / "micro_style.yaml")
     assert style.trial.tasks.teacher_conditioned and style.trial.evaluation.style.kind == "regex"
     assert [t.rollout.policy for t in expand_trials(style)] == ["offpd", "onpd"]
+
+
+# --------------------------------------------------------------------------------------
+# loss.estimator and its fields
+# --------------------------------------------------------------------------------------
+
+
+def _trial_error(loss: dict, **rest) -> str:
+    with pytest.raises(ValidationError) as e:
+        TrialConfig.model_validate({"loss": loss, **rest})
+    return str(e.value)
+
+
+def test_estimator_fields_and_their_errors() -> None:
+    L = TrialConfig().loss
+    assert (L.estimator, L.top_k, L.topk_source, L.topk_tail, L.k_gradient, L.oracle_every) == (
+        "full", 64, "teacher", False, "auto", 10)
+    msg = _trial_error({"estimator": "k4"})
+    assert "loss.estimator" in msg and "'full', 'sampled', 'topk', 'k1', 'k2' or 'k3'" in msg
+    assert "teacher" in _trial_error({"topk_source": "both"}) and "union" in _trial_error({"topk_source": "both"})
+    assert "top_k" in _trial_error({"top_k": 0}) and "oracle_every" in _trial_error({"oracle_every": -1})
+    assert "'score'" in _trial_error({"k_gradient": "reinforce"})
+    msg = _trial_error({"estimator": "k3"}, rollout={"policy": "onpd"})
+    assert "estimates the reverse KL" in msg and "loss.kind 'reverse'" in msg
+    msg = _trial_error({"estimator": "k1", "kind": "reverse"})
+    assert "rollout.policy 'onpd'" in msg and "'offpd'" in msg
+    msg = _trial_error({"estimator": "topk", "impl": "triton"})
+    assert "loss.impl 'triton'" in msg and "'chunked' or 'reference'" in msg
+    assert "'forward' and 'reverse' only" in _trial_error({"estimator": "sampled", "kind": "jsd"})
+
+
+def test_trial_ids_name_the_estimator() -> None:
+    def tid(loss: dict, policy: str = "offpd") -> str:
+        t = TrialConfig.model_validate({"seed": 1, "rollout": {"policy": policy}, "loss": loss})
+        return t.trial_id.split("-lr")[0]
+
+    assert tid({}) == "offpd-forward"  # full: the ids of earlier sweeps' form
+    assert tid({"estimator": "sampled", "kind": "reverse"}) == "offpd-reverse-sampled"
+    assert tid({"estimator": "topk", "top_k": 8}) == "offpd-forward-topk8-teacher"
+    assert tid({"estimator": "topk", "top_k": 8, "topk_source": "union", "topk_tail": True}) == \
+        "offpd-forward-topk8-union-tail"
+    assert tid({"estimator": "k3", "kind": "reverse"}, "onpd") == "onpd-reverse-k3"
+    assert tid({"estimator": "k1", "kind": "reverse", "k_gradient": "pathwise"}, "onpd") == "onpd-reverse-k1-pathwise"

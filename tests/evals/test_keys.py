@@ -109,3 +109,11 @@ def test_readers_of_the_registry() -> None:
     for name in (plots.REWARD, plots.STUDENT_LOGLIK, plots.TEACHER_LOGLIK):
         assert find(name) is not None, name
     assert all(m.producer and m.doc for m in METRICS.values())
+
+
+def test_the_oracle_metrics_are_registered() -> None:
+    from distillab.ops.oracle import ORACLE_METRICS
+
+    for name in ORACLE_METRICS:
+        m = find(f"estimator/{name}")
+        assert m is not None and m.scope == "step" and m.producer == "loss.oracle", name
