@@ -4,6 +4,7 @@ weights: peak memory and median time of each implementation, and ratios to the n
     python benchmarks/kl_ops.py                       # CPU: V=32,000, H=512, 4,096 tokens, fp32
     python benchmarks/kl_ops.py --device cuda --vocab 128256 --hidden 4096 --tokens 8192 \\
         --dtype bfloat16 --impls naive,reference,chunked,triton,triton_logits
+    python benchmarks/kl_ops.py --impls naive,sampled,topk,topk_chunked,topk_tail_chunked,k3,k3_chunked
 
 Every implementation computes the same thing: student logits h_S W_Sᵀ, teacher logits
 h_T W_Tᵀ (no grad), the forward KL(π_T ‖ π_S) (``--kind``) token-mean over all N tokens,
@@ -16,6 +17,15 @@ and the gradients w.r.t. h_S and W_S.
     chunked        ``distillab.ops.chunked.chunked_distill_loss``, torch row math
     triton         the same with the Triton row kernels (CUDA only)
     triton_logits  full logits, ``distillab.ops.triton_kl.triton_distill_loss`` (CUDA only)
+
+The estimators of ``loss.estimator`` (``ops.kl`` module docstring), the same shapes:
+
+    sampled            full logits, ``ops.kl.estimator_loss`` estimator sampled (one extra draw per token)
+    topk               full logits, estimator topk (``--top-k``, ``--topk-source``; renormalised)
+    topk_chunked       ``chunked_distill_loss(estimator="topk")``, renormalised
+    topk_tail_chunked  the same with the tail bucket
+    k3                 full logits, estimator k3 on random rollout tokens (reverse KL; k1, k2 cost the same)
+    k3_chunked         ``chunked_distill_loss(estimator="k3")``
 
 What "peak memory" measures
 ---------------------------
@@ -45,7 +55,8 @@ import subprocess
 import sys
 import time
 
-IMPLS = ("naive", "trl", "reference", "chunked", "triton", "triton_logits")
+IMPLS = ("naive", "trl", "reference", "chunked", "triton", "triton_logits",
+         "sampled", "topk", "topk_chunked", "topk_tail_chunked", "k3", "k3_chunked")
 CUDA_ONLY = ("triton", "triton_logits")
 
 
@@ -69,7 +80,7 @@ def make_step(impl: str, args):
     import torch.nn.functional as F
 
     from distillab.ops.chunked import chunked_distill_loss
-    from distillab.ops.kl import distill_loss
+    from distillab.ops.kl import distill_loss, estimator_loss
 
     dev, dt = torch.device(args.device), getattr(torch, args.dtype)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -80,6 +91,8 @@ def make_step(impl: str, args):
     w_t = (torch.randn(V, H, device=dev, generator=g) * (2.0 / H**0.5)).to(dt)
     tau_s, tau_t, kind = args.tau_s, args.tau_t, args.kind
     mask = torch.ones(1, N, dtype=torch.bool, device=dev)
+    targets = torch.randint(0, V, (1, N), device=dev, generator=g)  # rollout tokens of k3
+    topk = dict(top_k=args.top_k, topk_source=args.topk_source)
 
     def logits():
         zs = h_s @ w_s.T  # (N, V)
@@ -118,6 +131,22 @@ def make_step(impl: str, args):
         def loss_fn():
             zs, zt = logits()
             return triton_distill_loss(zs[None], zt[None], mask, kind=kind, tau_s=tau_s, tau_t=tau_t)
+    elif impl in ("sampled", "topk", "k3"):
+        est_kw = {"sampled": dict(generator=torch.Generator(device=dev).manual_seed(1)), "topk": topk,
+                  "k3": dict(targets=targets)}[impl]
+        est_kind = "reverse" if impl == "k3" else kind
+
+        def loss_fn():
+            zs, zt = logits()
+            return estimator_loss(zs[None], zt[None], mask, estimator=impl, kind=est_kind, tau_s=tau_s, tau_t=tau_t,
+                                  **est_kw).loss
+    elif impl in ("topk_chunked", "topk_tail_chunked", "k3_chunked"):
+        est_kw = dict(estimator="k3", kind="reverse", targets=targets[0]) if impl == "k3_chunked" else dict(
+            estimator="topk", kind=kind, topk_tail=impl == "topk_tail_chunked", **topk)
+
+        def loss_fn():
+            return chunked_distill_loss(h_s, w_s, h_t, w_t, tau_s=tau_s, tau_t=tau_t, chunk_size=args.chunk_size,
+                                        backend="torch", **est_kw)
     else:
         raise ValueError(f"unknown impl {impl!r}; choose from {', '.join(IMPLS)}")
 
@@ -181,7 +210,10 @@ def main(argv=None) -> None:
     p.add_argument("--tau-s", dest="tau_s", type=float, default=1.0)
     p.add_argument("--tau-t", dest="tau_t", type=float, default=0.5)
     p.add_argument("--chunk-size", dest="chunk_size", type=int, default=None)
-    p.add_argument("--impls", default="naive,trl,reference,chunked,triton")
+    p.add_argument("--impls", default="naive,trl,reference,chunked,triton,sampled,topk,topk_chunked,"
+                                      "topk_tail_chunked,k3,k3_chunked")
+    p.add_argument("--top-k", dest="top_k", type=int, default=64)
+    p.add_argument("--topk-source", dest="topk_source", default="teacher", choices=["teacher", "student", "union"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -224,14 +256,14 @@ def main(argv=None) -> None:
             r = json.loads(out.stdout.strip().splitlines()[-1])
         r["median"] = statistics.median(r["times"])
         rows.append(r)
-        print(f"  {impl:14s} loss {r['loss']:.6f}  peak {r['peak_bytes'] / 2**20:9.1f} MiB  "
+        print(f"  {impl:17s} loss {r['loss']:.6f}  peak {r['peak_bytes'] / 2**20:9.1f} MiB  "
               f"median {r['median'] * 1e3:9.1f} ms  ({r['memory']})", flush=True)
     base = next((r for r in rows if r["impl"] == "naive"), None)
     if base is None:
         return
-    print("\nimpl            peak MiB   median ms   peak/naive  time/naive")
+    print("\nimpl               peak MiB   median ms   peak/naive  time/naive")
     for r in rows:
-        print(f"{r['impl']:14s} {r['peak_bytes'] / 2**20:9.1f} {r['median'] * 1e3:11.1f} "
+        print(f"{r['impl']:17s} {r['peak_bytes'] / 2**20:9.1f} {r['median'] * 1e3:11.1f} "
               f"{r['peak_bytes'] / base['peak_bytes']:11.3f} {r['median'] / base['median']:11.3f}")
 
 

@@ -3,7 +3,9 @@
 - in-distribution accuracy: one sample per test prompt at τ = ``id_temperature``
   on the first ``id_items`` Countdown-3 test items, and the same on Countdown-4E
   (harder-task generalisation, same checkpoint, no further training), Countdown-4
-  when listed, and the multiple-choice task (``mcq_items`` > 0; task ``mcq``);
+  when listed, the multiple-choice task (``mcq_items`` > 0; task ``mcq``) and the
+  long-reasoning math task (``math_items`` > 0; task ``math``, the last ``\\boxed{}``
+  checked by `distillab.math_task.score_math`);
 - coverage: pass@1 and pass@k from ``pass_n`` samples per prompt at the task's
   ``pass_temperature`` (unbiased estimator, `distillab.evals.metrics.pass_at_k`);
 - style (teacher conditioning, ``evaluation.style``): ``style_share`` of the first
@@ -35,6 +37,7 @@ from distillab.config import EvaluationConfig, SeedsConfig, TasksConfig, TrialCo
 from distillab.evals.metrics import mean_pass_at_k, update_sparsity
 from distillab.evals.ood import ood_backend
 from distillab.evals.style import style_share
+from distillab.math_task import math_prompt_ids, score_math
 from distillab.mcq import mcq_prompt_ids, score_mcq
 from distillab.registry import eval_key
 from distillab.results import atomic_write_bytes, write_rows
@@ -82,7 +85,7 @@ class Evaluator:
         task's ``pass_temperature`` on the first ``pass_items``); and the accuracy
         samples' completion ids."""
         cfg = self.cfg
-        n_acc = cfg.mcq_items if name == "mcq" else cfg.id_items
+        n_acc = {"mcq": cfg.mcq_items, "math": cfg.math_items}.get(name, cfg.id_items)
         sp = SamplingParams(cfg.id_temperature, cfg.top_p, cfg.max_tokens, 1, seed)
         correct, completions = self._correct(engine, prompts[:n_acc], score, sp)
         rows = [{"task": name, "metric": "accuracy", "value": sum(correct) / len(correct), "n": len(correct)}]
@@ -114,6 +117,12 @@ class Evaluator:
             task_rows, _ = self._accuracy_and_pass(engine, "mcq", prompts, lambda t, j: score_mcq(t, items[j]),
                                                    seed + self.seeds.eval_mcq)
             rows += task_rows
+        if cfg.math_items:  # the long-reasoning domain (tasks.math)
+            problems = self.data.test_split("math")
+            prompts = [math_prompt_ids(tok, self.tasks.math, it) for it in problems]
+            task_rows, _ = self._accuracy_and_pass(engine, "math", prompts, lambda t, j: score_math(t, problems[j]),
+                                                   seed + self.seeds.eval_mcq)
+            rows += task_rows
         rows += self.ood.evaluate(model, tok, seed)
         return rows
 
@@ -138,7 +147,8 @@ def pre_eval_path(cache_dir: str | Path, trial: TrialConfig, student_path: str |
     of a sweep that shares those reuses it (``<cache_dir>/pre-eval-<config.cache_key>.json``)."""
     key = cache_key("pre_eval", 2, student=checkpoint_identity(student_path),
                     evaluation=trial.evaluation.model_dump(mode="json"),
-                    tasks=trial.tasks.inputs(teacher=False, mcq=trial.evaluation.mcq_items > 0),
+                    tasks=trial.tasks.inputs(teacher=False, mcq=trial.evaluation.mcq_items > 0,
+                                             math=trial.evaluation.math_items > 0),
                     seed=trial.seed, seeds=trial.seeds.model_dump())
     return Path(cache_dir) / f"pre-eval-{key}.json"
 

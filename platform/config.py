@@ -86,6 +86,35 @@ class MCQTaskConfig(_Strict):
         return self
 
 
+class MathTaskConfig(_Strict):
+    """The long-reasoning math task (PROTOCOL.md §5, `distillab.math_task`): the domain
+    ``trial.domain: math``, scored by the last ``\\boxed{}`` of the answer with
+    ``math_task.score_math`` (math-verify). ``source: synthetic``: multi-step arithmetic
+    that micro models learn (`math_task.generate_arithmetic_chains`: ``chain_length``
+    additions/subtractions of two-digit operands, worked out one step per line, then
+    ``\\boxed{result}``; with the default 6 steps every worked answer is ≥ 60 characters,
+    i.e. ≥ 60 tokens of the micro tokenizer; ``train_items`` training problems);
+    ``source: files``: local MATH-style ``train_path`` / ``test_path`` (JSONL or Parquet,
+    `math_task.load_math`; ``field_map`` for other column names), e.g. Numina-MATH. The
+    worked ``solution`` of a row is the teacher's SFT demonstration."""
+
+    source: Literal["synthetic", "files"] = "synthetic"
+    train_path: str | None = None
+    test_path: str | None = None
+    field_map: dict[str, str] = {}
+    system_prompt: str = "Math."
+    chain_length: int = Field(default=6, ge=2, le=12)
+    train_items: int = Field(default=20_000, ge=1)
+
+    @model_validator(mode="after")
+    def _paths(self) -> "MathTaskConfig":
+        if self.source == "files" and (self.train_path is None or self.test_path is None):
+            raise ValueError("source 'files' needs train_path and test_path (local JSONL or Parquet, MATH schema)")
+        if self.source == "synthetic" and (self.train_path or self.test_path):
+            raise ValueError("train_path / test_path are read only with source: files")
+        return self
+
+
 class TasksConfig(_Strict):
     """The task suite: the in-distribution task, the harder generalisation task,
     and the prior-skill tasks that form the micro OOD suite."""
@@ -109,6 +138,8 @@ class TasksConfig(_Strict):
     teacher_user_template: str | None = None
     #: the multiple-choice task (``trial.domain: mcq``)
     mcq: MCQTaskConfig = MCQTaskConfig()
+    #: the long-reasoning math task (``trial.domain: math``)
+    math: MathTaskConfig = MathTaskConfig()
 
     @field_validator("user_template", "teacher_user_template")
     @classmethod
@@ -124,15 +155,18 @@ class TasksConfig(_Strict):
         return (self.teacher_system_prompt not in (None, self.system_prompt)
                 or self.teacher_user_template not in (None, self.user_template))
 
-    def inputs(self, *, teacher: bool, mcq: bool) -> dict[str, Any]:
+    def inputs(self, *, teacher: bool, mcq: bool, math: bool = False) -> dict[str, Any]:
         """The fields a job reads, for its `cache_key`: every field, but the teacher
-        conditioning only for a job that renders teacher prompts (``teacher``) and the
-        multiple-choice task only for one that uses it (``mcq``)."""
+        conditioning only for a job that renders teacher prompts (``teacher``), the
+        multiple-choice task only for one that uses it (``mcq``) and the math task only
+        for one that uses it (``math``)."""
         d = self.model_dump(mode="json")
         if not teacher:
             del d["teacher_system_prompt"], d["teacher_user_template"]
         if not mcq:
             del d["mcq"]
+        if not math:
+            del d["math"]
         return d
 
 
@@ -154,6 +188,8 @@ class MicroModelConfig(_Strict):
     skill_examples: int = Field(default=0, ge=0)
     #: multiple-choice demonstrations (``tasks.mcq``; the study's second domain)
     mcq_examples: int = Field(default=0, ge=0)
+    #: worked math demonstrations (``tasks.math``; the long-reasoning domain)
+    math_examples: int = Field(default=0, ge=0)
     #: Countdown-3 demonstrations under the teacher's conditioning prompt (``tasks.teacher_system_prompt`` /
     #: ``teacher_user_template``) written in the spaced style (``2 + 3 = 5, 5 * 4 = 20``): a teacher that
     #: answers in that style only when conditioned (the style-transfer experiment)
@@ -477,6 +513,9 @@ class EvaluationConfig(_Strict):
     style: StyleConfig | None = None
     #: multiple-choice test items (``tasks.mcq``) scored at every stage, task ``mcq`` (0: none)
     mcq_items: int = Field(default=0, ge=0)
+    #: math test items (``tasks.math``) scored at every stage, task ``math`` (0: none); answers need
+    #: ``max_tokens`` long enough for the worked solution
+    math_items: int = Field(default=0, ge=0)
 
     @property
     def countdown_test_items(self) -> int:
@@ -488,6 +527,11 @@ class EvaluationConfig(_Strict):
     def mcq_test_items(self) -> int:
         """Size of the multiple-choice test split, as `countdown_test_items`."""
         return max(self.mcq_items, self.pass_items)
+
+    @property
+    def math_test_items(self) -> int:
+        """Size of the math test split, as `countdown_test_items`."""
+        return max(self.math_items, self.pass_items)
 
     @model_validator(mode="after")
     def _k(self) -> "EvaluationConfig":
@@ -752,8 +796,8 @@ class SeedsConfig(_Strict):
     rlvr_sampling: int = 7919
     rlvr_step: int = 31
     #: evaluation with stage seed s: Countdown task i of evaluation.countdown_tasks samples with
-    #: s + eval_task · i (its pass@k samples + eval_pass), the multiple-choice task with s + eval_mcq
-    #: (+ eval_pass), micro OOD task j with s + eval_ood · j + eval_ood_offset
+    #: s + eval_task · i (its pass@k samples + eval_pass), the multiple-choice and the math task with
+    #: s + eval_mcq (+ eval_pass), micro OOD task j with s + eval_ood · j + eval_ood_offset
     eval_task: int = 101
     eval_pass: int = 1
     eval_mcq: int = 404
@@ -776,8 +820,9 @@ class TrialConfig(_Strict):
     optimizer: OptimizerConfig = OptimizerConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     tasks: TasksConfig = TasksConfig()
-    #: the distillation task: ``countdown`` (Countdown-3 prompts) or ``mcq`` (``tasks.mcq``, the second domain)
-    domain: Literal["countdown", "mcq"] = "countdown"
+    #: the distillation task: ``countdown`` (Countdown-3 prompts), ``mcq`` (``tasks.mcq``, the second domain)
+    #: or ``math`` (``tasks.math``, long reasoning with a ``\\boxed{}`` answer)
+    domain: Literal["countdown", "mcq", "math"] = "countdown"
     #: optional RLVR stage after distillation (``null``: none)
     rlvr: RLVRConfig | None = None
     #: numeric precision of training (issue 16): ``fp32``, or ``bf16`` (DeepSpeed bf16, teacher held in
@@ -796,6 +841,11 @@ class TrialConfig(_Strict):
     def _check_domain(self) -> "TrialConfig":
         if self.domain == "mcq" and self.evaluation.mcq_items == 0:
             raise ValueError("domain 'mcq' needs evaluation.mcq_items > 0 so that the task it distils is scored")
+        if self.domain == "math" and self.evaluation.math_items == 0:
+            raise ValueError("domain 'math' needs evaluation.math_items > 0 so that the task it distils is scored")
+        if self.domain == "math" and self.tasks.teacher_conditioned:
+            raise ValueError("tasks.teacher_system_prompt / teacher_user_template condition the Countdown prompts; "
+                             "they do not apply to domain 'math'")
         if self.domain == "mcq" and self.tasks.teacher_conditioned:
             raise ValueError("tasks.teacher_system_prompt / teacher_user_template condition the Countdown prompts; "
                              "they do not apply to domain 'mcq'")

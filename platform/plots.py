@@ -567,7 +567,7 @@ def summary_table(res: Results, group_by: list[str] | None = None) -> pl.DataFra
     """One row per configuration (``group_by``, default :func:`swept_columns`): the
     headline numbers as ``mean ± SEM`` strings over completed seeds (ID and
     Countdown-4E accuracy, ΔOOD, Countdown-4E gain, sparsity, pass@1/pass@k on
-    Countdown-3; RLVR gain, multiple-choice accuracy, Countdown-3 style share and the
+    Countdown-3; RLVR gain, multiple-choice and math accuracy, Countdown-3 style share and the
     oracle's mean ``estimator/bias`` and ``estimator/grad_cos`` over steps when present),
     then ``n_completed`` and ``n_failed``."""
     group = list(swept_columns(res) if group_by is None else group_by)
@@ -587,7 +587,7 @@ def summary_table(res: Results, group_by: list[str] | None = None) -> pl.DataFra
     gain = rlvr_gain(res).collect()
     if gain.height:
         quantities.append(("RLVR gain", gain))
-    for task, metric in (("mcq", "accuracy"), (ID_TASK, "style_share")):  # second domain, teacher conditioning
+    for task, metric in (("mcq", "accuracy"), ("math", "accuracy"), (ID_TASK, "style_share")):  # other domains
         df = _final(res, "distill", task, metric)
         if df.height:
             quantities.append((f"{task} {'acc' if metric == 'accuracy' else metric}", df))

@@ -143,6 +143,8 @@ for _key, _producer, _doc in (
     ("eval/<stage>/<countdown>/style_share", _SUITE, "share of answers in the teacher's style (evaluation.style)"),
     ("eval/<stage>/mcq/accuracy", _SUITE, "multiple-choice accuracy (evaluation.mcq_items)"),
     ("eval/<stage>/mcq/pass@<k>", _SUITE, "multiple-choice pass@k"),
+    ("eval/<stage>/math/accuracy", _SUITE, "math accuracy: the last \\boxed{} equals the answer (evaluation.math_items)"),
+    ("eval/<stage>/math/pass@<k>", _SUITE, "math pass@k"),
     ("eval/<stage>/ood/<skill>/accuracy", _OOD + ".MicroSkillsBackend", "exact match on a prior skill"),
     ("eval/<stage>/ood/<lm_eval_task>/<lm_eval_metric>", _OOD + ".LMEvalBackend",
      "an lm-eval task's standard metric, scaled to [0, 1]"),

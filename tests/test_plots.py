@@ -70,9 +70,9 @@ def make_sweep(root: Path, *, lam: bool = False, rlvr: bool = False, steps: int 
                          if n.startswith("rollout/") else rng.random())
                     for s in range(1, steps + 1) for n in names]
             if oracle:  # estimator/bias ~ 0.1 · (1 + λ), grad_cos ~ 0.9 − 0.1 · seed offset
+                values = (("estimator/bias", 0.1 * (1 + (x or 0))), ("estimator/grad_cos", 0.9 - (seed - 42) / 10))
                 rows += [dict(trial_id=tid, stage="distill", step=s, name=n, value=v)
-                         for s in range(10, steps + 1, 10)
-                         for n, v in (("estimator/bias", 0.1 * (1 + (x or 0))), ("estimator/grad_cos", 0.9 - (seed - 42) / 10))]
+                         for s in range(10, steps + 1, 10) for n, v in values]
             write_rows(root, "metrics", rows, key=f"{tid}__distill")
             if rlvr:
                 write_rows(root, "metrics", [dict(trial_id=tid, stage="rlvr", step=s, name="rlvr/reward_mean",

@@ -295,7 +295,8 @@ def test_estimator_errors_name_the_argument():
     with pytest.raises(ValueError, match="'triton' has kernels for estimator 'full' only"):
         chunked_distill_loss(hs, w, hs, w, mask, estimator="topk", backend="triton")
     with pytest.raises(ValueError, match=r"targets must have shape \(1, 3\)"):
-        chunked_distill_loss(hs, w, hs, w, mask, estimator="k1", kind="reverse", targets=torch.zeros(3, dtype=torch.int64))
+        chunked_distill_loss(hs, w, hs, w, mask, estimator="k1", kind="reverse",
+                             targets=torch.zeros(3, dtype=torch.int64))
 
 
 def test_k3_is_finite_where_the_teacher_dwarfs_the_student():
