@@ -317,6 +317,19 @@ def _check_compute_dtype(dtype: torch.dtype) -> None:
         raise ValueError(f"compute_dtype must be torch.float32 or torch.float64, got {dtype}")
 
 
+def _check_divergence(kind: str, tau_s: float, tau_t: float, beta: float,
+                      compute_dtype: torch.dtype = torch.float32) -> tuple[str, float, float, float]:
+    """Validated ``(kind, tau_s, tau_t, beta)`` of a divergence, a JSD endpoint named as the KL
+    it is (β = 0: forward, β = 1: reverse; module docstring). Raises as ``token_divergence``."""
+    tau_s, tau_t = _check_tau("tau_s", tau_s), _check_tau("tau_t", tau_t)
+    _check_kind(kind, KINDS)
+    beta = _check_beta(beta)
+    _check_compute_dtype(compute_dtype)
+    if kind == "jsd" and beta in (0.0, 1.0):
+        kind = "forward" if beta == 0.0 else "reverse"
+    return kind, tau_s, tau_t, beta
+
+
 def _check_batch(student_logits: Tensor, teacher_logits: Tensor, mask: Tensor) -> None:
     _check_logits_pair(student_logits, teacher_logits)
     if student_logits.dim() != 3:
@@ -385,11 +398,7 @@ def token_divergence(
         TypeError: non-tensor or non-floating-point logits.
     """
     _check_logits_pair(student_logits, teacher_logits)
-    tau_s = _check_tau("tau_s", tau_s)
-    tau_t = _check_tau("tau_t", tau_t)
-    _check_kind(kind, KINDS)
-    beta = _check_beta(beta)
-    _check_compute_dtype(compute_dtype)
+    kind, tau_s, tau_t, beta = _check_divergence(kind, tau_s, tau_t, beta, compute_dtype)
 
     logp_s = torch.log_softmax(student_logits.to(compute_dtype) / tau_s, dim=-1)
     logp_t = torch.log_softmax(teacher_logits.to(compute_dtype) / tau_t, dim=-1)
@@ -459,13 +468,7 @@ def token_divergence_and_grad(
         As ``token_divergence``.
     """
     _check_logits_pair(student_logits, teacher_logits)
-    tau_s = _check_tau("tau_s", tau_s)
-    tau_t = _check_tau("tau_t", tau_t)
-    _check_kind(kind, KINDS)
-    beta = _check_beta(beta)
-    _check_compute_dtype(compute_dtype)
-    if kind == "jsd" and beta in (0.0, 1.0):
-        kind = "forward" if beta == 0.0 else "reverse"
+    kind, tau_s, tau_t, beta = _check_divergence(kind, tau_s, tau_t, beta, compute_dtype)
 
     with torch.no_grad():
         ls = torch.log_softmax(student_logits.detach().to(compute_dtype) / tau_s, dim=-1)  # (..., V)
@@ -813,11 +816,9 @@ def topk_divergence(
         ninf = torch.tensor(float("-inf"), dtype=student_logits.dtype, device=student_logits.device)
         return token_divergence(torch.where(support, student_logits, ninf), torch.where(support, teacher_logits, ninf),
                                 kind=kind, tau_s=tau_s, tau_t=tau_t, beta=beta, compute_dtype=compute_dtype)
-    _check_kind(kind, KINDS)
-    beta = _check_beta(beta)
-    _check_compute_dtype(compute_dtype)
-    logp_s = torch.log_softmax(student_logits.to(compute_dtype) / _check_tau("tau_s", tau_s), dim=-1)
-    logp_t = torch.log_softmax(teacher_logits.to(compute_dtype) / _check_tau("tau_t", tau_t), dim=-1)
+    kind, tau_s, tau_t, beta = _check_divergence(kind, tau_s, tau_t, beta, compute_dtype)
+    logp_s = torch.log_softmax(student_logits.to(compute_dtype) / tau_s, dim=-1)
+    logp_t = torch.log_softmax(teacher_logits.to(compute_dtype) / tau_t, dim=-1)
     ninf = torch.tensor(float("-inf"), dtype=compute_dtype, device=logp_s.device)
     on_support = _logprob_divergence(torch.where(support, logp_s, ninf), torch.where(support, logp_t, ninf), kind, beta)
     tails = _logprob_divergence(_tail_logprob(logp_s, support).unsqueeze(-1),
@@ -851,12 +852,7 @@ def topk_divergence_and_grad(
         As ``topk_divergence``.
     """
     support = topk_support(student_logits, teacher_logits, k=k, source=source)
-    tau_s, tau_t = _check_tau("tau_s", tau_s), _check_tau("tau_t", tau_t)
-    _check_kind(kind, KINDS)
-    beta = _check_beta(beta)
-    _check_compute_dtype(compute_dtype)
-    if kind == "jsd" and beta in (0.0, 1.0):
-        kind = "forward" if beta == 0.0 else "reverse"
+    kind, tau_s, tau_t, beta = _check_divergence(kind, tau_s, tau_t, beta, compute_dtype)
     with torch.no_grad():
         a_s = student_logits.detach().to(compute_dtype) / tau_s  # (..., V)
         a_t = teacher_logits.detach().to(compute_dtype) / tau_t

@@ -42,15 +42,11 @@ import torch
 from torch import Tensor
 
 from distillab.ops.kl import (
-    KINDS,
     LOGPROB_FLOOR,
     REDUCTIONS,
     _check_batch,
-    _check_beta,
-    _check_compute_dtype,
-    _check_kind,
+    _check_divergence,
     _check_logits_pair,
-    _check_tau,
 )
 
 __all__ = [
@@ -282,15 +278,10 @@ def triton_token_divergence_and_grad(
     _check_logits_pair(student_logits, teacher_logits)
     if student_logits.dim() != 2:
         raise ValueError(f"logits must be (N, V) rows, got {tuple(student_logits.shape)}")
-    tau_s, tau_t = _check_tau("tau_s", tau_s), _check_tau("tau_t", tau_t)
-    _check_kind(kind, KINDS)
-    beta = _check_beta(beta)
-    _check_compute_dtype(compute_dtype)
+    kind, tau_s, tau_t, beta = _check_divergence(kind, tau_s, tau_t, beta, compute_dtype)
     if compute_dtype != torch.float32:
         raise ValueError("the Triton kernels compute in float32; use backend 'torch' for compute_dtype float64")
     check_triton_usable(student_logits.device)
-    if kind == "jsd" and beta in (0.0, 1.0):
-        kind = "forward" if beta == 0.0 else "reverse"
     zs, zt = _rowwise(student_logits.detach()), _rowwise(teacher_logits.detach())
     N, V = zs.shape
     grad = torch.empty(N, V, dtype=torch.float32, device=zs.device) if need_grad else None
@@ -346,14 +337,10 @@ def triton_distill_loss(
     from distillab.ops.chunked import row_coefficients
 
     _check_batch(student_logits, teacher_logits, mask)
-    tau_s, tau_t = _check_tau("tau_s", tau_s), _check_tau("tau_t", tau_t)
-    _check_kind(kind, KINDS)
-    beta = _check_beta(beta)
+    kind, tau_s, tau_t, beta = _check_divergence(kind, tau_s, tau_t, beta)
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; allowed values: {', '.join(map(repr, REDUCTIONS))}")
     check_triton_usable(student_logits.device)
-    if kind == "jsd" and beta in (0.0, 1.0):
-        kind = "forward" if beta == 0.0 else "reverse"
     B, T, V = student_logits.shape
     rows = mask.reshape(-1).nonzero().squeeze(1)  # (N,) flat row indices into (B·T, V)
     coef = row_coefficients(rows // T, B, reduction=reduction, weights=weights, dtype=torch.float32)

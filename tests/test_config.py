@@ -309,3 +309,30 @@ def test_trial_ids_name_the_estimator() -> None:
         "offpd-forward-topk8-union-tail"
     assert tid({"estimator": "k3", "kind": "reverse"}, "onpd") == "onpd-reverse-k3"
     assert tid({"estimator": "k1", "kind": "reverse", "k_gradient": "pathwise"}, "onpd") == "onpd-reverse-k1-pathwise"
+
+
+def test_ablation_sweep_files() -> None:
+    """The robustness ablations extend micro.yaml: the same prepared student (and, but for the math
+    file, the same teacher), one changed setting each."""
+    from distillab.prepare import prepare_key
+
+    micro = load_sweep(MICRO)
+    files = {name: load_sweep(MICRO.parent / f"{name}.yaml") for name in (
+        "micro_noclip", "micro_sampled", "micro_temps", "micro_estimators", "micro_topk", "micro_math")}
+    for name, sweep in files.items():
+        assert prepare_key(sweep, "student") == prepare_key(micro, "student"), name
+        same_teacher = prepare_key(sweep, "teacher") == prepare_key(micro, "teacher")
+        assert same_teacher is (name != "micro_math"), name
+    assert [t.optimizer.clip for t in files["micro_noclip"].trials] == [None] * 4
+    assert {t.loss.estimator for t in files["micro_sampled"].trials} == {"sampled"}
+    temps = files["micro_temps"].trials[0]
+    assert (temps.rollout.tau_t, temps.rollout.tau_s, temps.loss.tau_t, temps.loss.tau_s) == (1.0, 0.5, 1.0, 0.5)
+    est = files["micro_estimators"].trials
+    assert [t.loss.estimator for t in est] == ["full", "sampled", "topk", "k1", "k2", "k3"]
+    assert {(t.rollout.policy, t.loss.kind) for t in est} == {("onpd", "reverse")}
+    topk = files["micro_topk"].trials
+    assert {(t.loss.topk_source, t.loss.topk_tail) for t in topk} == {
+        (s, tail) for s in ("teacher", "student", "union") for tail in (False, True)}
+    math = files["micro_math"]
+    assert math.trial.domain == "math" and math.trial.evaluation.math_items == 200
+    assert math.models.micro_teacher.math_examples > 0 and sum(math.models.micro_teacher.countdown_examples.values()) == 0
