@@ -104,7 +104,12 @@ def mean_pass_at_k(correct_counts: Sequence[int], n: int, k: int) -> float:
 
 
 def update_sparsity(
-    initial: Mapping[str, Tensor], final: Mapping[str, Tensor], tau: float
+    initial: Mapping[str, Tensor],
+    final: Mapping[str, Tensor],
+    tau: float,
+    *,
+    dtype: torch.dtype | None = None,
+    masks: Mapping[str, Tensor] | None = None,
 ) -> tuple[float, dict[str, float]]:
     """Update sparsity S_τ: the fraction of parameters that did not move by τ.
 
@@ -113,26 +118,35 @@ def update_sparsity(
     PROTOCOL.md §4 (the paper reports τ = 1e-6 and 1e-8). ``tau`` here is the
     sparsity threshold on the absolute parameter change — not a softmax
     temperature. The comparison is strict (a change of exactly τ counts as an
-    update) and is made in float64 on CPU, so bf16/fp16/fp32 weights are compared
-    at their stored values without rounding the difference. Non-finite
-    differences (NaN, inf) count as updates.
+    update) and is made in float64 on CPU. With ``dtype`` (e.g. ``torch.bfloat16``,
+    the paper's checkpoints) both weights are first rounded to it (round to nearest
+    even, as ``Tensor.to`` does; integer tensors are left as they are), so a change
+    below the resolution of that dtype counts as no change; without it they are
+    compared at their stored values. Non-finite differences (NaN, inf) count as
+    updates.
+
+    ``masks`` (name → bool tensor of the parameter's shape) restricts the count to the
+    entries where the mask is True, and to the tensors it names: the diagnostic over
+    the parameters that ever received a nonzero gradient (`optim.TouchedParameters`).
 
     Args:
         initial: name → tensor of the weights before training (any shape, any
             floating or integer dtype, any device).
         final: name → tensor after training; the same names and shapes.
         tau: threshold, > 0.
+        dtype: the dtype both are rounded to before comparing, or None.
+        masks: the entries counted, or None for all.
 
     Returns:
-        ``(overall, per_tensor)``: ``overall`` is over ALL parameters, i.e. each
-        tensor weighted by its element count; ``per_tensor`` maps each name to its
-        own fraction (NaN for a tensor with zero elements, which adds nothing to
-        ``overall``).
+        ``(overall, per_tensor)``: ``overall`` is over ALL (counted) parameters, i.e.
+        each tensor weighted by its (counted) element count; ``per_tensor`` maps each
+        name to its own fraction (NaN for a tensor with no counted elements, which adds
+        nothing to ``overall``).
 
     Raises:
         ValueError: ``tau`` <= 0 or not finite; the key sets differ (the message
-            names the missing/extra tensors); a tensor's shapes differ (named);
-            there are no parameter elements at all.
+            names the missing/extra tensors); a tensor's shapes differ (named), or a
+            mask's; there are no parameter elements at all to count.
     """
     if not (isinstance(tau, (int, float)) and math.isfinite(tau) and tau > 0):
         raise ValueError(f"tau (sparsity threshold) must be a finite number > 0, got {tau!r}")
@@ -151,18 +165,31 @@ def update_sparsity(
             raise ValueError(
                 f"tensor {name!r}: shape mismatch, initial {tuple(a.shape)} vs final {tuple(b.shape)}"
             )
-        numel = a.numel()
+        if masks is not None and name not in masks:
+            continue
+        keep = None if masks is None else masks[name].detach().to("cpu", torch.bool)
+        if keep is not None and keep.shape != a.shape:
+            raise ValueError(f"tensor {name!r}: mask shape {tuple(keep.shape)} vs weights {tuple(a.shape)}")
+        numel = a.numel() if keep is None else int(keep.sum())
         if numel == 0:
             per_tensor[name] = math.nan
             continue
-        diff = b.detach().to("cpu", torch.float64) - a.detach().to("cpu", torch.float64)
-        unchanged = int((diff.abs() < tau).sum().item())
+        diff = (_compared(b, dtype) - _compared(a, dtype)).abs()
+        unchanged = int(((diff < tau) if keep is None else ((diff < tau) & keep)).sum().item())
         per_tensor[name] = unchanged / numel
         unchanged_total += unchanged
         numel_total += numel
     if numel_total == 0:
         raise ValueError("no parameter elements to compare (all tensors empty or no tensors)")
     return unchanged_total / numel_total, per_tensor
+
+
+def _compared(t: Tensor, dtype: torch.dtype | None) -> Tensor:
+    """``t`` on CPU in float64, first rounded to ``dtype`` when it is floating and one is given."""
+    t = t.detach().to("cpu")
+    if dtype is not None and t.is_floating_point():
+        t = t.to(dtype)
+    return t.to(torch.float64)
 
 
 #: Forgetting's inputs (PROTOCOL.md §4): the ``(task, metric)`` eval compared, and the stages before and after.

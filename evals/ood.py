@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from distillab.config import EvaluationConfig, LMEvalConfig, LMEvalTask, SeedsConfig, TasksConfig
 from distillab.countdown import SkillItem, generate_skill_items, score_skill
+from distillab.evals.sampling import sample_batched
 from distillab.rollout import SamplingParams, TransformersEngine
 from distillab.taskio import render_prompt
 
@@ -49,21 +50,26 @@ def ood_items(tasks: TasksConfig, n: int) -> dict[str, list[SkillItem]]:
 
 class MicroSkillsBackend:
     """Prior-skill tasks (add, mul, reverse, sort), ``cfg.ood_items`` items each,
-    one sample at τ = ``cfg.ood_temperature``, exact match of the ``<answer>``; task j
-    samples with the stage seed + ``seeds.eval_ood`` · j + ``seeds.eval_ood_offset``."""
+    one sample at τ = ``cfg.ood_temperature``, exact match of the ``<answer>``; the
+    tasks are sampled in one call seeded with the stage seed + ``seeds.eval_ood_offset``
+    (task j's seed would be + ``seeds.eval_ood`` · j: `evals.sampling`)."""
 
     def __init__(self, tasks: TasksConfig, cfg: EvaluationConfig, batch_size: int = 512,
                  seeds: SeedsConfig = SeedsConfig()):
         self.tasks, self.cfg, self.batch_size, self.seeds = tasks, cfg, batch_size, seeds
 
     def evaluate(self, model: Any, tokenizer: Any, seed: int) -> list[dict]:
+        """Rows per skill and ``ood_mean``; the skills' prompts are sampled together
+        (`evals.sampling.sample_batched`: one call, seeded as the first skill)."""
         engine = TransformersEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size=self.batch_size)
+        skills = ood_items(self.tasks, self.cfg.ood_items)
+        requests = [([render_prompt(tokenizer, "", it.prompt) for it in items],
+                     SamplingParams(self.cfg.ood_temperature, 1.0, 16, 1,
+                                    seed + self.seeds.eval_ood * j + self.seeds.eval_ood_offset))
+                    for j, items in enumerate(skills.values())]
         rows = []
-        for j, (skill, items) in enumerate(ood_items(self.tasks, self.cfg.ood_items).items()):
-            prompts = [render_prompt(tokenizer, "", it.prompt) for it in items]
-            sp = SamplingParams(self.cfg.ood_temperature, 1.0, 16, 1, seed + self.seeds.eval_ood * j + self.seeds.eval_ood_offset)
-            roll = engine.generate(prompts, sp)
-            texts = tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=False)
+        for (skill, items), completions in zip(skills.items(), sample_batched(engine, requests, desc="OOD")):
+            texts = tokenizer.batch_decode(completions, skip_special_tokens=False)
             acc = sum(score_skill(t, it) for t, it in zip(texts, items)) / len(items)
             rows.append({"task": f"ood/{skill}", "metric": "accuracy", "value": acc, "n": len(items)})
         return rows + [mean_row(rows)] if rows else []

@@ -29,16 +29,19 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from distillab.config import EvaluationConfig, SeedsConfig, TasksConfig, TrialConfig, cache_key, checkpoint_identity
 from distillab.evals.metrics import mean_pass_at_k, update_sparsity
 from distillab.evals.ood import ood_backend
+from distillab.evals.sampling import Request, sample_batched
 from distillab.evals.style import style_share
 from distillab.math_task import math_prompt_ids, score_math
 from distillab.mcq import mcq_prompt_ids, score_mcq
+from distillab.models import DTYPES
 from distillab.registry import eval_key
 from distillab.results import atomic_write_bytes, write_rows
 from distillab.rollout import SamplingParams, TransformersEngine
@@ -68,84 +71,101 @@ class Evaluator:
     def _prompts(self, problems: list[CountdownProblem]) -> list[list[int]]:
         return [countdown_prompt_ids(self.tokenizer, self.tasks, p) for p in problems]
 
-    def _correct(self, engine: TransformersEngine, prompts: list[list[int]], score, sampling: SamplingParams
-                 ) -> tuple[list[int], list[list[int]]]:
-        """Correct samples per prompt (``score(text, i)`` for prompt i), and the completion ids."""
-        roll = engine.generate(prompts, sampling)
-        texts = self.tokenizer.batch_decode(roll.completion_ids, skip_special_tokens=False)
-        counts = [0] * len(prompts)
-        for k, text in enumerate(texts):
-            counts[k // sampling.n] += int(score(text, k // sampling.n))
-        return counts, roll.completion_ids
-
-    def _accuracy_and_pass(self, engine, name: str, prompts: list[list[int]], score, seed: int
-                           ) -> tuple[list[dict], list[list[int]]]:
-        """Rows ``accuracy`` (one sample at ``id_temperature`` on the first ``id_items``
-        prompts, or ``mcq_items`` for ``mcq``) and ``pass@k`` (``pass_n`` samples at the
-        task's ``pass_temperature`` on the first ``pass_items``); and the accuracy
-        samples' completion ids."""
+    def requests(self, name: str, prompts: list[list[int]], seed: int) -> list[Request]:
+        """Task ``name``'s two sampling requests (`evals.sampling.Request`): one sample at
+        ``id_temperature`` of the first ``id_items`` prompts (``mcq_items`` for ``mcq``,
+        ``math_items`` for ``math``), for ``accuracy``; ``pass_n`` samples at the task's
+        ``pass_temperature`` of the first ``pass_items``, for ``pass@k`` (seed + ``seeds.eval_pass``)."""
         cfg = self.cfg
         n_acc = {"mcq": cfg.mcq_items, "math": cfg.math_items}.get(name, cfg.id_items)
-        sp = SamplingParams(cfg.id_temperature, cfg.top_p, cfg.max_tokens, 1, seed)
-        correct, completions = self._correct(engine, prompts[:n_acc], score, sp)
-        rows = [{"task": name, "metric": "accuracy", "value": sum(correct) / len(correct), "n": len(correct)}]
-        sp = SamplingParams(cfg.pass_temperature.get(name, 1.0), cfg.top_p, cfg.max_tokens, cfg.pass_n,
-                            seed + self.seeds.eval_pass)
-        counts, _ = self._correct(engine, prompts[: cfg.pass_items], score, sp)
-        rows += [{"task": name, "metric": f"pass@{k}", "value": mean_pass_at_k(counts, cfg.pass_n, k),
-                  "n": len(counts)} for k in cfg.pass_k]
-        return rows, completions
+        return [(prompts[:n_acc], SamplingParams(cfg.id_temperature, cfg.top_p, cfg.max_tokens, 1, seed)),
+                (prompts[: cfg.pass_items], SamplingParams(cfg.pass_temperature.get(name, 1.0), cfg.top_p,
+                                                           cfg.max_tokens, cfg.pass_n, seed + self.seeds.eval_pass))]
+
+    def rows(self, name: str, completions: list[list[list[int]]], score: Callable[[str, int], bool]) -> list[dict]:
+        """Rows ``accuracy`` and ``pass@k`` of task ``name`` from the completion ids of its
+        two `requests` (``score(text, i)``: is a completion of prompt i correct)."""
+        cfg = self.cfg
+        counts = []
+        for comps, n in zip(completions, (1, cfg.pass_n)):
+            texts = self.tokenizer.batch_decode(comps, skip_special_tokens=False)
+            counts.append([sum(int(score(texts[i * n + j], i)) for j in range(n)) for i in range(len(texts) // n)])
+        acc, passes = counts
+        rows = [{"task": name, "metric": "accuracy", "value": sum(acc) / len(acc), "n": len(acc)}]
+        return rows + [{"task": name, "metric": f"pass@{k}", "value": mean_pass_at_k(passes, cfg.pass_n, k),
+                        "n": len(passes)} for k in cfg.pass_k]
+
+    def _tasks(self) -> list[tuple[str, list[list[int]], Callable[[str, int], bool], int]]:
+        """``(name, prompts, score, seed offset)`` of every Countdown task, then ``mcq``, then ``math``."""
+        tok, out = self.tokenizer, []
+        for i, name in enumerate(self.cfg.countdown_tasks):
+            problems = self.data.test_split(name)
+            out.append((name, self._prompts(problems), lambda t, j, ps=problems: score_countdown(t, ps[j]),
+                        self.seeds.eval_task * i))
+        if self.cfg.mcq_items:  # the second domain (tasks.mcq)
+            items = self.data.test_split("mcq")
+            out.append(("mcq", [mcq_prompt_ids(tok, self.tasks.mcq, it) for it in items],
+                        lambda t, j: score_mcq(t, items[j]), self.seeds.eval_mcq))
+        if self.cfg.math_items:  # the long-reasoning domain (tasks.math)
+            problems = self.data.test_split("math")
+            out.append(("math", [math_prompt_ids(tok, self.tasks.math, it) for it in problems],
+                        lambda t, j, ps=problems: score_math(t, ps[j]), self.seeds.eval_mcq))
+        return out
 
     def evaluate(self, model: PreTrainedModel, seed: int) -> list[dict]:
-        """All rows of the suite for ``model`` (sampling seeded by ``seed``)."""
+        """All rows of the suite for ``model`` (sampling seeded by ``seed``): every task's
+        `requests` sampled together (`evals.sampling.sample_batched`: one call per
+        sampling setting), scored (`rows`), then the OOD backend's rows."""
         cfg, tok = self.cfg, self.tokenizer
         engine = TransformersEngine(model, tok.eos_token_id, tok.pad_token_id, batch_size=self.batch_size)
+        tasks = self._tasks()
+        requests = [r for name, prompts, _, offset in tasks for r in self.requests(name, prompts, seed + offset)]
+        done = sample_batched(engine, requests)
         rows: list[dict] = []
-        for i, name in enumerate(cfg.countdown_tasks):
-            problems = self.data.test_split(name)
-            task_rows, completions = self._accuracy_and_pass(
-                engine, name, self._prompts(problems), lambda t, j, ps=problems: score_countdown(t, ps[j]),
-                seed + self.seeds.eval_task * i)
-            rows += task_rows
-            if cfg.style is not None and i == 0:  # teacher conditioning: the student's answers in the teacher's style
-                texts = tok.batch_decode(completions, skip_special_tokens=True)
+        for k, (name, _, score, _) in enumerate(tasks):
+            rows += self.rows(name, done[2 * k: 2 * k + 2], score)
+            if cfg.style is not None and k == 0:  # teacher conditioning: the student's answers in the teacher's style
+                texts = tok.batch_decode(done[0], skip_special_tokens=True)
                 rows.append({"task": name, "metric": "style_share", "value": style_share(texts, cfg.style),
                              "n": len(texts)})
-        if cfg.mcq_items:  # the second domain (tasks.mcq)
-            items = self.data.test_split("mcq")
-            prompts = [mcq_prompt_ids(tok, self.tasks.mcq, it) for it in items]
-            task_rows, _ = self._accuracy_and_pass(engine, "mcq", prompts, lambda t, j: score_mcq(t, items[j]),
-                                                   seed + self.seeds.eval_mcq)
-            rows += task_rows
-        if cfg.math_items:  # the long-reasoning domain (tasks.math)
-            problems = self.data.test_split("math")
-            prompts = [math_prompt_ids(tok, self.tasks.math, it) for it in problems]
-            task_rows, _ = self._accuracy_and_pass(engine, "math", prompts, lambda t, j: score_math(t, problems[j]),
-                                                   seed + self.seeds.eval_mcq)
-            rows += task_rows
         rows += self.ood.evaluate(model, tok, seed)
         return rows
 
 
-def sparsity_rows(initial: dict, final: dict, taus) -> list[dict]:
-    """Update sparsity S_τ (PROTOCOL.md §4; `evals.metrics.update_sparsity`) at each
-    threshold τ of ``taus``: a row over all parameters (task ``params``, ``n`` = tensors)
-    and one per tensor (task ``params/<tensor name>``, ``n`` = its elements; empty
-    tensors skipped), metric ``sparsity@<τ>``."""
+def sparsity_rows(initial: dict, final: dict, taus, dtype: torch.dtype | None = None,
+                  touched: dict | None = None) -> list[dict]:
+    """Update sparsity S_τ (PROTOCOL.md §4; `evals.metrics.update_sparsity`, both weights
+    rounded to ``dtype`` first when given) at each threshold τ of ``taus``: a row over
+    all parameters (task ``params``, ``n`` = tensors) and one per tensor (task
+    ``params/<tensor name>``, ``n`` = its elements; empty tensors skipped), metric
+    ``sparsity@<τ>``. With ``touched`` (name → bool mask of the entries that had a
+    nonzero gradient in some step, `optim.TouchedParameters`): ``params`` rows
+    ``touched_share`` (touched entries / all entries, ``n`` = all entries) and
+    ``sparsity_touched@<τ>`` (S_τ over the touched entries only, ``n`` = their count;
+    left out when no entry was touched)."""
     rows = []
     for tau in taus:
-        overall, per_tensor = update_sparsity(initial, final, tau)
+        overall, per_tensor = update_sparsity(initial, final, tau, dtype=dtype)
         rows.append({"task": "params", "metric": f"sparsity@{tau:g}", "value": overall, "n": len(final)})
         rows += [{"task": f"params/{name}", "metric": f"sparsity@{tau:g}", "value": v, "n": final[name].numel()}
                  for name, v in per_tensor.items() if not math.isnan(v)]
+    if touched is not None:
+        total = sum(t.numel() for t in final.values())
+        n_touched = sum(int(m.sum()) for name, m in touched.items() if name in final)
+        rows.append({"task": "params", "metric": "touched_share", "value": n_touched / total, "n": total})
+        for tau in taus if n_touched else ():
+            overall, _ = update_sparsity(initial, final, tau, dtype=dtype, masks=touched)
+            rows.append({"task": "params", "metric": f"sparsity_touched@{tau:g}", "value": overall, "n": n_touched})
     return rows
 
 
 def pre_eval_path(cache_dir: str | Path, trial: TrialConfig, student_path: str | Path) -> Path:
     """Where the evaluation of the untrained student is kept: it depends only on the
-    student checkpoint, the evaluation and task settings and the seeds, so every trial
-    of a sweep that shares those reuses it (``<cache_dir>/pre-eval-<config.cache_key>.json``)."""
-    key = cache_key("pre_eval", 2, student=checkpoint_identity(student_path),
+    student checkpoint, the precision and attention implementation it is loaded with,
+    the evaluation and task settings and the seeds, so every trial of a sweep that shares
+    those reuses it (``<cache_dir>/pre-eval-<config.cache_key>.json``)."""
+    key = cache_key("pre_eval", 3, student=checkpoint_identity(student_path),
+                    precision=trial.precision, attn_implementation=trial.attn_implementation,
                     evaluation=trial.evaluation.model_dump(mode="json"),
                     tasks=trial.tasks.inputs(teacher=False, mcq=trial.evaluation.mcq_items > 0,
                                              math=trial.evaluation.math_items > 0),
@@ -154,12 +174,14 @@ def pre_eval_path(cache_dir: str | Path, trial: TrialConfig, student_path: str |
 
 
 def evaluate_stage(evaluator: Evaluator, model, trial: TrialConfig, trial_id: str, stage: str, step: int, root: Path,
-                   init_state: dict | None = None, cache: Path | None = None) -> dict[str, float]:
+                   init_state: dict | None = None, cache: Path | None = None,
+                   touched: dict | None = None) -> dict[str, float]:
     """The evaluation of one stage of a trial: the suite (`Evaluator.evaluate`, seeded by
     ``trial.seed``; read from ``cache`` when that file exists, else written there), and
-    with ``init_state`` the update sparsity against it (`sparsity_rows`), written to the
-    ``evals`` table (key ``<trial_id>__<stage>__<step>``). Returns the rows as report
-    keys: ``{eval/<stage>/<task>/<metric>: value}``."""
+    with ``init_state`` the update sparsity against it at ``evaluation.sparsity_dtype``
+    (`sparsity_rows`, with the ``touched`` masks when given), written to the ``evals``
+    table (key ``<trial_id>__<stage>__<step>``). Returns the rows as report keys:
+    ``{eval/<stage>/<task>/<metric>: value}``."""
     t0 = time.perf_counter()
     if cache is not None and cache.exists():  # the same model, settings and seed were evaluated already
         rows = json.loads(cache.read_text())
@@ -169,9 +191,22 @@ def evaluate_stage(evaluator: Evaluator, model, trial: TrialConfig, trial_id: st
             atomic_write_bytes(cache, json.dumps(rows).encode())
     if init_state is not None:
         final = {k: v.detach().float() for k, v in model.state_dict().items()}
-        rows += sparsity_rows(init_state, final, trial.evaluation.sparsity_taus)
+        rows += sparsity_rows(init_state, final, trial.evaluation.sparsity_taus,
+                              DTYPES[trial.evaluation.sparsity_dtype], touched)
     for r in rows:
         r.update(trial_id=trial_id, stage=stage, step=step)
     write_rows(root, "evals", rows, key=f"{trial_id}__{stage}__{step}")
-    log.info("%s eval %s step %d in %.1f s", trial_id, stage, step, time.perf_counter() - t0)
+    log.info("%s", stage_line(trial_id, stage, step, rows, time.perf_counter() - t0))
     return {eval_key(stage, r["task"], r["metric"]): r["value"] for r in rows}
+
+
+def stage_line(trial_id: str, stage: str, step: int, rows: list[dict], seconds: float) -> str:
+    """The console's one line for a finished stage of a trial: its headline rows (each
+    Countdown and multiple-choice task's accuracy, the OOD mean, S_τ at the first τ)
+    and the evaluation's seconds, e.g. ``[trial] onpd-forward-lr0.001-s42-0a1b2c3d
+    distill step 400: countdown3 acc 0.155, countdown4e acc 0.000, ood_mean 0.005,
+    sparsity@1e-06 0.018 (eval 3.2 s)``."""
+    head = [f"{r['task']} acc {r['value']:.3f}" for r in rows if r["metric"] == "accuracy" and "/" not in r["task"]]
+    head += [f"{r['metric']} {r['value']:.3f}" for r in rows if r["task"] == "ood" and r["metric"] == "ood_mean"]
+    head += [f"{r['metric']} {r['value']:.3f}" for r in rows if r["task"] == "params"][:1]
+    return f"[trial] {trial_id} {stage} step {step}: {', '.join(head)} (eval {seconds:.1f} s)"

@@ -3,10 +3,18 @@
     distillab prepare search_spaces/micro.yaml      # train + cache the micro teacher/student
     distillab sweep   search_spaces/micro.yaml      # prepare (cached) + Ray Tune sweep + report
     distillab sweep   --resume runs/micro           # continue an interrupted sweep (Tuner.restore)
-    distillab report  runs/micro                    # final metrics per configuration, mean ± SEM
+    distillab sweep   search_spaces/micro.yaml --dry-run   # check, place and cost the sweep; start nothing
+    distillab report  runs/micro                    # headline metrics per configuration, mean ± SEM
+    distillab report  runs/micro --full             # every stage × task × metric
     distillab report  runs/micro --plots docs/figures   # + figures (PNG) and summary.md
+    distillab findings runs/micro_findings          # PROTOCOL.md §9 verdicts on F1-F5, findings.md + figures
 
-Lazy imports: every ``distillab`` module (config, prepare, sweep, results, plots) and
+A sweep's console is calm by default: the Tune progress table, one line per finished
+stage of each trial, errors and the closing tables; Ray's known-harmless lines
+(`HARMLESS_RAY_LINES`) are dropped before they print (they stay in Ray's session
+logs) and Ray Train logs warnings only. ``--verbose`` prints everything.
+
+Lazy imports: every ``distillab`` module (config, plan, prepare, sweep, results, plots) and
 ``ray`` are imported inside the subcommand that uses them, so that ``distillab --help``
 and a mistyped command answer at once: 0.04-0.08 s, against 13-17 s with them at
 module top (they pull in torch, transformers, DeepSpeed, Ray Tune and matplotlib;
@@ -28,12 +36,39 @@ from pathlib import Path
 import yaml
 
 
-def _env_defaults() -> None:
+#: Lines of Ray's forwarded worker logs that a calm console drops (``RAY_DEDUP_LOGS_SKIP_REGEX``, read
+#: when ray is imported; Ray's session logs keep them). Each is known to be harmless:
+HARMLESS_RAY_LINES = (
+    # Ray Train's PlacementGroupCleaner asks the state API, which the dashboard serves, about its
+    # controller every second; without a dashboard (--no-dashboard) it cannot, and says so each time
+    r"Failed to query Ray Train Controller actor state",
+    # the raylet's note that more worker processes started than it expects at once: every trial
+    # starts several actors (Tune trial, Train controller and its helpers, workers)
+    r"PYTHON worker processes have been started on node",
+    # Ray core's note that an actor would not survive losing its constructor's arguments: Ray Train's
+    # PreemptionWatcher (restarted with its run instead) and, with tracking.wandb, Ray's W&B logging actor
+    r"Actor with class name: '(?:PreemptionWatcher|_WandbLoggingActor)' .*constructor arguments in the object store",
+    # wandb's deprecation note on the `reinit=True` that Ray's WandbLoggerCallback passes
+    r"wandb: WARNING Using a boolean value for 'reinit' is deprecated",
+    # DeepSpeed's print after loading its CPU shared-memory collective (compiled once, loaded by every worker)
+    r"DeepSpeed deepspeed\.ops\.comm\.deepspeed_shm_comm_op built successfully",
+)
+
+
+def _env_defaults(verbose: bool = False, local_ray: bool = False) -> None:
     cache = Path(os.environ.get("DISTILLAB_CACHE", ".cache")).resolve()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache / "torch_extensions"))
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    if local_ray:  # token authentication, Ray's default for a new local cluster, said before ray is imported
+        os.environ.setdefault("RAY_AUTH_MODE", "token")  # (so without its "Token authentication is enabled")
+    if verbose:  # every line of every worker, undeduplicated
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    else:
+        os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", "|".join(f"(?:{p})" for p in HARMLESS_RAY_LINES))
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # micro models load in milliseconds
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # tracking.mlflow: its store's set-up notes
 
 
 def _overrides(pairs: list[str]) -> dict:
@@ -55,15 +90,27 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field (dotted)")
         p.add_argument("--threads", type=int, default=None, help="torch threads for prepare (default: all cores)")
         p.add_argument("--force", action="store_true", help="retrain the micro models even if cached")
+        p.add_argument("--verbose", action="store_true",
+                       help="print everything Ray, Ray Train and Tune log (default: the calm console)")
     sw = sub.choices["sweep"]
     sw.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS or a local Ray)")
     sw.add_argument("--no-dashboard", action="store_true", help="local Ray without the dashboard")
     sw.add_argument("--resume", metavar="PATH", default=None,
                     help="continue an interrupted sweep from its directory (<storage_path>/<name>); no config needed")
+    _add_dry_run_args(sw)
     rp = sub.add_parser("report")
     rp.add_argument("path", nargs="+", help="sweep directories (<storage_path>/<name>)")
     rp.add_argument("--plots", metavar="DIR", default=None,
                     help="also write the figures (PNG) and summary.md into DIR")
+    rp.add_argument("--full", action="store_true",
+                    help="the full table: every stage x task x metric (default: the headline table)")
+    fd = sub.add_parser("findings", help="decide PROTOCOL.md §9's verdicts on findings F1-F5")
+    fd.add_argument("path", nargs="+", help="sweep directories (<storage_path>/<name>)")
+    fd.add_argument("--out", metavar="DIR", default=None, help="where findings.md and the figures go "
+                    "(default: the first sweep directory)")
+    fd.add_argument("--by", metavar="COLUMN", default=None, help="decide per value of a trials column: sweep "
+                    "(one group per directory) or a config column such as loss.estimator (ablations)")
+    fd.add_argument("--only", metavar="F1,F4", default=None, help="decide only these findings")
     return parser
 
 
@@ -71,9 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``distillab`` console script."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    _env_defaults()
+    _env_defaults(getattr(args, "verbose", False),
+                  local_ray=args.cmd == "sweep" and not args.address and not os.environ.get("RAY_ADDRESS"))
     if args.cmd == "report":
         return _report(args)
+    if args.cmd == "findings":
+        return _findings(args)
     from distillab.config import ConfigError, load_sweep  # lazy: see the module docstring
 
     resume = getattr(args, "resume", None)
@@ -89,33 +139,104 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as e:
         print(f"distillab: {e}", file=sys.stderr)
         return 2
-    from distillab.prepare import prepare  # lazy: see the module docstring
+    if getattr(args, "dry_run", False):
+        return _dry_run(args, sweep)
+    from distillab.plan import check_checkpoints  # lazy: see the module docstring
 
+    try:
+        check_checkpoints(sweep)  # before anything starts: configs and tokenizers only
+    except ConfigError as e:
+        print(f"distillab: {e}", file=sys.stderr)
+        return 2
+    import torch  # lazy: see the module docstring
+
+    if not torch.cuda.is_available():  # what DeepSpeed picks then, said before it warns "Setting accelerator to CPU"
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from distillab.prepare import prepare
+    from distillab.telemetry import process_start_time
+
+    started = process_start_time()
+    if started is not None:
+        print(f"[time] start-up: {time.time() - started:.1f} s", flush=True)  # interpreter, imports, validation
     t0 = time.perf_counter()
     teacher, student = prepare(sweep, threads=args.threads, force=args.force)
-    print(f"[time] prepare: {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"[time] prepare: {time.perf_counter() - t0:.1f} s", flush=True)
     if args.cmd == "prepare":
         print(f"teacher: {teacher}\nstudent: {student}")
         return 0
     return _sweep(args, sweep, teacher, student, t0)
 
 
+def _add_dry_run_args(sw: argparse.ArgumentParser) -> None:
+    sw.add_argument("--dry-run", action="store_true",
+                    help="validate, check the checkpoints, print the trials, their placement and a GPU-hour "
+                         "estimate; start nothing (exit 1 if the trials can never be placed on the cluster)")
+    sw.add_argument("--nodes", type=int, default=None, help="--dry-run: nodes of the cluster (default: this machine)")
+    sw.add_argument("--node-cpus", type=float, default=None, help="--dry-run: CPUs per node")
+    sw.add_argument("--node-gpus", type=float, default=None, help="--dry-run: GPUs per node")
+    sw.add_argument("--throughput", type=float, default=None, metavar="TFLOPS",
+                    help="--dry-run: effective TFLOP/s per GPU for the estimate (default: distillab.plan.ASSUMED_TFLOPS)")
+
+
+def _dry_run(args, sweep) -> int:
+    """``distillab sweep --dry-run``: the plan of `distillab.plan.dry_run`; exit 2 for a bad
+    checkpoint, 1 when the trials can never be placed on the cluster, else 0."""
+    from distillab.config import ConfigError  # lazy: see the module docstring
+    from distillab.plan import Cluster, dry_run
+
+    here = Cluster.this_machine()
+    given = (args.nodes, args.node_cpus, args.node_gpus) != (None, None, None)
+    cluster = Cluster(args.nodes or 1, args.node_cpus if args.node_cpus is not None else here.cpus,
+                      args.node_gpus if args.node_gpus is not None else here.gpus,
+                      "the given cluster" if given else here.source)
+    try:
+        text, placeable = dry_run(sweep, cluster, args.throughput)
+    except ConfigError as e:
+        print(f"distillab: {e}", file=sys.stderr)
+        return 2
+    print(text)
+    return 0 if placeable else 1
+
+
 def _report(args) -> int:
-    """``distillab report``: the final-metrics table, RLVR rewards, and with ``--plots`` the figures."""
+    """``distillab report``: the headline table (``--full``: every final metric), RLVR
+    rewards, and with ``--plots`` the figures."""
     from distillab.plots import write_report  # lazy: see the module docstring
-    from distillab.results import final_table, format_table, load
+    from distillab.results import load
 
     missing = [p for p in args.path if not Path(p).is_dir()]
     if missing:
         print(f"distillab: report: no such sweep directory: {', '.join(missing)}", file=sys.stderr)
         return 2
     res = load(args.path if len(args.path) > 1 else args.path[0])
-    print(format_table(final_table(res, group_by=default_group_by(res))))
-    _print_rlvr_rewards(res)
+    _print_tables(res, full=args.full)
     if args.plots:
         written = write_report(res, args.plots)  # grouped by the swept config fields
         print(f"figures: {', '.join(str(p) for k, p in written.items() if k != 'summary')}")
         print(f"summary: {written['summary']}")
+    return 0
+
+
+def _findings(args) -> int:
+    """``distillab findings``: the verdicts with their statistics, then findings.md and figures."""
+    from distillab.findings import decide, format_verdicts, write_findings  # lazy: see the module docstring
+    from distillab.results import load
+
+    t0 = time.perf_counter()
+    missing = [p for p in args.path if not Path(p).is_dir()]
+    if missing:
+        print(f"distillab: findings: no such sweep directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    res = load(args.path if len(args.path) > 1 else args.path[0])
+    try:
+        result = decide(res, by=args.by, only=args.only.split(",") if args.only else None)
+    except ValueError as e:  # an unknown --by column or finding
+        print(f"distillab: findings: {e}", file=sys.stderr)
+        return 2
+    print(format_verdicts(result))
+    written = write_findings(res, args.out or args.path[0], result, args.path, by=args.by)
+    print(f"findings: {written['findings']}")
+    print(f"[time] findings: {time.perf_counter() - t0:.0f} s", flush=True)
     return 0
 
 
@@ -124,24 +245,39 @@ def _sweep(args, sweep, teacher, student, t0: float) -> int:
     when trials failed or the sweep was interrupted."""
     import ray  # lazy: see the module docstring
 
-    from distillab.results import final_table, format_table, load
+    from distillab.results import load
     from distillab.sweep import completed_trials, expected_trials, init_ray, resume_sweep, run_sweep
 
+    verbose = 2 if args.verbose else 1
     t1 = time.perf_counter()
-    init_ray(args.address, dashboard=not args.no_dashboard)
+    init_ray(args.address, dashboard=not args.no_dashboard, verbose=verbose,
+             cpu_only=sweep.resources.gpus_per_worker == 0)
+    print(f"[time] ray.init: {time.perf_counter() - t1:.1f} s", flush=True)
     try:
-        root = resume_sweep(args.resume, teacher, student) if args.resume else run_sweep(sweep, teacher, student)
+        root = resume_sweep(args.resume, teacher, student, verbose=verbose) if args.resume else \
+            run_sweep(sweep, teacher, student, verbose=verbose)
     except FileNotFoundError as e:  # --resume of a directory whose Tune state was never written
         print(f"distillab: {e}", file=sys.stderr)
         return 2
     finally:
+        t2 = time.perf_counter()
         ray.shutdown()
-    print(f"[time] sweep: {time.perf_counter() - t1:.0f} s", flush=True)
-    res = load(root)
-    print(format_table(final_table(res, group_by=default_group_by(res))))
-    _print_rlvr_rewards(res)
-    print(f"[time] total: {time.perf_counter() - t0:.0f} s; results: {root}", flush=True)
+    print(f"[time] sweep: {t2 - t1:.1f} s", flush=True)
+    print(f"[time] ray.shutdown: {time.perf_counter() - t2:.1f} s", flush=True)
+    _print_tables(load(root), full=False)
+    print(f"[time] total: {time.perf_counter() - t0:.1f} s; results: {root}", flush=True)
     return 0 if completed_trials(root) >= expected_trials(sweep) else 1  # interrupted or failed trials
+
+
+def _print_tables(res, full: bool) -> None:
+    """The headline table (`plots.summary_table`: one row per swept configuration) or,
+    with ``full``, every final metric (`results.final_table`); then the RLVR rewards."""
+    from distillab.plots import summary_table  # lazy: see the module docstring
+    from distillab.results import final_table, format_table
+
+    table = final_table(res, group_by=default_group_by(res)) if full else summary_table(res)
+    print(format_table(table), flush=True)
+    _print_rlvr_rewards(res)
 
 
 def _print_rlvr_rewards(res) -> None:

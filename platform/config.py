@@ -390,8 +390,12 @@ class OptimizerConfig(_Strict):
     prompts_per_step: int = Field(default=32, ge=1)
     rollouts_per_prompt: int = Field(default=1, ge=1)
     train_prompts: int = Field(default=20_000, ge=1)
-    #: DeepSpeed ZeRO stage (0-2; stage 3 needs collective evaluation, not built yet)
-    zero_stage: int = Field(default=0, ge=0, le=2)
+    #: DeepSpeed ZeRO stage (0-3; under 3 the student is gathered whole on every rank for generation:
+    #: evaluation, OnPD/λ rollouts)
+    zero_stage: int = Field(default=0, ge=0, le=3)
+    #: ZeRO 3: parameters of at most this many elements stay whole on every rank (DeepSpeed's
+    #: ``stage3_param_persistence_threshold``); the student's lm_head always does (the fused loss reads it)
+    zero3_persistence_threshold: int = Field(default=100_000, ge=0)
     checkpoint_every: int = Field(default=0, ge=0)
 
     @field_validator("betas")
@@ -503,6 +507,14 @@ class EvaluationConfig(_Strict):
     ood_items: int = Field(default=100, ge=1)
     ood_temperature: float = Field(default=0.5, gt=0)
     sparsity_taus: tuple[float, ...] = (1e-6, 1e-8)
+    #: dtype both weights are rounded to before S_τ compares them: ``bf16`` (the paper's setting, whose
+    #: checkpoints are bf16: a change below a bf16 step of the weight is no change) or ``fp32`` (float32
+    #: and bf16 weights at their stored values, as before this field existed)
+    sparsity_dtype: Literal["fp32", "bf16"] = "bf16"
+    #: also report S_τ over only the parameter entries that had a nonzero gradient in some distillation
+    #: step (``params/sparsity_touched@<τ>``) and their share (``params/touched_share``); costs one bool per
+    #: parameter entry and a comparison per step (`optim.TouchedParameters`)
+    sparsity_touched: bool = True
     max_tokens: int = Field(default=48, ge=1)
     #: Countdown tasks scored (accuracy, pass@k) at every stage; add ``countdown4`` for an RLVR stage
     countdown_tasks: tuple[Literal[COUNTDOWN_TASKS], ...] = ("countdown3", "countdown4e")
@@ -695,14 +707,53 @@ class SchedulerConfig(_Strict):
         return v
 
 
+def _check_grid(v: dict[str, list[Any]], where: str) -> dict[str, list[Any]]:
+    """``v`` when every key is `SEARCHABLE` and every value a non-empty list (``where``: the
+    field's name in messages, ``search.grid`` or ``search.grids[i].grid``)."""
+    for key, values in v.items():
+        if key not in SEARCHABLE:
+            raise ValueError(f"{where} key {key!r} is not searchable; allowed: {list(SEARCHABLE)}")
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"{where}[{key!r}] must be a non-empty list")
+    return v
+
+
+class GridConfig(_StrictAliased):
+    """One grid of a union of grids (``search.grids``): the cross product of ``grid``
+    (`SEARCHABLE` keys, as in ``search.grid``) applied to the base trial with the fixed
+    overrides ``set`` first (dotted paths into the trial, any field: ``rollout.policy:
+    spectrum``, ``rlvr: {...}``, ``evaluation.countdown_tasks: [...]``; a mapping merges
+    into the base's mapping key by key, like ``extends``, anything else replaces it).
+    A key may not be both in ``set`` and in ``grid``."""
+
+    set_: dict[str, Any] = Field(default={}, alias="set")
+    grid: dict[str, list[Any]] = {}
+
+    @model_validator(mode="after")
+    def _keys(self) -> "GridConfig":
+        _check_grid(self.grid, "grid")
+        both = sorted(set(self.set_) & set(self.grid))
+        if both:
+            raise ValueError(f"keys {both} are both in set and in grid (a key is fixed or swept, not both)")
+        for key in self.set_:
+            if not key or any(not part for part in key.split(".")):
+                raise ValueError(f"set key {key!r} must be a dotted path into the trial (e.g. rollout.policy)")
+        return self
+
+
 class SearchConfig(_Strict):
-    """The search: ``grid`` (full cross product of ``grid``) or ``optuna`` (Ray Tune's
+    """The search: ``grid`` (full cross product of ``grid``), a union of grids
+    (``grids``: a list of `GridConfig`, each with its own fixed overrides ``set``; the
+    trials of all of them, each exactly once) or ``optuna`` (Ray Tune's
     ``OptunaSearch`` over ``space``, ``num_samples`` trials; one objective, or several
     for a Pareto front). ``metric`` names a key of a trial's final report (e.g.
-    ``eval/distill/countdown3/accuracy``, ``eval/forgetting`` = OOD after − before)."""
+    ``eval/distill/countdown3/accuracy``, ``eval/forgetting`` = OOD after − before).
+    ``grid`` and ``grids`` are exclusive (a file that extends one with ``search.grid``
+    writes ``grid: null`` beside its ``grids``)."""
 
     kind: Literal["grid", "optuna"] = "grid"
     grid: dict[str, list[Any]] = {"rollout.policy": ["offpd", "onpd"], "loss.kind": ["forward", "reverse"]}
+    grids: tuple[GridConfig, ...] | None = None
     space: dict[str, Domain] = {}
     metric: str | list[str] = "eval/distill/countdown3/accuracy"
     mode: Literal["min", "max"] | list[Literal["min", "max"]] = "max"
@@ -713,25 +764,32 @@ class SearchConfig(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _optuna_has_no_default_grid(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("kind") == "optuna":
+    def _one_grid_field(cls, data: Any) -> Any:
+        """Optuna: no grid (the default one dropped); ``grids``: no ``grid`` (null or empty
+        accepted, and stored as empty)."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("kind") == "optuna":
+            for name in ("grid", "grids"):
+                if data.get(name):
+                    raise ValueError(f"search.{name} is not used when search.kind is 'optuna': put fixed values "
+                                     "under trial and searched ones under search.space")
+            return {**data, "grid": {}}
+        if data.get("grids") is not None:
             if data.get("grid"):
-                raise ValueError(
-                    "search.grid is not used when search.kind is 'optuna': put fixed values under trial "
-                    "and searched ones under search.space"
-                )
-            data = {**data, "grid": {}}
+                raise ValueError("search.grid and search.grids are exclusive: give one cross product (grid) or a "
+                                 "union of grids (grids); a file extending one with search.grid writes grid: null")
+            if not data["grids"]:
+                raise ValueError("search.grids must list at least one grid")
+            return {**data, "grid": {}}
+        if "grid" in data and data["grid"] is None:
+            raise ValueError("search.grid: null only goes with search.grids")
         return data
 
     @field_validator("grid")
     @classmethod
     def _grid(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        for key, values in v.items():
-            if key not in SEARCHABLE:
-                raise ValueError(f"search.grid key {key!r} is not searchable; allowed: {list(SEARCHABLE)}")
-            if not isinstance(values, list) or not values:
-                raise ValueError(f"search.grid[{key!r}] must be a non-empty list")
-        return v
+        return _check_grid(v, "search.grid")
 
     @field_validator("space")
     @classmethod
@@ -755,6 +813,22 @@ class SearchConfig(_Strict):
         for m in metrics:
             check_report_metric(m, "search.metric")
         return self
+
+    @property
+    def all_grids(self) -> tuple[GridConfig, ...]:
+        """The grids of a grid search: ``grids``, or ``grid`` alone as one `GridConfig`."""
+        return self.grids if self.grids is not None else (GridConfig(grid=self.grid),)
+
+    @property
+    def grid_keys(self) -> list[str]:
+        """The searched keys of every grid, and the `SEARCHABLE` keys their ``set`` fixes, in
+        order of first appearance: the values that tell a grid sweep's trials apart (the
+        Tune point of each trial, the progress table's columns)."""
+        keys: dict[str, None] = {}
+        for g in self.all_grids:
+            keys.update(dict.fromkeys(k for k in g.set_ if k in SEARCHABLE))
+            keys.update(dict.fromkeys(g.grid))
+        return list(keys)
 
     @property
     def objectives(self) -> list[tuple[str, str]]:
@@ -797,7 +871,9 @@ class SeedsConfig(_Strict):
     rlvr_step: int = 31
     #: evaluation with stage seed s: Countdown task i of evaluation.countdown_tasks samples with
     #: s + eval_task · i (its pass@k samples + eval_pass), the multiple-choice and the math task with
-    #: s + eval_mcq (+ eval_pass), micro OOD task j with s + eval_ood · j + eval_ood_offset
+    #: s + eval_mcq (+ eval_pass), micro OOD task j with s + eval_ood · j + eval_ood_offset; requests at
+    #: equal sampling settings are sampled in one call seeded with the first one's seed
+    #: (`evals.sampling.sample_batched`)
     eval_task: int = 101
     eval_pass: int = 1
     eval_mcq: int = 404
@@ -859,6 +935,13 @@ class TrialConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _check_zero3(self) -> "TrialConfig":
+        if self.optimizer.zero_stage == 3 and self.rlvr is not None:
+            raise ValueError("optimizer.zero_stage 3 does not run an rlvr stage (its engine would wrap the "
+                             "partitioned student again): use zero_stage 0-2 or rlvr: null")
+        return self
+
+    @model_validator(mode="after")
     def _check_rlvr_task_evaluated(self) -> "TrialConfig":
         if self.rlvr is not None and self.rlvr.task not in self.evaluation.countdown_tasks:
             raise ValueError(
@@ -912,6 +995,63 @@ class TrialConfig(_Strict):
         return flatten(self.model_dump(mode="json"))
 
 
+def _tracker_installed(section, package: str):
+    """``section`` if ``package`` can be imported; else a ValueError naming ``tracking.<package>``."""
+    if importlib.util.find_spec(package) is None:
+        raise ValueError(f"tracking.{package} needs the {package} package, which is not installed "
+                         f"(pip install -e '.[tracking]', or remove tracking.{package})")
+    return section
+
+
+class WandbTracking(_Strict):
+    """Weights & Biases through Ray Tune's ``WandbLoggerCallback`` (one run per trial,
+    named by its trial id, in ``group`` (default: the sweep's name) of ``project``):
+    the trial's config, every report (per-10-step training metrics, the final
+    evaluations). ``mode``: W&B's ``online``, ``offline`` (files under ``dir``, synced
+    later with ``wandb sync``) or ``disabled``; None leaves it to ``WANDB_MODE``.
+    ``dir``: where W&B writes (default ``<sweep dir>/wandb``).
+
+    Raises (validation): ValueError when the ``wandb`` package is not installed."""
+
+    project: str = "distillab"
+    entity: str | None = None
+    group: str | None = None
+    mode: Literal["online", "offline", "disabled"] | None = None
+    dir: str | None = None
+    tags: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _installed(self) -> "WandbTracking":
+        return _tracker_installed(self, "wandb")
+
+
+class MLflowTracking(_Strict):
+    """MLflow through Ray Tune's ``MLflowLoggerCallback`` (one run per trial, named by
+    its trial id, in experiment ``experiment_name``, default the sweep's name): the
+    trial's config as parameters, every report's numbers as metrics at its ``step``.
+    ``tracking_uri``: an MLflow server or store (default: a local SQLite store, one
+    file ``<sweep dir>/mlflow.db``; MLflow 3 refuses its old ``./mlruns`` directory
+    store unless ``MLFLOW_ALLOW_FILE_STORE=true``); ``tags`` are set on every run.
+
+    Raises (validation): ValueError when the ``mlflow`` package is not installed."""
+
+    tracking_uri: str | None = None
+    experiment_name: str | None = None
+    tags: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _installed(self) -> "MLflowTracking":
+        return _tracker_installed(self, "mlflow")
+
+
+class TrackingConfig(_Strict):
+    """Experiment trackers a sweep logs to besides its own Parquet tables (none by
+    default): ``wandb`` and/or ``mlflow`` (`sweep.tracker_callbacks`)."""
+
+    wandb: WandbTracking | None = None
+    mlflow: MLflowTracking | None = None
+
+
 class SweepConfig(_Strict):
     """A sweep YAML, validated. Validation expands the grid once (`expand_trials`):
     `trials` is that list, which the sweep runs."""
@@ -923,6 +1063,8 @@ class SweepConfig(_Strict):
     search: SearchConfig = SearchConfig()
     resources: ResourcesConfig = ResourcesConfig()
     fault_tolerance: FaultToleranceConfig = FaultToleranceConfig()
+    #: experiment trackers (W&B, MLflow) fed by Ray Tune's logger callbacks; none by default
+    tracking: TrackingConfig = TrackingConfig()
     _trials: list[TrialConfig] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")
@@ -933,14 +1075,18 @@ class SweepConfig(_Strict):
         if styled and not self.trial.tasks.teacher_conditioned:
             raise ValueError(f"models.{styled[0]}.styled_examples needs trial.tasks.teacher_system_prompt or "
                              "teacher_user_template (the prompt the styled demonstrations are written under)")
-        r, w = self.trial.rlvr, self.resources.num_workers
-        if r is not None and r.prompts_per_step % w:
-            raise ValueError(f"trial.rlvr.prompts_per_step ({r.prompts_per_step}) must be a multiple of "
-                             f"resources.num_workers ({w}): each worker samples prompts_per_step / num_workers prompts")
-        if r is not None and r.lora is not None and r.lora.load_in_4bit and w != 1:
-            raise ValueError(f"trial.rlvr.lora.load_in_4bit runs on one worker (plain AdamW, no gradient "
-                             f"all-reduce): set resources.num_workers to 1 (got {w})")
         self._trials = expand_trials(self)  # every grid point (and every edge of a Bayesian domain) validates first
+        w = self.resources.num_workers
+        # the base trial's RLVR stage, and any other one a grid's ``set`` gives
+        stages = {"trial.rlvr": self.trial.rlvr, **{f"trial {t.trial_id}: rlvr": t.rlvr for t in self._trials
+                                                    if t.rlvr is not None and t.rlvr != self.trial.rlvr}}
+        for where, r in stages.items():
+            if r is not None and r.prompts_per_step % w:
+                raise ValueError(f"{where}.prompts_per_step ({r.prompts_per_step}) must be a multiple of resources."
+                                 f"num_workers ({w}): each worker samples prompts_per_step / num_workers prompts")
+            if r is not None and r.lora is not None and r.lora.load_in_4bit and w != 1:
+                raise ValueError(f"{where}.lora.load_in_4bit runs on one worker (plain AdamW, no gradient "
+                                 f"all-reduce): set resources.num_workers to 1 (got {w})")
         return self
 
     @property
@@ -1034,22 +1180,36 @@ def set_dotted(d: dict[str, Any], path: str, value: Any) -> None:
 
 
 def expand_trials(sweep: SweepConfig) -> list[TrialConfig]:
-    """The grid's cross product applied to ``sweep.trial``, each point validated (an
-    Optuna sweep: the base trial, and every bound or choice of ``search.space`` is
-    validated too).
+    """The trials of a grid sweep: for each grid of ``search.all_grids`` (``search.grid``
+    alone, or each of ``search.grids``), its ``set`` overrides applied to ``sweep.trial``,
+    then its cross product, each point validated; in grid order. An Optuna sweep: the
+    base trial, and every bound or choice of ``search.space`` is validated too.
 
     Raises:
-        ValueError: a grid point gives an invalid trial (the message names the field).
+        ValueError: a grid point gives an invalid trial, a ``set`` path that does not
+            exist in the trial, or two grid points give the same trial (the same trial
+            id); the message names the grid, the point and the field.
     """
     base = sweep.trial.model_dump(mode="json")
-    keys = list(sweep.search.grid)
-    trials = []
-    for values in itertools.product(*(sweep.search.grid[k] for k in keys)):
-        point = dict(zip(keys, values))
-        try:
-            trials.append(apply_point(base, point))
-        except ValidationError as e:
-            raise ValueError(f"search.grid point {point} is invalid: {_errors(e)}") from None
+    union = sweep.search.grids is not None
+    trials: list[TrialConfig] = []
+    where_of: dict[str, str] = {}
+    for i, g in enumerate(sweep.search.all_grids):
+        where = f"search.grids[{i}]" if union else "search.grid"
+        grid_base = _apply_set(base, g.set_, where)
+        keys = list(g.grid)
+        for values in itertools.product(*(g.grid[k] for k in keys)):
+            point = dict(zip(keys, values))
+            try:
+                trial = apply_point(grid_base, point)
+            except ValidationError as e:
+                fixed = f" (with set {g.set_})" if g.set_ else ""
+                raise ValueError(f"{where} point {point}{fixed} is invalid: {_errors(e)}") from None
+            if trial.trial_id in where_of:
+                raise ValueError(f"{where} point {point} gives trial {trial.trial_id}, which "
+                                 f"{where_of[trial.trial_id]} gives already (each trial once)")
+            where_of[trial.trial_id] = f"{where} point {point}"
+            trials.append(trial)
     for key, domain in sweep.search.space.items():  # Bayesian: every bound / choice must give a valid trial
         for v in domain.edge_values():
             try:
@@ -1057,6 +1217,26 @@ def expand_trials(sweep: SweepConfig) -> list[TrialConfig]:
             except ValidationError as e:
                 raise ValueError(f"search.space[{key!r}] value {v!r} is invalid: {_errors(e)}") from None
     return trials
+
+
+def _apply_set(base: dict[str, Any], overrides: dict[str, Any], where: str) -> dict[str, Any]:
+    """A copy of ``base`` (a trial as JSON) with a grid's ``set`` overrides: each dotted path
+    set, a mapping merged into the mapping already there (`_merge`).
+
+    Raises:
+        ValueError: a path runs through a value that is not a mapping (names it)."""
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        d, parts = out, key.split(".")
+        for j, part in enumerate(parts[:-1]):
+            d = d.setdefault(part, {})
+            if d is None:
+                d = {}
+            if not isinstance(d, dict):
+                raise ValueError(f"{where}.set[{key!r}]: trial field {'.'.join(parts[: j + 1])!r} is not a section")
+        last = parts[-1]
+        d[last] = _merge(d[last], value) if isinstance(value, dict) and isinstance(d.get(last), dict) else value
+    return out
 
 
 def apply_point(base: dict[str, Any], point: dict[str, Any]) -> TrialConfig:

@@ -18,13 +18,13 @@ The loop talks to Ray Train only through a `Session` (rank, world size, the
 checkpoint to resume from, ``report``): `RaySession` inside a ``TorchTrainer``,
 `LocalSession` in one process (tests/test_golden.py runs 20 real steps that way).
 With ``optimizer.checkpoint_every`` a restarted worker group resumes from the latest
-checkpoint (weights, step, LR schedule; not the AdamW moments). Metric keys:
-`distillab.registry`.
+checkpoint exactly: weights, step, AdamW moments and master weights, LR schedule, the
+random streams and the gradient masks (`optim.save_checkpoint`; tests/test_resume.py).
+Metric keys: `distillab.registry`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -32,7 +32,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import ray.train
 import torch
@@ -40,13 +40,25 @@ import torch
 from distillab.config import RuntimeContext, TrialConfig
 from distillab.evals.suite import Evaluator, evaluate_stage, pre_eval_path
 from distillab.loss import loss_step
-from distillab.models import check_same_vocab, load_model, load_tokenizer
-from distillab.optim import optimizer_step, save_checkpoint, setup_engine
+from distillab.models import DTYPES, check_lm_heads, check_same_vocab, load_model, load_tokenizer
+from distillab.optim import (
+    Resume,
+    TouchedParameters,
+    engine_state,
+    gathered_for_generation,
+    load_checkpoint,
+    load_engine_state,
+    optimizer_step,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    setup_engine,
+)
 from distillab.results import report_metrics, with_forgetting
 from distillab.rlvr import run_rlvr_stage
 from distillab.rollout import RolloutSource, Rollouts, TeacherPrompts, step_prompts
 from distillab.tasks import TaskData
-from distillab.telemetry import MetricsLog, RayGauges, quiet_report_log
+from distillab.telemetry import MetricsLog, RayGauges, TrialTimes, quiet_report_log
 
 __all__ = ["Session", "RaySession", "LocalSession", "WorkerState", "setup_models", "setup_trial", "step_metrics",
            "log_step", "finish", "run_worker", "train_loop_per_worker", "loss_step"]
@@ -58,42 +70,40 @@ WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 class Session(Protocol):
     """What the recipe needs from its runner: this worker's ``rank`` and the ``world``
-    size, `restore` (the step and student of the checkpoint to resume from, or
-    ``(0, None)``), `report` (metrics and, optionally, a checkpoint directory the
-    session may delete afterwards) and `gauges` (Ray gauges, or None)."""
+    size, `restore` (``load(directory)`` of the checkpoint to resume from, or None),
+    `report` (metrics and, optionally, a checkpoint directory the session may delete
+    afterwards) and `gauges` (Ray gauges, or None)."""
 
     rank: int
     world: int
 
-    def restore(self) -> tuple[int, Any]: ...
+    def restore(self, load: Callable[[Path], Any]) -> Any: ...
 
     def report(self, metrics: dict[str, float], checkpoint: Path | None = None) -> None: ...
 
     def gauges(self, trial_id: str) -> RayGauges | None: ...
 
 
-def _load_checkpoint(directory: str | Path) -> tuple[int, Any]:
-    """(step, student) of a checkpoint written by `optim.save_checkpoint`."""
-    return json.loads((Path(directory) / "trainer_state.json").read_text())["step"], load_model(directory)
-
-
 class RaySession:
     """`Session` inside a Ray Train worker (``ray.train.get_context`` / ``get_checkpoint`` /
-    ``report``; rank 0 passes the checkpoint, whose directory is removed once Ray copied it)."""
+    ``report``). Every rank passes the checkpoint directory it wrote (rank 0 the weights,
+    each rank its training state; Ray Train merges them into one checkpoint), which is
+    removed once Ray copied it."""
 
     def __init__(self):
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
 
-    def restore(self) -> tuple[int, Any]:
+    def restore(self, load: Callable[[Path], Any]) -> Any:
         ckpt = ray.train.get_checkpoint()
         if ckpt is None:
-            return 0, None
+            return None
         with ckpt.as_directory() as d:
-            return _load_checkpoint(d)
+            return load(Path(d))
 
     def report(self, metrics: dict[str, float], checkpoint: Path | None = None) -> None:
-        ckpt = ray.train.Checkpoint.from_directory(str(checkpoint)) if checkpoint and self.rank == 0 else None
+        wrote = checkpoint is not None and any(Path(checkpoint).iterdir())
+        ckpt = ray.train.Checkpoint.from_directory(str(checkpoint)) if wrote else None
         ray.train.report(metrics, checkpoint=ckpt)
         if checkpoint is not None:
             shutil.rmtree(checkpoint, ignore_errors=True)
@@ -112,8 +122,8 @@ class LocalSession:
     rank: int = 0
     world: int = 1
 
-    def restore(self) -> tuple[int, Any]:
-        return (0, None) if self.resume_from is None else _load_checkpoint(self.resume_from)
+    def restore(self, load: Callable[[Path], Any]) -> Any:
+        return None if self.resume_from is None else load(Path(self.resume_from))
 
     def report(self, metrics: dict[str, float], checkpoint: Path | None = None) -> None:
         self.reports.append(dict(metrics))
@@ -124,13 +134,17 @@ class LocalSession:
         return None
 
 
-def setup_models(ctx: RuntimeContext) -> tuple[Any, Any, Any]:
-    """Tokenizer (shared, checked), frozen teacher, trainable student."""
+def setup_models(ctx: RuntimeContext, trial: TrialConfig) -> tuple[Any, Any, Any]:
+    """Tokenizer (shared, checked), frozen teacher, trainable student, both loaded in
+    ``trial.precision`` (`models.DTYPES`: under bf16 the weights are rounded to bf16;
+    DeepSpeed keeps float32 masters of the student's when ``master_weights`` is fp32)
+    with ``trial.attn_implementation``."""
     tok_t, tok_s = load_tokenizer(ctx.teacher_path), load_tokenizer(ctx.student_path)
     check_same_vocab(tok_t, tok_s)
-    teacher = load_model(ctx.teacher_path).eval()
+    dtype, attn = DTYPES[trial.precision], trial.attn_implementation
+    teacher = load_model(ctx.teacher_path, dtype, attn).eval()
     teacher.requires_grad_(False)
-    return tok_s, teacher, load_model(ctx.student_path)
+    return tok_s, teacher, load_model(ctx.student_path, dtype, attn)
 
 
 @dataclass
@@ -154,6 +168,8 @@ class WorkerState:
     log: MetricsLog
     gauges: RayGauges | None
     reports: dict[str, dict[str, float]]
+    times: TrialTimes = field(default_factory=TrialTimes)
+    touched: TouchedParameters | None = None
     last: dict[str, float] = field(default_factory=dict)
     t_start: float = field(default_factory=time.perf_counter)
 
@@ -167,39 +183,56 @@ def _worker_env(ctx: RuntimeContext) -> None:
     quiet_report_log()
 
 
-def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: Session) -> WorkerState:
-    """Setup: models, the checkpoint to resume from, the evaluation before training
-    (rank 0 of a fresh start; shared across the sweep's trials through `pre_eval_path`),
-    the DeepSpeed engine (its LR schedule advanced to a resumed step), the rank's
-    training prompts (`tasks.TaskData`), the rollout source and the loss generator."""
+def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: Session,
+                times: TrialTimes | None = None) -> WorkerState:
+    """Setup: models (in ``trial.precision``; gradient checkpointing on the student when
+    set), the checkpoint to resume from, the evaluation before training (rank 0 of a
+    fresh start; shared across the sweep's trials through `pre_eval_path`), the
+    DeepSpeed engine, the rank's training prompts (`tasks.TaskData`), the rollout source,
+    the loss generator and the gradient masks of ``sparsity_touched``. A resumed worker
+    continues exactly (`optim.load_checkpoint`): its engine's AdamW, master weights and
+    LR schedule, the masks and, last, every random stream (`set_rng_state`).
+    ``times``: the run's `telemetry.TrialTimes` (its ``setup`` phase ends here)."""
+    times = times if times is not None else TrialTimes()
     _worker_env(ctx)
     rank, world = session.rank, session.world
     torch.manual_seed(trial.seed)
-    tok, teacher, student = setup_models(ctx)
+    tok, teacher, student = setup_models(ctx, trial)
+    check_lm_heads(teacher.config.vocab_size, student.config.vocab_size, len(tok), trial.loss.pad_vocab,
+                   spectrum=trial.rollout.policy == "spectrum")
     init_state = {k: v.detach().float().clone() for k, v in student.state_dict().items()}
-    start_step, resumed = session.restore()
-    student = resumed if resumed is not None else student
+    resume: Resume | None = session.restore(
+        lambda d: load_checkpoint(d, rank, DTYPES[trial.precision], trial.attn_implementation))
+    start_step = 0 if resume is None else resume.step
+    student = student if resume is None else resume.student
+    if trial.gradient_checkpointing:
+        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     evaluator = Evaluator(tok, trial.tasks, trial.evaluation, seeds=trial.seeds)
     reports = {}
     if rank == 0 and start_step == 0:  # S_τ = 1 by definition
         reports["pre"] = evaluate_stage(evaluator, student, trial, trial_id, "pre", 0, Path(ctx.results_root),
                                         init_state, cache=pre_eval_path(ctx.shared_cache, trial, ctx.student_path))
-    engine, _, per_worker = setup_engine(student, trial.optimizer, world)
-    for _ in range(start_step):  # LR schedule position after a resume
-        engine.lr_scheduler.step()
+    engine, _, per_worker = setup_engine(student, trial.optimizer, world, precision=trial.precision,
+                                         master_weights=trial.master_weights)
+    touched = TouchedParameters(engine.module, None if resume is None else resume.state["touched"]) \
+        if trial.evaluation.sparsity_touched else None
     data = TaskData.of(trial)
     prompts = data.train_prompts(tok, rank)
     conditioning = TeacherPrompts(prompts, data.train_prompts(tok, rank, role="teacher")) \
         if trial.tasks.teacher_conditioned else None
-    source = RolloutSource(trial, ctx, tok, teacher, engine.module, rank, world, conditioning)
+    with gathered_for_generation(engine, trial.rollout.policy == "onpd") as module:  # its first weight sync
+        source = RolloutSource(trial, ctx, tok, teacher, module, rank, world, conditioning)
     gen = torch.Generator().manual_seed(trial.seed * trial.seeds.loss + rank)
     metrics_log = MetricsLog(ctx.results_root, trial_id, "distill", rank)
-    if start_step > 0:  # a restart from a checkpoint: say so in the metrics table
+    if resume is not None:  # a restart from a checkpoint: continue its optimizer and random streams; say so
+        load_engine_state(engine, resume.state)
+        set_rng_state(resume.state["rng"], gen)
         log.info("%s resumed at step %d", trial_id, start_step)
         metrics_log.add(start_step, {"resume/start_step": float(start_step)})
+    times.mark("setup")
     return WorkerState(trial, ctx, trial_id, session, tok, teacher, engine, evaluator, init_state, start_step,
                        prompts, per_worker, source, gen, metrics_log, session.gauges(trial_id) if rank == 0 else None,
-                       reports)
+                       reports, times, touched)
 
 
 def step_metrics(w: WorkerState, rollouts: Rollouts, loss: torch.Tensor, diag: dict[str, float], grad_norm: float,
@@ -224,10 +257,13 @@ def step_metrics(w: WorkerState, rollouts: Rollouts, loss: torch.Tensor, diag: d
 
 
 def _checkpoint(w: WorkerState, step: int) -> Path:
-    """A temporary directory holding the student after ``step`` (rank 0, and every rank under ZeRO 3)."""
+    """A temporary directory holding the checkpoint after ``step`` (`optim.save_checkpoint`):
+    the student (rank 0) and this rank's training state: the engine's AdamW, master
+    weights and LR schedule, the random streams and the gradient masks."""
     d = Path(tempfile.mkdtemp(prefix="distillab-ckpt-"))
-    if w.session.rank == 0 or w.trial.optimizer.zero_stage == 3:
-        save_checkpoint(w.engine, w.trial.optimizer, w.tok, step, d)
+    state = {**engine_state(w.engine), "rng": rng_state(w.gen),
+             "touched": {} if w.touched is None else dict(w.touched.masks)}
+    save_checkpoint(w.engine, w.trial.optimizer, w.tok, step, d, rank=w.session.rank, state=state)
     return d
 
 
@@ -259,48 +295,67 @@ def _final_report(w: WorkerState) -> dict[str, float]:
 def finish(w: WorkerState) -> dict[str, float]:
     """Finish: the evaluation after distillation (rank 0; with update sparsity), the
     optional RLVR stage and its evaluation, the final report (the last step's metrics,
-    the in-loop seconds and every evaluation) with the final student checkpoint."""
+    the in-loop seconds and every evaluation) with the final student checkpoint; rank 0
+    writes the in-loop seconds and the run's `telemetry.TrialTimes` to the metrics table."""
     trial, root, rank = w.trial, Path(w.ctx.results_root), w.session.rank
     w.source.close()
     train_s = time.perf_counter() - w.t_start
+    w.times.mark("loop")  # (time/train_s, measured from the state's creation, is the loop's number)
     final = {**w.last, "step": trial.optimizer.steps, "time/train_s": train_s}  # the last diagnostics stay in view
-    if rank == 0:
-        w.log.add(trial.optimizer.steps, {"time/train_s": train_s})  # in-loop seconds (of this run, after a resume)
-        w.log.flush(trial.optimizer.steps, key=f"{w.trial_id}__distill__train_time")
-        w.reports["distill"] = evaluate_stage(w.evaluator, w.engine.module, trial, w.trial_id, "distill",
-                                              trial.optimizer.steps, root, w.init_state)
+    touched = None
+    if w.touched is not None:  # distillation's gradients only: the hooks end here
+        touched = w.touched.gathered()  # collective
+        w.touched.remove()
+    with gathered_for_generation(w.engine) as student:  # ZeRO 3: whole on every rank (collective)
+        if rank == 0:
+            w.reports["distill"] = evaluate_stage(w.evaluator, student, trial, w.trial_id, "distill",
+                                                  trial.optimizer.steps, root, w.init_state, touched=touched)
+            w.times.mark("eval_distill")
     if trial.rlvr is not None:  # GRPO/DAPO on the distilled student, then the suite again (stage rlvr)
         run_rlvr_stage(trial, w.ctx, w.engine, w.tok, w.trial_id, rank, w.session.world, w.session.report, w.gauges)
         final.update(step=trial.optimizer.steps + trial.rlvr.steps)
         if rank == 0:
             w.reports["rlvr"] = evaluate_stage(w.evaluator, w.engine.module, trial, w.trial_id, "rlvr",
                                                trial.rlvr.steps, root, w.init_state)
+    checkpoint = _checkpoint(w, trial.optimizer.steps)
     if rank == 0:
         final.update(_final_report(w))
-    w.session.report(final, _checkpoint(w, trial.optimizer.steps))
+        w.times.mark("finish")
+        times = {k: v for k, v in w.times.seconds.items() if k != "time/loop_s"}
+        times["time/finish_s"] += times.get("time/eval_distill_s", 0.0)  # finish: from the last step on
+        w.log.add(trial.optimizer.steps, {"time/train_s": train_s, **times})  # in-loop seconds (this run)
+        w.log.flush(trial.optimizer.steps, key=f"{w.trial_id}__distill__train_time")
+    w.session.report(final, checkpoint)
     return final
 
 
-def run_worker(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: Session) -> dict[str, float]:
-    """One worker's trial, the recipe of the module docstring. Returns the final report."""
-    w = setup_trial(trial, ctx, trial_id, session)
+def run_worker(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: Session,
+               times: TrialTimes | None = None) -> dict[str, float]:
+    """One worker's trial, the recipe of the module docstring (``times``: its
+    `telemetry.TrialTimes`, started at the train function's first line). Returns the final report."""
+    w = setup_trial(trial, ctx, trial_id, session, times)
     o = trial.optimizer
+    samples = trial.rollout.policy != "offpd"  # the student samples (ZeRO 3: gathered whole for it)
     for step in range(w.start_step, o.steps):
         t0 = time.perf_counter()
         prompts = step_prompts(w.prompts, step, w.per_worker, o.rollouts_per_prompt)
-        rollouts = w.source.get(step, prompts, w.engine.module)
+        with gathered_for_generation(w.engine, samples) as student:
+            rollouts = w.source.get(step, prompts, student)
         t_gen = time.perf_counter() - t0
         w.engine.module.train()
         loss, diag = loss_step(trial, w.engine, w.teacher, rollouts, w.tok.pad_token_id, w.gen, step=step + 1)
         grad_norm, lr = optimizer_step(w.engine, loss, o)
-        t_sync = w.source.sync(w.engine.module, step + 1)
+        with gathered_for_generation(w.engine, samples and w.source.syncs) as student:
+            t_sync = w.source.sync(student, step + 1)
         log_step(w, step + 1, step_metrics(w, rollouts, loss, diag, grad_norm, lr, t0, t_gen, t_sync))
     return finish(w)
 
 
 def train_loop_per_worker(config: dict) -> None:
     """Ray Train worker function. ``config``: ``trial`` (`TrialConfig` as a JSON dict),
-    ``trial_id`` and ``ctx`` (`config.RuntimeContext` as a JSON dict)."""
+    ``trial_id``, ``ctx`` (`config.RuntimeContext` as a JSON dict) and ``launch``
+    (`telemetry.TrialTimes.launch_info` of the Tune trainable, optional)."""
+    times = TrialTimes(config.get("launch"))
     run_worker(TrialConfig.model_validate(config["trial"]), RuntimeContext.model_validate(config["ctx"]),
-               config["trial_id"], RaySession())
+               config["trial_id"], RaySession(), times)
 

@@ -15,6 +15,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
+    GenerationConfig,
     LlamaConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
@@ -99,9 +100,69 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tok
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """``AutoModelForCausalLM.from_pretrained`` (remote code off) in ``dtype``."""
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False)
+#: The precision names of the config (``trial.precision``, ``trial.master_weights``,
+#: ``evaluation.sparsity_dtype``) as torch dtypes.
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
+               attn_implementation: str | None = None) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained`` (remote code off) in ``dtype`` (weights
+    stored in another dtype are cast, round to nearest even), with the attention
+    implementation ``attn_implementation`` (``eager``, ``sdpa``, ``flash_attention_2``;
+    None: the model's default) and the checkpoint's sampling defaults dropped
+    (`neutral_generation_config`). transformers raises for an implementation this
+    machine lacks (flash_attention_2 without the package or a GPU)."""
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, trust_remote_code=False, **extra)
+    model.generation_config = neutral_generation_config(model.config)
+    return model
+
+
+def neutral_generation_config(config) -> GenerationConfig:
+    """A ``GenerationConfig`` with only the special-token ids of the model ``config``.
+
+    A checkpoint's ``generation_config.json`` holds sampling defaults that
+    ``model.generate`` applies wherever the caller does not override them: Qwen2.5-Instruct
+    ships ``repetition_penalty: 1.05``, ``top_k: 20``, ``top_p: 0.8``, ``temperature: 0.7``.
+    The platform samples with exactly its configured temperature and top-p (and reports
+    logprobs under softmax(z/τ)), so no other processor may run: every loaded model gets
+    this neutral configuration instead."""
+    return GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                            pad_token_id=config.pad_token_id)
+
+
+def check_lm_heads(teacher_rows: int, student_rows: int, tokens: int, pad_vocab: bool, spectrum: bool = False) -> None:
+    """The lm_heads of a teacher/student pair against their shared tokenizer.
+
+    Both heads must cover the tokenizer (``rows >= tokens``); their sizes may differ only
+    with ``loss.pad_vocab`` (Qwen2.5-7B has 152,064 rows and Qwen2.5-1.5B 151,936 for a
+    tokenizer of 151,665: the extra rows are unused padding, and `distillab.ops.chunked.pad_vocab`
+    pads the smaller head with −inf rows).
+
+    Args:
+        teacher_rows, student_rows: rows of each lm_head (``config.vocab_size``).
+        tokens: the tokenizer's size (``len(tokenizer)``).
+        pad_vocab: ``trial.loss.pad_vocab``.
+        spectrum: ``rollout.policy`` is ``spectrum``: its pair sampler (`rollout`) scores both
+            models over one vocabulary and does not pad, so the sizes must be equal.
+
+    Raises:
+        ValueError: a head smaller than the tokenizer, or different sizes without
+            ``pad_vocab`` or with ``spectrum`` (both sizes and the field named).
+    """
+    for role, rows in (("teacher", teacher_rows), ("student", student_rows)):
+        if rows < tokens:
+            raise ValueError(f"the {role}'s lm_head has {rows} rows but the tokenizer has {tokens} tokens: "
+                             "some token ids have no logit")
+    if teacher_rows != student_rows and spectrum:
+        raise ValueError(f"rollout.policy 'spectrum' needs lm_heads of one size (its pair sampler does not pad): "
+                         f"the teacher's has {teacher_rows} rows, the student's {student_rows}")
+    if teacher_rows != student_rows and not pad_vocab:
+        raise ValueError(
+            f"the teacher's lm_head has {teacher_rows} rows and the student's {student_rows} (tokenizer: {tokens} "
+            "tokens): set trial.loss.pad_vocab: true to pad the smaller one with -inf rows, when the extra rows "
+            "are unused padding (as in Qwen2.5-7B vs 1.5B: 152,064 vs 151,936)")
 
 
 def check_same_vocab(teacher_tok: PreTrainedTokenizerBase, student_tok: PreTrainedTokenizerBase) -> None:

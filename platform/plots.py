@@ -15,6 +15,11 @@ backend switch), so this works headless and inside Jupyter alike.
     (g) :func:`fig_tensor_sparsity` update sparsity S_τ per tensor kind, per swept configuration
     (h) :func:`fig_estimator`   the oracle: each estimator's bias and gradient cosine against steps
 
+and the figures of ``distillab findings`` (`distillab.findings`): :func:`fig_accuracy_lr`
+(accuracy against LR per policy × KL), :func:`fig_coverage_gap` (pass@k − pass@1 against
+LR and along λ) and :func:`fig_hard_pass_lambda` (Countdown-4E pass@k along λ, before and
+after RLVR).
+
 Every value is a mean over seeds (completed trials only) with SEM error bars. A
 panel whose data are absent (no λ column, no ``rlvr`` stage, ...) shows
 "no data: <why>" instead of failing; :func:`figure_notes` returns those lines.
@@ -40,6 +45,7 @@ from distillab.results import (
     Results,
     aggregate,
     config_columns,
+    filter_trials,
     final_evals,
     final_table,
     forgetting,
@@ -57,6 +63,7 @@ __all__ = [
     "FIGURES",
     "fig_policy_kl", "fig_lr", "fig_lambda", "fig_pass_at_k", "fig_rlvr", "fig_loglik", "fig_tensor_sparsity",
     "fig_estimator", "ESTIMATOR_BIAS", "ESTIMATOR_GRAD_COS",
+    "fig_accuracy_lr", "fig_coverage_gap", "fig_hard_pass_lambda",
     "figure_notes", "save_figure", "swept_columns", "summary_table", "summary_markdown",
     "write_report",
 ]
@@ -533,6 +540,70 @@ def fig_estimator(res: Results) -> Figure:
         ax.set_xlabel("optimizer step")
         if name == ESTIMATOR_BIAS:
             ax.axhline(0, color="0.6", lw=0.8)
+    return fig
+
+
+def fig_accuracy_lr(res: Results) -> Figure:
+    """Countdown-3 accuracy against learning rate, one line per rollout policy × KL direction,
+    mean ± SEM over seeds (finding 1: policy gives no consistent advantage; reverse KL is the
+    more LR-sensitive direction). `distillab.findings` draws it over the policy × KL grid."""
+    fig, axes = _new_figure(1, "accuracy against learning rate", width=6.0)
+    _panel_lines(fig, axes[0], res, "id_accuracy", LR, [POLICY, KL, *_extra(res, (POLICY, KL, LR))])
+    return fig
+
+
+def _coverage_gap(res: Results, task: str = ID_TASK) -> pl.DataFrame:
+    """Per completed trial, pass@k − pass@1 on ``task`` at stage distill (k the largest
+    evaluated), as ``value``; empty when either is absent."""
+    metrics = _pass_metrics(res, task)
+    if len(metrics) < 2:
+        return pl.DataFrame()
+    df = final_evals(res).filter((pl.col("stage") == "distill") & (pl.col("task") == task)
+                                 & pl.col("metric").is_in(metrics)).collect()
+    keys = [k for k in ("sweep", "trial_id") if k in df.columns]
+    wide = df.pivot("metric", index=keys, values="value")
+    gap = wide.select(*keys, (pl.col(metrics[1]) - pl.col(metrics[0])).alias("value"))
+    return gap.join(res.trials.collect(), on=keys, how="left").filter(pl.col("value").is_not_null())
+
+
+def fig_coverage_gap(res: Results) -> Figure:
+    """The coverage gap pass@k − pass@1 on Countdown-3 after distillation (finding 4: larger for
+    forward KL), computed per trial: against LR per rollout policy × KL direction, and along λ
+    per KL direction, mean ± SEM over seeds."""
+    fig, axes = _new_figure(2, f"coverage gap on {ID_TASK}: pass@k − pass@1", width=6.0)
+    label = "pass@k − pass@1"
+    has_policy = POLICY in res.trials.collect_schema().names()
+    for ax, x, policies in ((axes[0], LR, ["offpd", "onpd"]), (axes[1], LAMBDA, ["spectrum"])):
+        title = f"{label} along λ" if x == LAMBDA else f"{label} against LR"
+        part = filter_trials(res, **{POLICY: policies}) if has_policy else res
+        df = _coverage_gap(part)
+        if not df.height:
+            _no_data(fig, ax, title, f"no {'/'.join(policies)} trials with pass@1 and pass@k on {ID_TASK}")
+            continue
+        series = [KL] if x == LAMBDA else [POLICY, KL]
+        series += _extra(part, (*series, x, POLICY))  # what else varies among these trials
+        agg = aggregate(_with_dims(df, [x, *series]), [x, *series])
+        _lines(ax, agg, x, series, label, title)
+    return fig
+
+
+def fig_hard_pass_lambda(res: Results) -> Figure:
+    """Countdown-4E pass@k (the largest k evaluated) along λ per KL direction, after distillation
+    (solid) and after RLVR (dashed), mean ± SEM over seeds (finding 5)."""
+    fig, axes = _new_figure(1, f"{HARD_TASK} pass@k along λ, before and after RLVR", width=7.0)
+    metrics = _pass_metrics(res, HARD_TASK)
+    title = f"{HARD_TASK} {metrics[-1] if metrics else 'pass@k'}"
+    if not _has_lambda(res) or not metrics:
+        _no_data(fig, axes[0], title, f"no λ-spectrum trials with {HARD_TASK} pass@k")
+        return fig
+    df = final_evals(res).filter(pl.col("stage").is_in(["distill", "rlvr"]) & (pl.col("task") == HARD_TASK)
+                                 & (pl.col("metric") == metrics[-1])).collect()
+    series = [KL, *_extra(res, (KL, LAMBDA))]
+    agg = aggregate(_with_dims(df, [LAMBDA, *series]), [LAMBDA, "stage", *series])
+    for stage, style in (("distill", "-"), ("rlvr", "--")):  # one colour per KL direction at both stages
+        part = agg.filter(pl.col("stage") == stage)
+        if part.height:
+            _lines(axes[0], part, LAMBDA, series, metrics[-1], title, linestyle=style, suffix=f" ({stage})")
     return fig
 
 

@@ -27,13 +27,13 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
-from distillab.config import MicroModelConfig, SweepConfig, cache_key
+from distillab.config import EvaluationConfig, MicroModelConfig, SweepConfig, cache_key
 from distillab.evals.suite import Evaluator
 from distillab.math_task import math_prompt_ids, math_target_text
 from distillab.mcq import mcq_prompt_ids, mcq_target_text
-from distillab.models import build_char_tokenizer, micro_llama_config
+from distillab.models import build_char_tokenizer, load_model, load_tokenizer, micro_llama_config
 from distillab.optim import TorchStepper, rlvr_schedule
 from distillab.rlvr import lora_policy, run_rlvr
 from distillab.sft import Example, sft_train
@@ -48,10 +48,23 @@ SFT_STREAMS = 1000
 SFT_STREAM_OFFSETS = {"styled": 29, "mcq": 23, "skills": 17, "math": 31}
 
 
+def scored_evaluation(sweep: SweepConfig) -> EvaluationConfig:
+    """The base trial's evaluation widened to every test split a trial of the sweep scores:
+    the Countdown tasks of all trials (base trial's first) and the largest item counts. A
+    union of grids (``search.grids``) may score more than the base trial (e.g. Countdown-4
+    for the trials with an RLVR stage); a prepared model must not train on any of them. For
+    a single grid (no grid key reaches ``evaluation``) it is the base trial's evaluation."""
+    evs = [sweep.trial.evaluation, *(t.evaluation for t in sweep.trials)]
+    tasks = tuple(dict.fromkeys(name for ev in evs for name in ev.countdown_tasks))
+    most = {f: max(getattr(ev, f) for ev in evs) for f in ("id_items", "pass_items", "mcq_items", "math_items")}
+    return sweep.trial.evaluation.model_copy(update={"countdown_tasks": tasks, **most})
+
+
 def _exclusion(sweep: SweepConfig, mcq: bool, math: bool = False) -> dict:
-    """The test splits a prepared model must not train on (`tasks.TaskData.excluded`; the
-    multiple-choice and math splits when it trains on those tasks), for its key."""
-    ev = sweep.trial.evaluation
+    """The test splits a prepared model must not train on (`tasks.TaskData.excluded` of
+    `scored_evaluation`; the multiple-choice and math splits when it trains on those tasks),
+    for its key."""
+    ev = scored_evaluation(sweep)
     return {"countdown": [ev.countdown_test_items, list(ev.countdown_tasks)], **({"mcq": ev.mcq_test_items} if mcq else {}),
             **({"math": ev.math_test_items} if math else {})}
 
@@ -72,7 +85,7 @@ def prepare_key(sweep: SweepConfig, role: str) -> str:
 
 def _examples(tok, sweep: SweepConfig, mcfg: MicroModelConfig, seed: int) -> list[Example]:
     tasks = sweep.trial.tasks
-    data = TaskData(tasks, sweep.trial.evaluation)
+    data = TaskData(tasks, scored_evaluation(sweep))  # training data without any scored test item
     eos = "</s>"
     out: list[Example] = []
     for i, (name, n) in enumerate(sorted(mcfg.countdown_examples.items())):
@@ -176,12 +189,12 @@ def refine_teacher(sweep: SweepConfig, teacher_dir: Path, out_dir: Path, threads
     """
     torch.set_num_threads(threads)
     cfg, seed = sweep.models.teacher_refine, sweep.models.prepare_seed
-    tok = AutoTokenizer.from_pretrained(teacher_dir)
-    model = AutoModelForCausalLM.from_pretrained(teacher_dir, dtype=torch.float32)
+    tok, model = load_tokenizer(teacher_dir), load_model(teacher_dir)
     tasks, ev = sweep.trial.tasks, sweep.trial.evaluation
+    scored = scored_evaluation(sweep)  # the training problems exclude every test item a trial scores
     t0 = time.perf_counter()
     trained, finish = lora_policy(model, cfg.lora)
-    problems = TaskData(tasks, ev, seed=seed, seeds=sweep.trial.seeds).rlvr_problems(cfg)
+    problems = TaskData(tasks, scored, seed=seed, seeds=sweep.trial.seeds).rlvr_problems(cfg)
     history = run_rlvr(cfg, TorchStepper(trained, cfg.lr, rlvr_schedule(cfg)), tok, tasks, problems, seed,
                        lambda step, metrics: None, seeds=sweep.trial.seeds)
     model = finish()
@@ -258,4 +271,4 @@ def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = Fal
     return paths[0], paths[1]
 
 
-__all__ = ["prepare", "prepare_key", "refine_key", "refine_teacher"]
+__all__ = ["prepare", "prepare_key", "refine_key", "refine_teacher", "scored_evaluation"]

@@ -119,6 +119,16 @@ register("time/rollout_s", "distill.step_metrics", "wall seconds spent getting t
 register("time/sync_s", "distill.step_metrics", "wall seconds of the OnPD weight sync into the vLLM engine")
 register("time/train_s", "distill.finish", "wall seconds of the distillation loop (this run)", scope="final")
 register("resume/start_step", "distill.setup_trial", "the step a restarted worker group resumed at", scope="table")
+# where a trial's fixed cost goes (telemetry.TrialTimes; benchmarks/sweep_overhead.py prints them)
+for _name, _doc in (
+    ("trainable_import", "Tune trial actor: its process start to the trainable's first line (imports, unpickling)"),
+    ("worker_launch", "the trainable's first line to the Train worker's process start (controller, placement group)"),
+    ("worker_init", "the Train worker's process start to the train function's first line (imports, process group)"),
+    ("setup", "the train function's first line to the first step (models, evaluation before training, DeepSpeed)"),
+    ("eval_distill", "the evaluation after distillation (rank 0)"),
+    ("finish", "the last step to the final report (evaluations, RLVR stage, final checkpoint written)"),
+):
+    register(f"time/{_name}_s", "telemetry.TrialTimes", f"wall seconds: {_doc}", scope="table")
 
 # --------------------------------------------------------------------------------------------- RLVR
 for _name, _doc in (
@@ -152,6 +162,10 @@ for _key, _producer, _doc in (
     ("eval/<stage>/params/sparsity@<tau>", "distill.evaluate_stage",
      "update sparsity S_τ over all parameters (τ: the threshold; 1 at pre)"),
     ("eval/<stage>/params/<tensor>/sparsity@<tau>", "distill.evaluate_stage", "update sparsity S_τ of one tensor"),
+    ("eval/<stage>/params/sparsity_touched@<tau>", "evals.suite.sparsity_rows",
+     "S_τ over only the parameter entries that had a nonzero gradient in some distillation step (stage distill)"),
+    ("eval/<stage>/params/touched_share", "evals.suite.sparsity_rows",
+     "share of parameter entries that had a nonzero gradient in some distillation step (stage distill)"),
 ):
     register(_key, _producer, _doc, scope="final")
 

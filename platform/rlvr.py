@@ -30,6 +30,7 @@ from distillab.ops.kl import token_logprobs
 from distillab.optim import TorchStepper, rlvr_schedule, setup_engine
 from distillab.rollout import (  # noqa: F401  (ActorSampler, policy_weights: re-exported)
     ActorSampler,
+    Rollouts,
     SamplingParams,
     TransformersEngine,
     engine_logprobs,
@@ -261,6 +262,51 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def _rewards(cfg, texts: list[str], batch: list[CountdownProblem], reward_fn) -> torch.Tensor:
+    """(B·G,) float32 rewards of the completions ``texts`` (sample k answers problem
+    ``batch[k // samples_per_prompt]``): `countdown_reward` with ``cfg``'s correct and
+    format rewards, or ``reward_fn(text, problem)``."""
+    g = cfg.samples_per_prompt
+    if reward_fn is None:
+        return torch.tensor([countdown_reward(t, batch[k // g], correct=cfg.correct_reward,
+                                              format_reward=cfg.format_reward) for k, t in enumerate(texts)])
+    return torch.tensor([float(reward_fn(t, batch[k // g])) for k, t in enumerate(texts)])
+
+
+def _grpo_update(cfg, stepper, ref, rollouts: Rollouts, rewards: torch.Tensor, pad_id: int) -> dict[str, float]:
+    """One GRPO/DAPO optimizer step of `run_rlvr` on the sampled ``rollouts``: group
+    advantages, the trainer's log π_θ (π_old its detached copy), `dapo_loss` scaled for
+    data parallelism, clipped step. Returns the step's ``rlvr/*`` metrics."""
+    module = stepper.module
+    adv = group_advantages(rewards, cfg.samples_per_prompt)
+    module.train()
+    logp, cmask = _token_logprobs(stepper, rollouts, pad_id, cfg.temperature)
+    old = logp.detach()  # π_old = the weights that sampled, at τ, without the top-p renormalisation
+    gap = float(((old - engine_logprobs(rollouts, cmask)) * cmask).sum() / cmask.sum().clamp(min=1))
+    ref_logp = None
+    if ref is not None:
+        with torch.no_grad():
+            ref_logp, _ = _token_logprobs(ref, rollouts, pad_id, cfg.temperature)
+    loss, stats = dapo_loss(logp, old, adv, cmask, eps_low=cfg.eps_low, eps_high=cfg.eps_high, beta=cfg.beta,
+                            ref_logp=ref_logp)
+    n_rank = float(cmask.sum())
+    correct = float((rewards >= cfg.correct_reward).sum()) if cfg.correct_reward > 0 else 0.0
+    n_all, loss_all, reward_all, correct_all, samples_all = _global_sums(
+        n_rank, float(loss.detach()) * n_rank, float(rewards.sum()), correct, float(len(rewards)))
+    stepper.backward(loss * (n_rank * _world_size() / max(n_all, 1.0)))  # × 1 on one rank
+    params = [p for p in module.parameters() if p.grad is not None]
+    gn = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip if cfg.clip is not None else float("inf")))
+    lr = stepper.get_lr()[0]
+    stepper.step()
+    return {
+        "rlvr/reward_mean": reward_all / samples_all,
+        "rlvr/accuracy": correct_all / samples_all,
+        "rlvr/loss": loss_all / max(n_all, 1.0), "rlvr/clip_frac": stats["clip_frac"],
+        "rlvr/ratio_mean": stats["ratio_mean"], "rlvr/kl": stats["kl"],
+        "rlvr/grad_norm": gn, "rlvr/lr": lr, "rlvr/sampler_logp_gap": gap,
+    }
+
+
 def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], seed: int, report,
              reward_fn=None, sampler=None, seeds: SeedsConfig = SeedsConfig()) -> list[dict]:
     """GRPO with the DAPO loss (PROTOCOL.md §6): ``cfg.steps`` optimizer steps (``cfg`` an
@@ -320,41 +366,8 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
             sync(module)
         rollouts = sampler.generate(prompts, sp)  # π_old = the current weights
         texts = tokenizer.batch_decode(rollouts.completion_ids, skip_special_tokens=False)
-        if reward_fn is None:
-            rewards = torch.tensor([
-                countdown_reward(t, batch[k // cfg.samples_per_prompt], correct=cfg.correct_reward,
-                                 format_reward=cfg.format_reward) for k, t in enumerate(texts)
-            ])
-        else:
-            rewards = torch.tensor([float(reward_fn(t, batch[k // cfg.samples_per_prompt]))
-                                    for k, t in enumerate(texts)])
-        adv = group_advantages(rewards, cfg.samples_per_prompt)
-        module.train()
-        logp, cmask = _token_logprobs(stepper, rollouts, tokenizer.pad_token_id, cfg.temperature)
-        old = logp.detach()  # π_old = the weights that sampled, at τ, without the top-p renormalisation
-        gap = float(((old - engine_logprobs(rollouts, cmask)) * cmask).sum() / cmask.sum().clamp(min=1))
-        ref_logp = None
-        if ref is not None:
-            with torch.no_grad():
-                ref_logp, _ = _token_logprobs(ref, rollouts, tokenizer.pad_token_id, cfg.temperature)
-        loss, stats = dapo_loss(logp, old, adv, cmask, eps_low=cfg.eps_low, eps_high=cfg.eps_high, beta=cfg.beta,
-                                ref_logp=ref_logp)
-        n_rank = float(cmask.sum())
-        correct = float((rewards >= cfg.correct_reward).sum()) if cfg.correct_reward > 0 else 0.0
-        n_all, loss_all, reward_all, correct_all, samples_all = _global_sums(
-            n_rank, float(loss.detach()) * n_rank, float(rewards.sum()), correct, float(len(rewards)))
-        stepper.backward(loss * (n_rank * _world_size() / max(n_all, 1.0)))  # × 1 on one rank
-        params = [p for p in module.parameters() if p.grad is not None]
-        gn = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip if cfg.clip is not None else float("inf")))
-        lr = stepper.get_lr()[0]
-        stepper.step()
-        m = {
-            "rlvr/reward_mean": reward_all / samples_all,
-            "rlvr/accuracy": correct_all / samples_all,
-            "rlvr/loss": loss_all / max(n_all, 1.0), "rlvr/clip_frac": stats["clip_frac"],
-            "rlvr/ratio_mean": stats["ratio_mean"], "rlvr/kl": stats["kl"],
-            "rlvr/grad_norm": gn, "rlvr/lr": lr, "rlvr/sampler_logp_gap": gap,
-        }
+        rewards = _rewards(cfg, texts, batch, reward_fn)
+        m = _grpo_update(cfg, stepper, ref, rollouts, rewards, tokenizer.pad_token_id)
         history.append(m)
         report(step + 1, m)
     module.eval()
@@ -363,13 +376,15 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
 
 
 def _rlvr_stepper(trial: TrialConfig, module, world: int, r):
-    """The RLVR stage's optimizer: a DeepSpeed engine around ``module`` (AdamW rebuilt:
-    the distillation optimizer's moments are not carried over), or plain AdamW over
+    """The RLVR stage's optimizer: a DeepSpeed engine around ``module`` in the trial's
+    precision (AdamW rebuilt: the distillation optimizer's moments, and under bf16 its
+    float32 masters, are not carried over: the stage starts from the bf16 student), or plain AdamW over
     QLoRA's adapters (DeepSpeed takes no 4-bit parameters)."""
     if r.lora is not None and r.lora.load_in_4bit:
         return TorchStepper(module, r.lr, rlvr_schedule(r))
     stepper, _, _ = setup_engine(module, trial.optimizer, world, lr=r.lr, schedule=rlvr_schedule(r),
-                                 batch=r.prompts_per_step * r.samples_per_prompt, clip=r.clip)
+                                 batch=r.prompts_per_step * r.samples_per_prompt, clip=r.clip,
+                                 precision=trial.precision, master_weights=trial.master_weights)
     return stepper
 
 

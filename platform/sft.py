@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from distillab.optim import lr_lambda
@@ -60,7 +61,8 @@ def sft_train(
     callback_every: int = 0,
 ) -> list[float]:
     """Train ``model`` in place on ``examples`` for ``steps`` optimizer steps with
-    AdamW (0.9, 0.999, eps 1e-8, no weight decay). Returns the per-step losses.
+    AdamW (0.9, 0.999, eps 1e-8, no weight decay), with a progress bar on a terminal
+    (tqdm, stderr). Returns the per-step losses.
 
     Raises:
         ValueError: empty ``examples`` or non-positive steps/batch/lr.
@@ -76,6 +78,7 @@ def sft_train(
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(warmup, steps, schedule))
     losses: list[float] = []
     t0 = time.perf_counter()
+    bar = tqdm(total=steps, desc="SFT", unit="step", disable=None, leave=False)  # None: off when not a TTY
     for step in range(steps):
         batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
         logits, targets = completion_logits(
@@ -89,9 +92,13 @@ def sft_train(
         opt.step()
         sched.step()
         losses.append(loss.item())
+        bar.update()
+        if step % 20 == 0:
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
         if callback is not None and callback_every and (step + 1) % callback_every == 0:
             callback(step + 1, sum(losses[-callback_every:]) / callback_every)
         if (step + 1) % 200 == 0:
             log.info("sft step %d/%d loss %.4f (%.1f s)", step + 1, steps, losses[-1], time.perf_counter() - t0)
+    bar.close()
     model.eval()
     return losses

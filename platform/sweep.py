@@ -17,6 +17,25 @@ config, for ``--resume``), the Tune experiment (``tune/``), the Train runs
 (``train/<trial_id>``) and the Parquet tables (``trials``, ``metrics``, ``evals``)
 that `distillab.results.load` reads.
 
+Console (``verbose``, `init_ray`): at the default level a sweep prints Tune's
+progress table when a trial changes status (`CalmReporter`), one line per finished
+stage of each trial (`evals.suite.evaluate_stage`) and errors; Ray Train's INFO
+logs, Hugging Face progress bars and Ray's known-harmless warnings stay out of it
+(the CLI's ``RAY_DEDUP_LOGS_SKIP_REGEX``; everything stays in Ray's session logs).
+``verbose=2`` (``distillab sweep --verbose``) brings all of it back. Trackers:
+Tune's W&B and MLflow logger callbacks when the YAML's ``tracking`` section asks
+(`tracker_callbacks`); Tune's own CSV and JSON loggers always, its TensorBoard
+logger never (the Parquet tables are the results).
+
+Lazy imports: the recipe (`distillab.distill`), `distillab.models` and
+`distillab.rollout` (transformers, DeepSpeed, vLLM's client) are imported inside
+the functions that use them (`train_fn` in the Train workers, the OffPD set
+generation in the driver), so that the Tune trial actor, which unpickles
+`run_trial` and so imports this module, loads Ray Tune, Ray Train and torch only:
+``python -c "import distillab.sweep"`` takes 6.8–7.4 s of CPU (user) against
+14.0–14.2 s with them at module top (``/usr/bin/time``, 2 cores shared with other
+jobs), on the critical path of a trial's start.
+
     distillab sweep search_spaces/micro.yaml
     distillab sweep --resume runs/micro
 """
@@ -27,6 +46,7 @@ import json
 import logging
 import math
 import os
+import socket
 import time
 import traceback
 from pathlib import Path
@@ -39,16 +59,16 @@ import ray.train
 from ray import tune
 from ray.train.torch import TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
+from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 from ray.tune.schedulers import ASHAScheduler
 from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
+from tqdm.auto import tqdm
 
 from distillab.config import RuntimeContext, SweepConfig, TrialConfig, apply_point, point_of
-from distillab.distill import train_loop_per_worker
-from distillab.models import load_tokenizer
 from distillab.registry import REPORTER_COLUMNS
 from distillab.results import load, pareto_front, report_metrics, trial_metrics, write_rows
-from distillab.rollout import offpd_rollout_path, offpd_rollout_set, resolve_engine, start_rollout_actor
+from distillab.telemetry import TrialTimes
 
 log = logging.getLogger(__name__)
 
@@ -71,18 +91,63 @@ def completed_trials(root: Path, trial_id: str | None = None) -> int:
     files = list((root / "trials").glob(pattern)) if (root / "trials").exists() else []
     if not files:
         return 0
-    return pl.scan_parquet(files).filter(pl.col("status") == "completed").select(pl.len()).collect().item()
+    # one scan per file: the rows of a union of grids (search.grids) differ in their config columns
+    status = pl.concat([pl.scan_parquet(f).select("status") for f in files])
+    return status.filter(pl.col("status") == "completed").select(pl.len()).collect().item()
 
 
-def run_trial(params: dict[str, Any], trials: dict[str, dict] | None = None, base: dict[str, Any] | None = None
-              ) -> None:
+def train_fn(config: dict) -> None:
+    """The Train workers' function: `distill.train_loop_per_worker` (imported here, in
+    the worker: see the module docstring's lazy imports)."""
+    from distillab.distill import train_loop_per_worker  # lazy: see the module docstring
+
+    train_loop_per_worker(config)
+
+
+#: Ray Train V2 settings of a trial's controller and workers, unless the environment sets them.
+#: The controller polls its workers every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (Ray's default: 2 s) and
+#: collects a `ray.train.report` only then, so a worker that reports waits up to that long, and so do
+#: the start and the end of every run: 0.5 s keeps the wait below a micro step (issue 14 measured
+#: 1.2 s per report at 2 s).
+TRAIN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+
+
+def train_settings(verbose: int = 1) -> dict[str, Any]:
+    """What `run_trial` applies around each ``TorchTrainer`` (computed in the driver, Ray
+    initialised): ``env``, `TRAIN_ENV` plus, on a one-node cluster, Ray Train's preemption
+    watcher off (an actor per trial that can only watch its own node go); ``log_level``,
+    Ray Train's console level (``WARNING``; ``INFO`` at ``verbose`` ≥ 2)."""
+    env = dict(TRAIN_ENV)
+    if len([n for n in ray.nodes() if n.get("Alive")]) <= 1:
+        env["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = "0"
+    return {"env": env, "log_level": "INFO" if verbose >= 2 else "WARNING"}
+
+
+class TrialTrainer(TorchTrainer):
+    """Ray Train's ``TorchTrainer`` without Ray Data's ``DatasetManager``: Train V2
+    starts that actor (a process importing Ray Data) for every run, datasets or not,
+    and a trial passes none. Reads Ray 2.60's private default-callback list; where
+    that changes, nothing is dropped."""
+
+    def _create_default_callbacks(self):
+        callbacks = super()._create_default_callbacks()
+        if self.datasets:
+            return callbacks
+        return [c for c in callbacks if type(c).__name__ != "DatasetsCallback"]
+
+
+def run_trial(params: dict[str, Any], trials: dict[str, dict] | None = None, base: dict[str, Any] | None = None,
+              settings: dict[str, Any] | None = None) -> None:
     """Tune function trainable: one distillation trial (`trial_of` the Tune config; its
-    `config.RuntimeContext` is ``params["ctx"]``) as a ``TorchTrainer`` fit, plus its row in
-    the ``trials`` table (``running`` at start; then ``completed`` or ``failed`` with the
-    error, times and checkpoint).
+    `config.RuntimeContext` is ``params["ctx"]``) as a ``TorchTrainer`` fit of `train_fn`
+    (a `TrialTrainer`, with `train_settings` ``settings``), plus its row in the ``trials`` table
+    (``running`` at start; then ``completed`` or ``failed`` with the error, times and
+    checkpoint).
 
     A trial whose row is already ``completed`` (Tune re-launching it after a driver
     crash) is not rerun: its final report is rebuilt from the ``evals`` table."""
+    launch = TrialTimes.launch_info()  # first line: how long this actor took to get here
+    settings = settings or {"env": {}, "log_level": "INFO"}
     ctx = RuntimeContext.model_validate(params["ctx"])
     trial = trial_of(params, trials or {}, base or {})
     trial_id, root, res = trial.trial_id, Path(ctx.results_root), ctx.resources
@@ -90,13 +155,15 @@ def run_trial(params: dict[str, Any], trials: dict[str, dict] | None = None, bas
         log.info("%s already completed; reporting its stored results", trial_id)
         tune.report({"step": trial.optimizer.steps, **report_metrics(root, trial_id), "skipped_rerun": 1})
         return
+    for k, v in settings["env"].items():  # Ray Train hands the ones it knows on to its controller and workers
+        os.environ.setdefault(k, v)
     row: dict[str, Any] = {"trial_id": trial_id, "start_time": time.time(), "checkpoint": None, "error": None}
     row.update({k: (str(v) if isinstance(v, (list, dict)) else v) for k, v in trial.flat().items()})
     write_rows(root, "trials", [{**row, "status": "running", "end_time": math.nan}], key=trial_id)
-    trainer = TorchTrainer(
-        train_loop_per_worker,
+    trainer = TrialTrainer(
+        train_fn,
         train_loop_config={"trial": trial.model_dump(mode="json"), "trial_id": trial_id,
-                           "ctx": ctx.model_dump(mode="json")},
+                           "ctx": ctx.model_dump(mode="json"), "launch": launch},
         scaling_config=ray.train.ScalingConfig(
             num_workers=res.num_workers, use_gpu=res.gpus_per_worker > 0,
             resources_per_worker={"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})},
@@ -106,10 +173,12 @@ def run_trial(params: dict[str, Any], trials: dict[str, dict] | None = None, bas
             storage_path=str(root / "train"),
             callbacks=[TuneReportCallback()],
             failure_config=ray.train.FailureConfig(max_failures=ctx.fault_tolerance.worker_restarts),
+            logging_config=ray.train.LoggingConfig(log_level=settings["log_level"]),
         ),
     )
     try:
         result = trainer.fit()
+        _await_tune_reports()
         row.update(status="completed", checkpoint=result.checkpoint.path if result.checkpoint else None)
     except Exception as e:  # the row records the failure; Tune sees it too
         row.update(status="failed", error="".join(traceback.format_exception_only(type(e), e))[-4000:])
@@ -119,21 +188,99 @@ def run_trial(params: dict[str, Any], trials: dict[str, dict] | None = None, bas
         write_rows(root, "trials", [row], key=trial_id)
 
 
-def init_ray(address: str | None, dashboard: bool, num_cpus: int | None = None) -> None:
+def _await_tune_reports(timeout_s: float = 300.0) -> None:
+    """Return once Tune has taken every report Ray Train relayed for this trial.
+
+    Ray 2.60 relays a Train run's reports to its Tune trainable through a queue actor
+    that the trainable's main thread drains into a one-slot result queue. When the
+    trainable's function returns while a report is still in that queue, its end marker
+    takes the slot first and the main thread blocks forever relaying the report (seen
+    here: both trials of a smoke sweep hung for 25 min after their last report once
+    the driver took 8–20 s per result). Reads the session's private queue; returns at
+    once where it moved."""
+    try:
+        from ray.train._internal.session import get_session
+
+        queue = get_session()._inter_actor_queue
+    except Exception:  # internals moved: Ray's default behaviour
+        return
+    deadline = time.time() + timeout_s
+    while queue is not None and time.time() < deadline:
+        if queue.empty():
+            time.sleep(0.2)  # the main thread moves what it took into the result slot
+            if queue.empty():
+                return
+        time.sleep(0.1)
+
+
+#: Environment of every Ray worker process at the default console level (`init_ray`): no Hugging
+#: Face progress bars (a micro model loads and saves in milliseconds; the bars were two lines per
+#: load), and no setuptools warnings when DeepSpeed's JIT extension loader imports setuptools after
+#: distutils (harmless: "Distutils was imported before Setuptools", "Setuptools is replacing distutils").
+QUIET_WORKER_ENV = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "PYTHONWARNINGS": "ignore:Distutils was imported before Setuptools,ignore:Setuptools is replacing distutils",
+}
+
+
+def init_ray(address: str | None, dashboard: bool, num_cpus: int | None = None, *, verbose: int = 1,
+             cpu_only: bool = False) -> None:
     """Connect to ``address`` (or ``RAY_ADDRESS``, set by ``ray job submit``), else
-    start a local Ray whose dashboard binds to 127.0.0.1."""
+    start a local Ray whose dashboard binds to 127.0.0.1. Below ``verbose`` 2 the workers
+    run with `QUIET_WORKER_ENV` and the driver logs Ray's warnings only; ``cpu_only`` (no
+    trial asks for a GPU) tells DeepSpeed its accelerator (``DS_ACCELERATOR=cpu``) instead
+    of its "Setting accelerator to CPU" fallback warning in every worker."""
     # offline unless the caller says otherwise (HF_HUB_OFFLINE=0 lets lm-eval fetch its hub datasets)
-    env = {"env_vars": {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}}
+    env_vars = {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
+    if verbose < 2:
+        env_vars.update({k: os.environ.get(k, v) for k, v in QUIET_WORKER_ENV.items()})
+    if cpu_only:
+        env_vars["DS_ACCELERATOR"] = os.environ.get("DS_ACCELERATOR", "cpu")
+    kw = {"runtime_env": {"env_vars": env_vars}, "logging_level": logging.INFO if verbose >= 2 else logging.WARNING}
     if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address, runtime_env=env)
-    else:
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            include_dashboard=dashboard,
-            dashboard_host="127.0.0.1",
-            runtime_env=env,
-        )
+        ray.init(address=address, **kw)
+        return
+    # A local Ray on a known GCS port, told to its workers: Ray Train's PlacementGroupCleaner finds
+    # its cluster through RAY_ADDRESS, and without it, beside another Ray on the same host, it dies
+    # at its first check ("Found multiple active Ray instances") and frees no placement group.
+    port = os.environ.get("RAY_GCS_SERVER_PORT") or str(_free_port())
+    env_vars.setdefault("RAY_ADDRESS", f"{ray.util.get_node_ip_address()}:{port}")
+    saved, os.environ["RAY_GCS_SERVER_PORT"] = os.environ.get("RAY_GCS_SERVER_PORT"), port
+    try:
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1", **kw)
+    finally:
+        if saved is None:
+            del os.environ["RAY_GCS_SERVER_PORT"]
+
+
+def _free_port() -> int:
+    """A TCP port nothing listens on now (the OS's pick)."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+class CalmReporter(tune.CLIReporter):
+    """Tune's ``CLIReporter``, printed once the first trial runs, when a trial ends
+    (finished or failed) and otherwise at most every ``max_report_frequency`` seconds,
+    instead of every ``max_report_frequency`` seconds whatever happened; without
+    Tune's system lines (scheduler, logical resource usage)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._ended: int | None = None
+
+    def should_report(self, trials, done: bool = False) -> bool:
+        if all(t.status == "PENDING" for t in trials):  # nothing to show yet
+            return False
+        ended = sum(t.status in ("TERMINATED", "ERROR") for t in trials)
+        if ended != self._ended:
+            self._ended, self._last_report_time = ended, time.time()
+            return True
+        return not done and super().should_report(trials, done)
+
+    def report(self, trials, done: bool, *sys_info: str) -> None:
+        super().report(trials, done)
 
 
 def _tune_domain(domain):
@@ -171,7 +318,7 @@ def build_search(sweep: SweepConfig):
             max_t=sc.max_t or sweep.trial.optimizer.steps, reduction_factor=sc.reduction_factor,
         )
     if s.kind == "grid":
-        points = [{"trial_id": t.trial_id, **point_of(t, list(s.grid))} for t in sweep.trials]
+        points = [{"trial_id": t.trial_id, **point_of(t, s.grid_keys)} for t in sweep.trials]
         return {POINT: tune.grid_search(points)}, None, scheduler, 1
     samplers = {
         "tpe": lambda: optuna.samplers.TPESampler(seed=s.seed),
@@ -195,7 +342,11 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
     trials with ``rollout.offpd_reuse`` will read (`rollout.offpd_rollout_set`),
     each distinct set once, in a `rollout.RolloutActor` of the configured engine
     with all ``threads`` (default: the machine's cores). Sets already cached are
-    skipped. Ray must be initialised. Returns how many sets were generated."""
+    skipped. Ray must be initialised. Returns how many sets were generated (a
+    progress bar over them on a terminal)."""
+    from distillab.models import load_tokenizer  # lazy: see the module docstring
+    from distillab.rollout import offpd_rollout_path, offpd_rollout_set, resolve_engine, start_rollout_actor
+
     world = sweep.resources.num_workers
     todo: dict[Path, tuple[TrialConfig, int]] = {}
     for t in sweep.trials:
@@ -205,13 +356,14 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
                 if not path.exists():
                     todo.setdefault(path, (t, rank))
     if not todo:
+        print("[time] OffPD sets: 0 s (none to generate: cached, or no trial reuses one)", flush=True)
         return 0
     threads = threads or max(1, os.cpu_count() or 1)
     tok = load_tokenizer(teacher_path)
     t0 = time.perf_counter()
     by_engine: dict[tuple, Any] = {}
     try:
-        for path, (t, rank) in todo.items():
+        for path, (t, rank) in tqdm(todo.items(), desc="OffPD rollout sets", unit="set", disable=None):
             r = t.rollout
             engine = resolve_engine(r.engine, batched=True)
             key = (engine, r.vllm_max_model_len, r.vllm_kv_cache_gib)
@@ -228,22 +380,128 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
         for actor in by_engine.values():
             ray.kill(actor)
     engines = ", ".join(sorted({k[0] for k in by_engine}))
-    print(f"[rollouts] OffPD reuse: {len(todo)} rollout set(s) generated with {engines} in "
-          f"{time.perf_counter() - t0:.0f} s under {sweep.shared_cache_dir()}", flush=True)
+    print(f"[rollouts] OffPD reuse: {len(todo)} rollout set(s) generated with {engines} under "
+          f"{sweep.shared_cache_dir()}", flush=True)
+    print(f"[time] OffPD sets: {time.perf_counter() - t0:.0f} s", flush=True)
     return len(todo)
 
 
-def _trainable(sweep: SweepConfig):
-    """`run_trial` with the sweep's validated trials (grid) or base trial (Optuna) and its resources."""
+def _trainable(sweep: SweepConfig, verbose: int = 1):
+    """`run_trial` with the sweep's validated trials (grid) or base trial (Optuna), its
+    `train_settings` and its resources."""
     trials = {t.trial_id: t.model_dump(mode="json") for t in sweep.trials} if sweep.search.kind == "grid" else {}
-    fn = tune.with_parameters(run_trial, trials=trials, base=sweep.trial.model_dump(mode="json"))
+    fn = tune.with_parameters(run_trial, trials=trials, base=sweep.trial.model_dump(mode="json"),
+                              settings=train_settings(verbose))
     return tune.with_resources(fn, {"CPU": sweep.resources.trial_cpus})
 
 
+def tracked_config(sweep: SweepConfig):
+    """``params → config``: what a tracker logs for the Tune trial of ``params`` (its Tune
+    config): the trial's fields as dotted keys (`config.TrialConfig.flat`) and ``trial_id``."""
+    trials = {t.trial_id: t.model_dump(mode="json") for t in sweep.trials} if sweep.search.kind == "grid" else {}
+    base = sweep.trial.model_dump(mode="json")
+
+    def config(params: dict[str, Any]) -> dict[str, Any]:
+        trial = trial_of(params, trials, base)
+        return {"trial_id": trial.trial_id, **trial.flat()}
+
+    return config
+
+
+def _log_trial_config(callback_cls, sweep: SweepConfig):
+    """``callback_cls`` (a Tune tracker callback, which logs ``trial.config``: Tune's
+    parameters, a grid point and the runtime context) logging `tracked_config` instead."""
+
+    config = tracked_config(sweep)
+
+    class TrialConfigCallback(callback_cls):
+        def log_trial_start(self, trial) -> None:
+            params, trial.config = trial.config, config(trial.config)
+            try:
+                super().log_trial_start(trial)
+            finally:
+                trial.config = params
+
+    TrialConfigCallback.__name__ = TrialConfigCallback.__qualname__ = f"Distillab{callback_cls.__name__}"
+    return TrialConfigCallback
+
+
+def tracker_callbacks(sweep: SweepConfig, quiet: bool = True) -> list:
+    """Ray Tune's W&B and MLflow logger callbacks for ``sweep.tracking`` (none unless it
+    asks): one run per trial, named by the trial id (`trial_name`), with `tracked_config`
+    as its config and every report (training metrics every 10 steps, the final
+    evaluations). MLflow names may not contain ``@``: its metric keys read ``_at_``
+    there (``eval/distill/countdown3/pass_at_1``), at the report's ``step``. ``quiet``:
+    W&B's own console lines off (``wandb.Settings(silent=True)``)."""
+    t, root, out = sweep.tracking, sweep.sweep_dir(), []
+    if t.wandb is not None:
+        import wandb  # optional dependency
+        from ray.air.integrations.wandb import WandbLoggerCallback
+
+        w = t.wandb
+        if w.mode:  # Ray's callback reads the mode from the environment (offline: no API key asked for)
+            os.environ["WANDB_MODE"] = w.mode
+        wandb_dir = Path(w.dir).expanduser().resolve() if w.dir else root / "wandb"
+        wandb_dir.mkdir(parents=True, exist_ok=True)  # W&B writes its runs under <dir>/wandb/
+        out.append(_log_trial_config(WandbLoggerCallback, sweep)(
+            project=w.project, group=w.group or sweep.name, entity=w.entity, tags=list(w.tags),
+            upload_checkpoints=False, log_config=False, dir=str(wandb_dir),
+            **({"mode": w.mode} if w.mode else {}), **({"settings": wandb.Settings(silent=True)} if quiet else {})))
+    if t.mlflow is not None:
+        m = t.mlflow
+        out.append(_mlflow_callback(sweep)(tracking_uri=m.tracking_uri or f"sqlite:///{root / 'mlflow.db'}",
+                                           experiment_name=m.experiment_name or sweep.name, tags=dict(m.tags)))
+    return out
+
+
+def _mlflow_callback(sweep: SweepConfig):
+    """Ray Tune's ``MLflowLoggerCallback`` logging `tracked_config` as the run's
+    parameters and each report's numbers as metrics at its ``step`` (``@`` → ``_at_``),
+    each in one ``log_batch`` call: Ray's callback writes one key per call, and a
+    final report's ~200 keys then held the driver 8–20 s per result (SQLite store,
+    2 busy cores), long enough for Ray 2.60's report relay to deadlock (`_await_tune_reports`)."""
+    from mlflow.entities import Metric, Param  # optional dependency
+    from mlflow.tracking import MlflowClient
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+    config = tracked_config(sweep)
+
+    class MLflowCallback(MLflowLoggerCallback):
+        def _batch(self, run_id: str, items: list, kind: str) -> None:
+            if getattr(self, "_client", None) is None:  # one client: each new one opens the store again
+                self._client = MlflowClient(tracking_uri=self.tracking_uri)
+            size = 100 if kind == "params" else 1000
+            for i in range(0, len(items), size):  # MLflow's per-call limits: 100 params, 1000 metrics
+                self._client.log_batch(run_id, **{kind: items[i:i + size]})
+
+        def log_trial_start(self, trial) -> None:
+            if trial not in self._trial_runs:
+                run = self.mlflow_util.start_run(tags={**self.tags, "trial_name": str(trial)}, run_name=str(trial))
+                self._trial_runs[trial] = run.info.run_id
+                self._batch(self._trial_runs[trial], [Param(k, str(v)) for k, v in config(trial.config).items()],
+                            "params")
+
+        def log_trial_result(self, iteration: int, trial, result: dict) -> None:
+            step, now = int(result.get("step", iteration)), int(time.time() * 1000)
+            metrics = [Metric(k.replace("@", "_at_"), float(v), now, step) for k, v in result.items()
+                       if k != "config" and isinstance(v, (int, float)) and not isinstance(v, bool)]
+            self._batch(self._trial_runs[trial], metrics, "metrics")
+
+    return MLflowCallback
+
+
+def trial_name(sweep: SweepConfig):
+    """Tune's ``trial_name_creator``: a trial is named by its distillab trial id (the
+    progress table, W&B and MLflow runs)."""
+    config = tracked_config(sweep)
+    return lambda trial: config(trial.config)["trial_id"]
+
+
 def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, verbose: int = 1) -> Path:
-    """Run every trial of the search with Ray Tune (Ray must be initialised).
-    Writes ``<root>/sweep.json`` first (what ``--resume`` reads). Returns the sweep
-    directory (results root)."""
+    """Run every trial of the search with Ray Tune (Ray must be initialised). ``verbose``:
+    Tune's verbosity (0 silent, 1 the calm console of the module docstring, 2 and 3
+    Tune's per-result lines and Ray Train's INFO logs). Writes ``<root>/sweep.json``
+    first (what ``--resume`` reads). Returns the sweep directory (results root)."""
     root = sweep.sweep_dir()
     root.mkdir(parents=True, exist_ok=True)
     (root / "sweep.json").write_text(json.dumps(sweep.model_dump(mode="json"), indent=1))
@@ -251,22 +509,22 @@ def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, ver
     r = sweep.resources
     param_space, search_alg, scheduler, num_samples = build_search(sweep)
     param_space["ctx"] = RuntimeContext.for_sweep(sweep, teacher_path, student_path).model_dump(mode="json")
-    searched = {f"{POINT}/{k}": k for k in sweep.search.grid} | {k: k for k in sweep.search.space}
-    reporter = tune.CLIReporter(
-        parameter_columns=searched, metric_columns=REPORTER_COLUMNS, max_report_frequency=30,
-    )
+    searched = {f"{POINT}/{k}": k for k in sweep.search.grid_keys} | {k: k for k in sweep.search.space}
+    reporter = CalmReporter(parameter_columns=searched, metric_columns=REPORTER_COLUMNS, max_report_frequency=300)
     tuner = tune.Tuner(
-        _trainable(sweep),
+        _trainable(sweep, verbose),
         param_space=param_space,
         tune_config=tune.TuneConfig(
             # Optuna: its ConcurrencyLimiter holds the limit (Tune warns if both are given)
             max_concurrent_trials=None if search_alg is not None else r.max_concurrent_trials,
             num_samples=num_samples,
-            search_alg=search_alg, scheduler=scheduler,
+            search_alg=search_alg, scheduler=scheduler, trial_name_creator=trial_name(sweep),
+            reuse_actors=True,  # a finished trial's actor runs the next one: no process start, no imports
         ),
         run_config=tune.RunConfig(
             name="tune", storage_path=str(root), progress_reporter=reporter, verbose=verbose,
             failure_config=tune.FailureConfig(max_failures=sweep.fault_tolerance.trial_retries),
+            callbacks=[CSVLoggerCallback(), JsonLoggerCallback(), *tracker_callbacks(sweep, quiet=verbose < 2)],
         ),
     )
     return _fit(tuner, sweep, root)
@@ -281,7 +539,7 @@ def resume_sweep(root: str | Path, teacher_path: Path, student_path: Path, *, ve
     if not tune.Tuner.can_restore(str(root / "tune")):
         raise FileNotFoundError(f"{root / 'tune'} holds no Tune experiment to resume")
     tuner = tune.Tuner.restore(
-        str(root / "tune"), trainable=_trainable(sweep), resume_unfinished=True, resume_errored=True,
+        str(root / "tune"), trainable=_trainable(sweep, verbose), resume_unfinished=True, resume_errored=True,
     )
     return _fit(tuner, sweep, root)
 
@@ -316,13 +574,16 @@ def _fit(tuner, sweep: SweepConfig, root: Path) -> Path:
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     # Ray's newer console output ignores a custom reporter; the classic one shows our columns
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # Tune's CSV and JSON loggers are passed explicitly; its TensorBoard logger stays off (its
+    # "Summary name ... is illegal" warnings for every key with '@'; the Parquet tables are the results)
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     _pin_train_coordinator_to_driver_node()
     t0 = time.perf_counter()
     grid = tuner.fit()
     errors = [res.error for res in grid if res.error]
     done, want = completed_trials(root), expected_trials(sweep)
-    print(f"[sweep] {done} of {want} trials completed in {time.perf_counter() - t0:.0f} s, {len(errors)} failed",
-          flush=True)
+    print(f"[sweep] {done} of {want} trials completed, {len(errors)} failed", flush=True)
+    print(f"[time] trials: {time.perf_counter() - t0:.0f} s", flush=True)
     if done < want:
         print(f"[sweep] incomplete; continue with: distillab sweep --resume {root}", flush=True)
     if sweep.search.kind == "optuna":

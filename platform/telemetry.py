@@ -1,12 +1,14 @@
 """What a running trial tells the world: per-step metrics written to the ``metrics``
-table in windows (`MetricsLog`) and reported to Ray as they close, and the last
-values exported as Ray gauges (`RayGauges`) for the dashboard's metrics endpoint.
-Key names come from `distillab.registry`.
+table in windows (`MetricsLog`) and reported to Ray as they close, the last
+values exported as Ray gauges (`RayGauges`) for the dashboard's metrics endpoint,
+and where its fixed cost went (`TrialTimes`). Key names come from `distillab.registry`.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import time
 from pathlib import Path
 
 from ray.util.metrics import Gauge
@@ -14,7 +16,7 @@ from ray.util.metrics import Gauge
 from distillab.registry import gauges
 from distillab.results import write_rows
 
-__all__ = ["MetricsLog", "RayGauges", "quiet_report_log"]
+__all__ = ["MetricsLog", "RayGauges", "TrialTimes", "process_start_time", "quiet_report_log"]
 
 
 class MetricsLog:
@@ -73,3 +75,61 @@ def quiet_report_log() -> None:
     except Exception:  # internal module moved: keep Ray's default logging
         pass
 
+
+
+def process_start_time(pid: int | str = "self") -> float | None:
+    """Unix time (s) at which process ``pid`` started, from Linux's ``/proc`` (the
+    22nd field of ``/proc/<pid>/stat``, clock ticks after boot, plus ``btime`` of
+    ``/proc/stat``); None where ``/proc`` is not there. Resolution: one clock tick (10 ms)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # fields after "(comm)": state is field 3
+        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                     if line.startswith("btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None
+
+
+class TrialTimes:
+    """Where one run of a trial's train function spends its time outside the loop,
+    as ``time/<phase>_s`` metrics (`distillab.registry`): ``trainable_import`` and
+    ``worker_launch`` from ``launch`` (what the Tune trainable measured: its own
+    import seconds and the unix time ``t_trial`` of its first line), ``worker_init``
+    from this process's start, then the phases the recipe marks (`mark`).
+
+    ``launch`` may be None (one process, no Tune): only the marked phases are kept."""
+
+    def __init__(self, launch: dict[str, float] | None = None):
+        self.last = time.time()
+        self.seconds: dict[str, float] = {}
+        started = process_start_time()
+        if launch is not None:
+            self.seconds["time/trainable_import_s"] = float(launch["trainable_import_s"])
+            if started is not None:  # a worker started for an earlier attempt of this trial: launch < 0 is dropped
+                launch_s = started - float(launch["t_trial"])
+                if launch_s >= 0:
+                    self.seconds["time/worker_launch_s"] = launch_s
+                    self.seconds["time/worker_init_s"] = self.last - started
+
+    def mark(self, phase: str) -> float:
+        """Record the seconds since the previous mark (or since construction) as
+        ``time/<phase>_s``; returns them."""
+        now = time.time()
+        self.seconds[f"time/{phase}_s"] = now - self.last
+        self.last = now
+        return self.seconds[f"time/{phase}_s"]
+
+    @staticmethod
+    def launch_info() -> dict[str, float]:
+        """What a Tune trainable passes to its workers, at its first line: ``t_trial``
+        (now) and ``trainable_import_s``: now − this process's start at its first trial,
+        0 at the next ones of a reused actor (and where the start is unknown)."""
+        global _LAUNCHED
+        now, started = time.time(), process_start_time()
+        first, _LAUNCHED = not _LAUNCHED, True
+        return {"t_trial": now, "trainable_import_s": now - started if started is not None and first else 0.0}
+
+
+#: whether this process ran a trial's `TrialTimes.launch_info` already (a reused Tune actor)
+_LAUNCHED = False

@@ -15,3 +15,24 @@ class EngineStandIn(torch.nn.Module):
 
     def forward(self, **kw):
         return self.module(**kw)
+
+
+def one_gloo_rank():
+    """Body of a module fixture (``yield from one_gloo_rank()``): one gloo process group
+    (DeepSpeed needs torch.distributed), ended by ``deepspeed.comm.destroy_process_group``.
+    It first drops DeepSpeed's cached process groups: a module that ended its group with
+    ``torch.distributed.destroy_process_group`` (tests/test_golden.py) leaves them pointing
+    at the destroyed group, and the next engine would fail ("Group ... is not registered")."""
+    import deepspeed.comm as ds_comm
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    from fixtures.record_golden import init_one_rank
+
+    groups._release_process_group_references()
+    init_one_rank()
+    yield
+    if ds_comm.cdb is None:
+        dist.destroy_process_group()
+    else:
+        ds_comm.destroy_process_group()

@@ -7,6 +7,8 @@ Set at import time, before any test module imports torch/transformers/ray.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -68,17 +70,17 @@ def run_locally():
 
 @pytest.fixture(scope="session")
 def smoke_sweep(tmp_path_factory) -> Path:
-    """A REAL small sweep, run once per test session: ``search_spaces/smoke.yaml`` (2
-    trials, offpd and onpd) through ``prepare`` (micro models cached under
-    ``<repo>/.cache/models``) and Ray Tune on a local 2-CPU Ray. Returns the sweep
-    directory (``distillab.results.load`` reads it). Use only from slow tests."""
-    from distillab.config import load_sweep
-
-    sweep = load_sweep(
-        REPO / "search_spaces" / "smoke.yaml",
-        {
-            "storage_path": str(tmp_path_factory.mktemp("smoke_sweep")),
-            "models.cache_dir": str(CACHE / "models"),
-        },
-    )
-    return _run_locally(sweep)
+    """A REAL small sweep, run once per test session through the command line:
+    ``distillab sweep search_spaces/smoke.yaml --no-dashboard`` (2 trials, offpd and onpd;
+    micro models cached under ``<repo>/.cache/models``; its own local Ray) as a subprocess.
+    Its console output (stdout and stderr, as a terminal shows them) is
+    ``<storage>/console.txt``. Returns the sweep directory (``distillab.results.load``
+    reads it). Use only from slow tests."""
+    storage = tmp_path_factory.mktemp("smoke_sweep")
+    sets = [f"storage_path={storage}", f"models.cache_dir={CACHE / 'models'}"]
+    cmd = [sys.executable, "-m", "distillab.cli", "sweep", str(REPO / "search_spaces" / "smoke.yaml"), "--no-dashboard"]
+    proc = subprocess.run([*cmd, *[a for kv in sets for a in ("--set", kv)]], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=1800)
+    (storage / "console.txt").write_text(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return storage / "smoke"

@@ -336,3 +336,107 @@ def test_ablation_sweep_files() -> None:
     math = files["micro_math"]
     assert math.trial.domain == "math" and math.trial.evaluation.math_items == 200
     assert math.models.micro_teacher.math_examples > 0 and sum(math.models.micro_teacher.countdown_examples.values()) == 0
+
+
+# --------------------------------------------------------------------------------------
+# a union of grids (search.grids)
+# --------------------------------------------------------------------------------------
+
+FINDINGS = REPO / "search_spaces" / "micro_findings.yaml"
+
+
+def test_micro_findings_is_a_union_of_two_grids() -> None:
+    cfg = load_sweep(FINDINGS)
+    trials = cfg.trials
+    grid = [t for t in trials if t.rollout.policy != "spectrum"]
+    spec = [t for t in trials if t.rollout.policy == "spectrum"]
+    lrs = sorted({t.optimizer.lr for t in grid})
+    assert len(lrs) >= 3 and lrs[-1] / lrs[0] >= 10  # issue 17: >= 3 LRs spanning >= 10x
+    assert {(t.rollout.policy, t.loss.kind, t.optimizer.lr, t.seed) for t in grid} == set(
+        itertools.product(["offpd", "onpd"], ["forward", "reverse"], lrs, [42, 43, 44]))
+    assert {(t.rollout.lambda_, t.loss.kind, t.seed) for t in spec} == set(
+        itertools.product([-2.0, -1.0, 0.0, 1.0, 2.0], ["forward", "reverse"], [42, 43, 44]))
+    assert len({t.optimizer.lr for t in spec}) == 1  # the spectrum at one LR
+    assert all(t.rlvr is not None and t.rlvr.task == "countdown4" for t in spec)  # RLVR on Countdown-4 ...
+    assert all(t.rlvr is None for t in grid)  # ... for the spectrum trials only
+    assert all("countdown4" in t.evaluation.countdown_tasks for t in spec)
+    assert len(trials) == 36 + 30 and len({t.trial_id for t in trials}) == 66
+    # the grid trials are micro.yaml's trials at other LRs and seeds; the prepared models are the same
+    micro = load_sweep(MICRO)
+    assert cfg.models == micro.models
+    assert grid[0].model_dump(exclude={"optimizer", "seed"}) == micro.trials[0].model_dump(exclude={"optimizer", "seed"})
+    assert cfg.search.grid == {} and cfg.search.grid_keys == [
+        "rollout.policy", "loss.kind", "optimizer.lr", "seed", "rollout.lambda"]
+
+
+def test_grids_order_set_merge_and_resume(tmp_path: Path) -> None:
+    text = (
+        "name: t\ntrial:\n  evaluation: {id_items: 7}\nsearch:\n  grids:\n"
+        "    - grid: {rollout.policy: [offpd, onpd]}\n"
+        "    - set: {rollout.policy: spectrum, optimizer.lr: 2.0e-4, evaluation: {pass_items: 5}}\n"
+        "      grid: {rollout.lambda: [-1.0, 1.0], seed: [1]}\n"
+    )
+    cfg = load_sweep(_write(tmp_path, text))
+    got = [(t.rollout.policy, t.rollout.lambda_, t.optimizer.lr, t.seed) for t in cfg.trials]
+    assert got == [("offpd", None, 1e-5, 42), ("onpd", None, 1e-5, 42),
+                   ("spectrum", -1.0, 2e-4, 1), ("spectrum", 1.0, 2e-4, 1)]
+    spec = cfg.trials[2].evaluation
+    assert (spec.pass_items, spec.id_items) == (5, 7)  # a mapping in set merges into the base's section
+    assert cfg.trials[0].evaluation.pass_items == 100  # the other grid keeps the base's
+    assert cfg.search.grid_keys == ["rollout.policy", "optimizer.lr", "rollout.lambda", "seed"]
+    again = SweepConfig.model_validate(cfg.model_dump(mode="json"))  # sweep.json, as --resume reads it
+    assert [t.trial_id for t in again.trials] == [t.trial_id for t in cfg.trials]
+
+
+@pytest.mark.parametrize("search, match", [
+    ("  grid: {seed: [1]}\n  grids:\n    - grid: {seed: [2]}\n", r"search.grid and search.grids are exclusive"),
+    ("  grids: []\n", r"search.grids must list at least one grid"),
+    ("  grid: null\n", r"search.grid: null only goes with search.grids"),
+    ("  grids:\n    - grid: {tasks.system_prompt: [a]}\n", r"grid key 'tasks.system_prompt' is not searchable"),
+    ("  grids:\n    - grid: {seed: []}\n", r"grid\['seed'\] must be a non-empty list"),
+    ("  grids:\n    - set: {seed: 1}\n      grid: {seed: [2]}\n", r"keys \['seed'\] are both in set and in grid"),
+    ("  grids:\n    - grid: {seed: [1]}\n      sets: {}\n", r"search.grids.0.sets: Extra inputs"),
+    ("  grids:\n    - set: {rollout.policy: spectrum}\n      grid: {seed: [1]}\n",
+     r"search.grids\[0\] point \{'seed': 1\} \(with set \{'rollout.policy': 'spectrum'\}\) is invalid: "
+     r"rollout: rollout.lambda is required"),
+    ("  grids:\n    - set: {rollout.polcy: onpd}\n      grid: {seed: [1]}\n", r"rollout.polcy: Extra inputs"),
+    ("  grids:\n    - set: {seed.x: 1}\n      grid: {loss.kind: [forward]}\n",
+     r"search.grids\[0\].set\['seed.x'\]: trial field 'seed' is not a section"),
+    ("  grids:\n    - grid: {seed: [1, 2]}\n    - grid: {seed: [2]}\n",
+     r"search.grids\[1\] point \{'seed': 2\} gives trial offpd-forward-lr1e-05-s2-\w+, which search.grids\[0\] "
+     r"point \{'seed': 2\} gives already"),
+    ("  kind: optuna\n  grids:\n    - grid: {seed: [1]}\n  space: {optimizer.lr: {uniform: [1.0e-4, 1.0e-3]}}\n",
+     r"search.grids is not used when search.kind is 'optuna'"),
+])
+def test_grids_errors_name_the_field(tmp_path: Path, search: str, match: str) -> None:
+    assert pytest.raises(ConfigError, load_sweep, _write(tmp_path, f"name: t\nsearch:\n{search}")).match(match)
+
+
+def test_grids_rlvr_worker_check_applies_to_each_grid(tmp_path: Path) -> None:
+    text = ("name: t\nresources: {num_workers: 3}\nsearch:\n  grids:\n    - grid: {seed: [1]}\n"
+            "    - set: {rlvr: {task: countdown3, prompts_per_step: 4}}\n      grid: {seed: [2]}\n")
+    assert pytest.raises(ConfigError, load_sweep, _write(tmp_path, text)).match(
+        r"trial offpd-forward-lr1e-05-s2-\w+: rlvr.prompts_per_step \(4\) must be a multiple of resources.num_workers")
+
+
+def test_tracking_section(tmp_path: Path, monkeypatch) -> None:
+    import importlib.util
+
+    import distillab.config as config
+
+    assert load_sweep(SMOKE).tracking.wandb is None and load_sweep(SMOKE).tracking.mlflow is None  # off by default
+    monkeypatch.setattr(config.importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("wandb", "mlflow") else importlib.util.find_spec(name, *a))
+    for tracker in ("wandb", "mlflow"):
+        msg = _error(tmp_path, f"name: t\ntracking: {{{tracker}: {{}}}}\n")
+        assert f"tracking.{tracker} needs the {tracker} package" in msg and "'.[tracking]'" in msg
+    monkeypatch.undo()
+    monkeypatch.setattr(config.importlib.util, "find_spec", lambda name, *a: object())  # both "installed"
+    sweep = load_sweep(SMOKE, {"tracking": {"wandb": {"mode": "offline", "tags": ["a"]},
+                                            "mlflow": {"tags": {"study": "micro"}}}})
+    assert sweep.tracking.wandb.mode == "offline" and sweep.tracking.wandb.project == "distillab"
+    assert sweep.tracking.mlflow.tracking_uri is None and sweep.tracking.mlflow.tags == {"study": "micro"}
+    assert "tracking.wandb.mode" in _error(tmp_path, "name: t\ntracking: {wandb: {mode: sometimes}}\n")
+    assert "tracking.neptune" in _error(tmp_path, "name: t\ntracking: {neptune: {}}\n")
+    # trackers are not part of a trial: the trial ids do not change
+    assert [t.trial_id for t in sweep.trials] == [t.trial_id for t in load_sweep(SMOKE).trials]

@@ -11,20 +11,22 @@ from pathlib import Path
 
 import pytest
 
+from _helpers import one_gloo_rank
 from distillab.config import RuntimeContext, TrialConfig
 from distillab.distill import LocalSession, run_worker
-from fixtures.record_golden import CASES, case_name, golden_models, golden_trial, init_one_rank, per_step
+from fixtures.record_golden import CASES, case_name, golden_models, golden_trial, per_step
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    import torch.distributed as dist
+def one_rank():
+    yield from one_gloo_rank()
 
-    init_one_rank()
-    yield golden_models(tmp_path_factory.mktemp("golden_models"))
-    dist.destroy_process_group()
+
+@pytest.fixture(scope="module")
+def models(one_rank, tmp_path_factory):
+    return golden_models(tmp_path_factory.mktemp("golden_models"))
 
 
 @pytest.mark.parametrize("policy, kind, variant", CASES)

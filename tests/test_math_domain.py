@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from distillab.config import EvaluationConfig, MathTaskConfig, TasksConfig, TrialConfig, load_sweep
+from distillab.evals.sampling import sample_batched
 from distillab.evals.suite import Evaluator
 from distillab.math_task import (
     generate_arithmetic_chains,
@@ -114,8 +115,8 @@ def test_math_rows_against_hand_counted_answers() -> None:
     items = math_test_split(TasksConfig().math, 30, TasksConfig().test_seed)
     prompts = [math_prompt_ids(tok, TasksConfig().math, it) for it in items]
     answer = items[0].answer
-    rows, _ = ev._accuracy_and_pass(_Always(tok, f"steps\n\\boxed{{{answer}}}"), "math", prompts,
-                                    lambda t, j: score_math(t, items[j]), seed=0)
+    done = sample_batched(_Always(tok, f"steps\n\\boxed{{{answer}}}"), ev.requests("math", prompts, seed=0))
+    rows = ev.rows("math", done, lambda t, j: score_math(t, items[j]))
     hits = [it.answer for it in items].count(answer)
     hits10 = [it.answer for it in items[:10]].count(answer)
     assert hits >= 1

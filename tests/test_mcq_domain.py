@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from distillab.config import EvaluationConfig, MCQTaskConfig, TasksConfig, TrialConfig, load_sweep
+from distillab.evals.sampling import sample_batched
 from distillab.evals.suite import Evaluator
 from distillab.mcq import item_key, mcq_prompt_ids, mcq_target_text, mcq_test_split, mcq_train_items
 from distillab.models import build_char_tokenizer
@@ -111,19 +112,20 @@ def test_mcq_rows_against_hand_counted_answers() -> None:
     ev = Evaluator(tok, TasksConfig(), cfg)
     items = mcq_test_split(TasksConfig().mcq, 40, TasksConfig().test_seed)
     prompts = [mcq_prompt_ids(tok, TasksConfig().mcq, it) for it in items]
-    rows, _ = ev._accuracy_and_pass(_Always(tok, "<answer>C</answer>"), "mcq", prompts,
-                                    lambda t, j: score_mcq(t, items[j]), seed=0)
+    def rows(text: str) -> list[dict]:
+        done = sample_batched(_Always(tok, text), ev.requests("mcq", prompts, seed=0))
+        return ev.rows("mcq", done, lambda t, j: score_mcq(t, items[j]))
+
+    rows_c = rows("<answer>C</answer>")
     share_c = [it.answer for it in items].count("C")
     share_c20 = [it.answer for it in items[:20]].count("C")
     assert 0 < share_c < 40  # the synthetic answers are spread over A-D
-    assert rows == [
+    assert rows_c == [
         {"task": "mcq", "metric": "accuracy", "value": share_c / 40, "n": 40},
         {"task": "mcq", "metric": "pass@1", "value": pytest.approx(share_c20 / 20), "n": 20},
         {"task": "mcq", "metric": "pass@4", "value": pytest.approx(share_c20 / 20), "n": 20},
     ]
-    rows, _ = ev._accuracy_and_pass(_Always(tok, "<answer>C</answer><answer>C</answer>"), "mcq", prompts,
-                                    lambda t, j: score_mcq(t, items[j]), seed=0)
-    assert rows[0]["value"] == 0.0  # two answer blocks: no answer
+    assert rows("<answer>C</answer><answer>C</answer>")[0]["value"] == 0.0  # two answer blocks: no answer
 
 
 @pytest.mark.slow

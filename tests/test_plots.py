@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 
 from distillab import plots
-from distillab.results import load, write_rows
+from distillab.results import final_table, load, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "analysis.ipynb"
@@ -185,6 +185,26 @@ def test_cli_report_plots(tmp_path: Path, capsys) -> None:
     for stem in ("a_policy_kl", "b_lr", "c_lambda", "d_pass_at_k"):
         assert _is_png(out / f"{stem}.png")
     assert (out / "summary.md").read_text().startswith("# distillab report")
+
+
+def test_cli_report_headline_by_default_and_everything_with_full(tmp_path: Path, capsys) -> None:
+    """``distillab report`` prints the headline table (one row per configuration: 8 here);
+    ``--full`` the long one (a row per configuration × stage × task × metric)."""
+    from distillab.cli import main
+
+    root = make_sweep(tmp_path / "micro")
+    assert main(["report", str(root)]) == 0
+    head = capsys.readouterr().out.splitlines()
+    assert head[0].startswith("| rollout.policy | loss.kind | optimizer.lr | countdown3 acc | countdown4e acc | ΔOOD")
+    assert len(head) == 2 + 8  # header, rule, 2 policies × 2 KL × 2 LRs
+    cells = [[c.strip() for c in x.strip("|").split("|")] for x in head[2:]]
+    failed = [c for c in cells if c[:3] == ["onpd", "reverse", "0.001"]]
+    assert len(failed) == 1 and failed[0][-2:] == ["1", "1"]  # 1 completed, 1 failed
+    assert main(["report", str(root), "--full"]) == 0
+    full = capsys.readouterr().out.splitlines()
+    assert "| stage " in full[0] and "| task " in full[0] and "| metric " in full[0] and "mean ± sem" in full[0]
+    assert len(full) - 2 == final_table(load(root), ["rollout.policy", "loss.kind", "optimizer.lr",
+                                                     "optimizer.clip"]).height > 100
 
 
 def test_notebook_is_stored_without_outputs() -> None:

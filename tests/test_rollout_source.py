@@ -132,6 +132,9 @@ def test_pre_eval_is_shared_between_trials_with_the_same_student_and_settings(to
     assert pre_eval_path(tmp_path, trial.model_copy(update={"seed": 7}), path) != pre_eval_path(tmp_path, trial, path)
     assert pre_eval_path(tmp_path, _trial(evaluation={"id_items": 5}), path) != pre_eval_path(tmp_path, trial, path)
     assert pre_eval_path(tmp_path, trial, tmp_path) != pre_eval_path(tmp_path, trial, path)
+    # the student is evaluated in the trial's precision: a bf16 trial does not reuse a float32 evaluation
+    assert pre_eval_path(tmp_path, trial.model_copy(update={"precision": "bf16"}), path) != pre_eval_path(
+        tmp_path, trial, path)
 
 
 def test_resolve_engine(monkeypatch) -> None:

@@ -83,6 +83,39 @@ def test_build_search_maps_domains_onto_tune() -> None:
         {"trial_id": t.trial_id, "rollout.policy": p} for t, p in zip(smoke.trials, ["offpd", "onpd"])]}
 
 
+
+def test_build_search_over_a_union_of_grids() -> None:
+    """search.grids (micro_findings.yaml): Tune's points are the validated trials of both grids,
+    each with the values that tell them apart, and each point gives back its trial."""
+    from distillab.sweep import POINT, build_search, trial_of
+
+    s = load_sweep(REPO / "search_spaces" / "micro_findings.yaml")
+    space, none, _, one = build_search(s)
+    points = space[POINT]["grid_search"]
+    assert none is None and one == 1 and [p["trial_id"] for p in points] == [t.trial_id for t in s.trials]
+    assert points[0] == {"trial_id": s.trials[0].trial_id, "rollout.policy": "offpd", "loss.kind": "forward",
+                         "optimizer.lr": s.trials[0].optimizer.lr, "seed": 42, "rollout.lambda": None}
+    assert {p["rollout.lambda"] for p in points if p["rollout.policy"] == "spectrum"} == {-2.0, -1.0, 0.0, 1.0, 2.0}
+    trials = {t.trial_id: t.model_dump(mode="json") for t in s.trials}
+    for p, t in zip(points, s.trials):
+        assert trial_of({POINT: p}, trials, {}) == t
+
+
+
+def test_completed_trials_counts_rows_of_different_configs(tmp_path) -> None:
+    """Trials rows of a union of grids carry different config columns (an RLVR stage's ``rlvr.*``
+    in one grid, ``rlvr`` null in the other): every row is counted, by status."""
+    from distillab.results import write_rows
+    from distillab.sweep import completed_trials
+
+    rows = {"a": {"status": "completed", "rlvr": None}, "b": {"status": "completed", "rlvr.task": "countdown4"},
+            "c": {"status": "failed", "rlvr.task": "countdown4", "rlvr.steps": 4}}
+    for tid, row in rows.items():
+        write_rows(tmp_path, "trials", [{"trial_id": tid, "start_time": 0.0, "end_time": 1.0, **row}], key=tid)
+    assert completed_trials(tmp_path) == 2
+    assert completed_trials(tmp_path, "b") == 1 and completed_trials(tmp_path, "c") == 0
+
+
 # --------------------------------------------------------------------------------------
 # Pareto front by hand
 # --------------------------------------------------------------------------------------

@@ -127,3 +127,46 @@ def test_update_sparsity_errors() -> None:
         update_sparsity(initial, {**final, "c": torch.zeros(1)}, tau=1e-6)
     with pytest.raises(ValueError, match="'a'.*shape"):
         update_sparsity(initial, {**final, "a": torch.zeros(3, 2)}, tau=1e-6)
+
+
+def test_update_sparsity_rounded_to_bf16() -> None:
+    """Compared in bf16 (the paper's checkpoints), a change below half a bf16 step is no
+    change. bf16 steps: 2^-7 = 0.0078125 in [1, 2), 2^-6 in [2, 4), 2^-8 below 1.
+    - 1.0 → 1.001: 1.001 rounds to 1.0 (0.001 < 2^-8): unchanged in bf16, changed in fp32;
+    - 1.0 → 1.005: rounds to 1.0078125: changed in both;
+    - 1.001 → 1.003: both round to 1.0: unchanged in bf16 (both moved off the bf16 grid);
+    - 3.0 → 2.99: rounds to 2.984375 (0.0056 away; 3.0 is 0.01 away): changed in both;
+    - 0.5 → 0.5: unchanged in both;
+    - 0.999 → 0.998: 0.999 → 1.0, 0.998 → 0.99609375 (0.0019 < 0.002): changed in both
+      though the change is 1e-3 (the bf16 grid, not the size of the change, decides)."""
+    init = {"w": torch.tensor([1.0, 1.0, 1.001, 3.0, 0.5, 0.999])}
+    fin = {"w": torch.tensor([1.001, 1.005, 1.003, 2.99, 0.5, 0.998])}
+    s_fp32, _ = update_sparsity(init, fin, tau=1e-6)
+    s_bf16, per = update_sparsity(init, fin, tau=1e-6, dtype=torch.bfloat16)
+    assert s_fp32 == 1 / 6  # only 0.5
+    assert s_bf16 == per["w"] == 3 / 6  # 1.0 → 1.001, 1.001 → 1.003 and 0.5
+    s_32, _ = update_sparsity(init, fin, tau=1e-6, dtype=torch.float32)
+    assert s_32 == s_fp32  # float32 weights rounded to float32: their stored values
+    # bf16 weights are already on the grid: rounding them to bf16 changes nothing
+    init_bf = {"w": init["w"].to(torch.bfloat16)}
+    fin_bf = {"w": fin["w"].to(torch.bfloat16)}
+    assert update_sparsity(init_bf, fin_bf, tau=1e-6) == update_sparsity(init_bf, fin_bf, 1e-6, dtype=torch.bfloat16)
+    assert update_sparsity(init_bf, fin_bf, tau=1e-6)[0] == 3 / 6
+
+
+def test_update_sparsity_over_masked_entries() -> None:
+    """``masks`` counts only the entries it marks, and only the tensors it names: of the
+    state pair's 10 parameters, mark a[0, 0] (changed), a[0, 1] (unchanged), a[1, 2]
+    (5e-7: unchanged at τ = 1e-6) and none of b's: S = 2/3 over a's 3 marked entries,
+    b NaN (no marked entry); a tensor left out of ``masks`` is skipped."""
+    initial, final = _state_pair()
+    mask_a = torch.zeros(2, 3, dtype=torch.bool)
+    mask_a[0, 0] = mask_a[0, 1] = mask_a[1, 2] = True
+    overall, per = update_sparsity(initial, final, 1e-6, masks={"a": mask_a, "b": torch.zeros(4, dtype=torch.bool)})
+    assert overall == 2 / 3 and per["a"] == 2 / 3 and math.isnan(per["b"])
+    overall, per = update_sparsity(initial, final, 1e-8, masks={"a": mask_a})
+    assert overall == 1 / 3 and set(per) == {"a"}  # at τ = 1e-8 the 5e-7 change counts
+    with pytest.raises(ValueError, match="'a'.*mask shape"):
+        update_sparsity(initial, final, 1e-6, masks={"a": torch.ones(6, dtype=torch.bool)})
+    with pytest.raises(ValueError, match="no parameter elements"):
+        update_sparsity(initial, final, 1e-6, masks={"b": torch.zeros(4, dtype=torch.bool)})

@@ -1,0 +1,649 @@
+"""`distillab findings`: the pre-registered verdicts of PROTOCOL.md §9 on the study's
+five findings (§7), decided from a sweep's result frames (`distillab.results.load`).
+
+    distillab findings runs/micro_findings                      # verdicts; findings.md + figures there
+    distillab findings runs/micro_findings runs/micro_clip_off --by sweep --only F1,F4   # per ablation
+
+Pure functions over Polars frames, one short function per finding:
+
+    trial_values(res)    one row per trial: status, seed, its cell (policy ρ, λ, KL k, LR η), whether it
+                         had an RLVR stage, its config columns and every quantity a rule reads
+    cell_table(trials)   one row per cell: mean, SEM and seed count of each quantity, failed trials, and the
+                         config columns that vary inside the cell
+    f1 … f5(trials)      one `Verdict` each: the clauses of §9 with the statistics they used
+    decide(res, by=...)  the verdicts, for all trials or per group of an ablation key
+    findings_markdown / write_findings   findings.md, its cell tables and figures
+
+How §9 is read (the literal reading wherever the text leaves a choice; fixed before any
+findings run, never tuned to a result):
+
+- **Cells.** A grid cell is (ρ, k, η) over trials with ``rollout.policy`` offpd or onpd; a
+  spectrum cell is (λ, k, η) over trials with ``rollout.policy: spectrum``. Only ``loss.kind``
+  forward and reverse form cells (JSD trials are ignored). The trials of a cell must differ in
+  ``seed`` only: a cell whose trials differ in any other config column (e.g. ``loss.estimator``
+  when ablation sweeps are loaded together) is not a set of seeds, and a rule that needs it is
+  inconclusive, naming the columns (split them with ``--by``).
+- **Seeds.** A cell's trials are grouped by ``seed``; a seed's value is the mean of its trials
+  (the same trial found in two sweep directories). A cell's value is the mean over its seeds,
+  SEM = sample standard deviation (ddof 1) / √n over seeds (`results.aggregate`), n the seeds
+  that have the value. Values are the evals at the last step of the stage
+  (`results.final_evals`): stage ``distill`` unless a rule says ``rlvr``.
+- **Failed.** A cell is failed when any of its trials is not ``completed`` (failed, or still
+  running): its completed seeds are not used alone, since a failure may be the outcome (a
+  collapse). With the §9 rule "missing, failed, or fewer than 3 seeds", such a cell makes
+  the finding **inconclusive**, as does a value that is NaN.
+- **SEM rules.** A difference of two cells (or of two means over cells): SEM = √(SEM_a² +
+  SEM_b²); a mean over n cells: SEM = √(Σ SEM²) / n; |x| keeps x's SEM. "Clearly above": the
+  difference exceeds 2 SEM. Where a clause compares magnitudes without "clearly" (F1 b "at
+  least twice", F2 b "exceeds", F3 a "at most half", F5 b "smaller than") it compares the
+  means; their SEMs are printed.
+- **LRs.** η1 < … < ηm are the distinct ``optimizer.lr`` of the grid trials (any status);
+  F1 and F2 need m ≥ 3 and every cell of {offpd, onpd} × {forward, reverse} × {η1..ηm}.
+- **Ranges.** "The range of acc over η" is max − min of the cell means over η (the two cells
+  picked by their means), its SEM by the difference rule. F1 b takes that range per ρ, then
+  the mean over ρ (the mean-over-cells rule); F3 a the range over the five λ per k.
+- **F2.** f = forgetting, ``ood_mean`` at distill − pre (`results.forgetting`); S =
+  ``sparsity@1e-06`` of task ``params`` at stage distill, in whatever dtype the study's
+  ``evaluation.sparsity_dtype`` compares weights. The LR effect is the mean over the four
+  (ρ, k) of |f(ηm) − f(η1)|, the policy effect the mean over the 2·m (k, η) of
+  |f(onpd) − f(offpd)|.
+- **F3, F5.** The spectrum is λ ∈ {−2, −1, 0, 1, 2} at one LR: spectrum trials at several LRs
+  make them inconclusive (decide each with ``--by optimizer.lr``). F5's cells hold only the
+  spectrum trials with an RLVR stage (``rlvr`` set in their config); (a) reads their
+  Countdown-4E pass@10 at stage distill, (b) the same trials at stage rlvr. "That gap" is
+  mean(λ ∈ {1, 2}) − mean(λ ∈ {−2, −1}) for one KL direction; (b) holds for a direction
+  when its rlvr gap is not clearly positive (≤ 2 SEM) or its mean is below the distill
+  gap's mean, and F5 b needs one direction where it holds.
+- **F4.** Matched cells are every (ρ, η) of the grid and every (λ, η) of the spectrum trials
+  present; each needs a forward and a reverse cell. The coverage gap is computed per trial
+  (pass@10 − pass@1 on Countdown-3 of the same evaluation), then averaged over seeds per
+  cell; G_k is its mean over the matched cells, and F4 holds when G_forward − G_reverse > 2 SEM.
+- **Verdicts.** Inconclusive when a needed cell is missing, failed, mixed, has fewer than 3
+  seeds with the value, or a statistic is NaN (the cells are listed); otherwise reproduced
+  when every clause holds, else not reproduced.
+- **Ablations.** ``--by KEY`` partitions the trials by the value of a trials column (``sweep``
+  when several directories are loaded, or a config column such as ``loss.estimator``,
+  ``optimizer.clip``) and decides each group on its own; ``--only F1,F4`` restricts the
+  findings (the robustness check asks whether F1 and F4 hold under each ablation).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import polars as pl
+
+from distillab.plots import (
+    KL, LAMBDA, LR, POLICY, SEED, fig_accuracy_lr, fig_coverage_gap, fig_hard_pass_lambda, fig_lambda, fig_lr,
+    figure_notes, save_figure,
+)
+from distillab.results import (
+    Results, aggregate, filter_trials, final_evals, forgetting, format_table, mean_sem_text,
+)
+
+__all__ = [
+    "Stat", "mean_of", "Clause", "Verdict", "PAPER", "FINDINGS", "MIN_SEEDS", "SPECTRUM",
+    "trial_values", "cell_table", "CellView", "f1", "f2", "f3", "f4", "f5", "decide",
+    "format_verdicts", "findings_markdown", "FINDINGS_FIGURES", "write_findings",
+]
+
+#: §9: fewer seeds than this make a cell inconclusive
+MIN_SEEDS = 3
+#: §9, F3: the spectrum's λ values
+SPECTRUM = (-2.0, -1.0, 0.0, 1.0, 2.0)
+POLICIES = ("offpd", "onpd")
+KINDS = ("forward", "reverse")
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+
+#: quantity → (stage, task, metric) of the final eval it is (f and gap are derived: see `trial_values`)
+EVALS = {
+    "acc": ("distill", "countdown3", "accuracy"),
+    "S": ("distill", "params", "sparsity@1e-06"),
+    "pass1": ("distill", "countdown3", "pass@1"),
+    "pass10": ("distill", "countdown3", "pass@10"),
+    "hard10": ("distill", "countdown4e", "pass@10"),
+    "hard10_rlvr": ("rlvr", "countdown4e", "pass@10"),
+}
+QUANTITIES = ("acc", "f", "S", "gap", "hard10", "hard10_rlvr")
+NAMES = {"acc": "Countdown-3 accuracy", "f": "forgetting (ΔOOD)", "S": "S_1e-6", "gap": "pass@10 − pass@1",
+         "hard10": "Countdown-4E pass@10 (distill)", "hard10_rlvr": "Countdown-4E pass@10 (rlvr)"}
+_CELL = ["policy", "lambda", "kind", "lr"]
+
+#: The paper's values (Piskorz, Berthon, van der Schaar 2026, as our sources restate them), one row
+#: each: (finding, quantity, value, source). Numbers only where a source gives one.
+PAPER: tuple[tuple[str, str, str, str], ...] = (
+    ("F1", "final in-distribution accuracy", "no consistent advantage of either rollout policy; forward KL "
+     "stable across policies and LRs, reverse KL sensitive to LR", "PROTOCOL.md §7.1"),
+    ("F2", "ΔOOD (forgetting)", "within ~1.3 points at LR 1e-5; −11 to −14 points at LR 5e-5", "issue 17 (the paper)"),
+    ("F2", "update sparsity S_1e-6", "85–90 % at LR 1e-5; 52–60 % at LR 5e-5 (falls roughly linearly with LR; "
+     "OffPD at least as sparse)", "issue 17 (the paper); PROTOCOL.md §7.2"),
+    ("F3", "accuracy along λ", "forward KL robust along the spectrum; reverse KL needs λ > 0 and can collapse "
+     "at high LR", "PROTOCOL.md §7.3"),
+    ("F4", "coverage pass@k at similar pass@1", "higher for forward KL than for reverse KL", "PROTOCOL.md §7.4"),
+    ("F5", "Countdown-4E generalisation", "λ > 0 generalises better under both KL directions; the advantage "
+     "does not reliably survive RLVR", "PROTOCOL.md §7.5"),
+)
+
+
+#: Finding → (the claim of PROTOCOL.md §7, the rule of §9 that decides it), as written there.
+RULES: dict[str, tuple[str, str]] = {
+    "F1": ("Rollout policy gives no consistent advantage in final in-distribution accuracy; forward KL is stable "
+           "across policies and LRs, reverse KL is sensitive to LR.",
+           "(a) for forward KL at every η, |acc(onpd) − acc(offpd)| ≤ max(0.05, 2 SEM), and (b) the range of acc "
+           "over η, averaged over ρ, is at least twice as large for reverse KL as for forward KL"),
+    "F2": ("Learning rate, not rollout policy, governs forgetting and update sparsity.",
+           "(a) for every (ρ, k), f(η1) is clearly above f(ηm), (b) the LR effect, mean over (ρ, k) of "
+           "|f(ηm) − f(η1)|, exceeds the policy effect, mean over (k, η) of |f(onpd) − f(offpd)|, and (c) for every "
+           "(ρ, k), S(η1) is clearly above S(ηm); reported: mean over (k, η) of S(offpd) − S(onpd)"),
+    "F3": ("Along the spectrum, forward KL is robust; reverse KL needs λ > 0 and can collapse at high LR.",
+           "(a) the range of acc over λ for forward KL is at most half that for reverse KL, and (b) for reverse KL, "
+           "mean acc over λ ∈ {1, 2} is clearly above mean acc over λ ∈ {−2, −1}"),
+    "F4": ("Forward KL gives higher pass@k at similar pass@1 (coverage).",
+           "the coverage gap pass@10 − pass@1 on Countdown-3, averaged over matched cells (same ρ or λ, same η), "
+           "is clearly larger for forward than for reverse KL"),
+    "F5": ("Student-favoured rollouts (λ > 0) generalise better to Countdown-4E under both directions; the "
+           "advantage does not reliably survive later RLVR.",
+           "(a) for both KL directions, Countdown-4E pass@10 averaged over λ ∈ {1, 2} is clearly above that over "
+           "λ ∈ {−2, −1} at stage distill, and (b) for at least one direction, that gap at stage rlvr is not clearly "
+           "positive or is smaller than at distill"),
+}
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class Stat:
+    """A value with its SEM over seeds (``n`` seeds for a cell; None for a derived value).
+    ``a - b`` and ``abs`` apply §9's difference rule, `mean_of` its mean-over-cells rule."""
+
+    mean: float
+    sem: float
+    n: int | None = None
+
+    def __sub__(self, other: "Stat") -> "Stat":
+        """§9: SEM of a difference = √(SEM_a² + SEM_b²)."""
+        return Stat(self.mean - other.mean, math.sqrt(self.sem ** 2 + other.sem ** 2))
+
+    def __abs__(self) -> "Stat":
+        return Stat(abs(self.mean), self.sem)
+
+    @property
+    def finite(self) -> bool:
+        return math.isfinite(self.mean) and math.isfinite(self.sem)
+
+    def text(self) -> str:
+        """``mean ± sem`` (3 significant digits)."""
+        return mean_sem_text(self.mean, None if math.isnan(self.sem) else self.sem, 3)
+
+
+NAN = Stat(math.nan, math.nan, 0)
+
+
+def mean_of(stats: Sequence[Stat]) -> Stat:
+    """§9: the mean over n cells, SEM = √(Σ SEM²) / n. NaN for no cells."""
+    n = len(stats)
+    if not n:
+        return Stat(math.nan, math.nan)
+    return Stat(sum(s.mean for s in stats) / n, math.sqrt(sum(s.sem ** 2 for s in stats)) / n)
+
+
+def value_range(stats: Sequence[Stat]) -> Stat:
+    """max − min of the means (the two cells picked by their means), SEM by the difference rule."""
+    if not stats or any(math.isnan(s.mean) for s in stats):
+        return Stat(math.nan, math.nan)
+    return max(stats, key=lambda s: s.mean) - min(stats, key=lambda s: s.mean)
+
+
+def clearly(d: Stat) -> bool | None:
+    """§9 "clearly": the difference ``d`` exceeds 2 SEM (None when not finite)."""
+    return bool(d.mean > 2 * d.sem) if d.finite else None
+
+
+def _holds(condition: bool, *stats: Stat) -> bool | None:
+    return bool(condition) if all(s.finite for s in stats) else None
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def _keys(res: Results) -> list[str]:
+    return ["sweep", "trial_id"] if "sweep" in res.trials.collect_schema().names() else ["trial_id"]
+
+
+def trial_values(res: Results) -> pl.DataFrame:
+    """One row per trial (every status): its keys, ``status``, ``seed``, the cell columns
+    ``policy``, ``lambda``, ``kind``, ``lr``, ``has_rlvr`` (its config has an RLVR stage),
+    every config column, and the quantities of `QUANTITIES` (null where a completed trial
+    lacks the eval, and for trials that are not completed): ``acc``, ``S``, ``hard10`` and
+    ``hard10_rlvr`` as in `EVALS`, ``f`` = `results.forgetting`, ``gap`` = pass@10 − pass@1."""
+    keys = _keys(res)
+    trials = res.trials.collect()
+    have = set(trials.columns)
+
+    def col(name: str, dtype) -> pl.Expr:
+        return pl.col(name).cast(dtype) if name in have else pl.lit(None, dtype)
+
+    out = trials.with_columns(
+        col(SEED, pl.Int64).alias("seed"), col(POLICY, pl.String).alias("policy"),
+        col(LAMBDA, pl.Float64).alias("lambda"), col(KL, pl.String).alias("kind"), col(LR, pl.Float64).alias("lr"),
+        col("rlvr.task", pl.String).is_not_null().alias("has_rlvr"))
+    fe = final_evals(res).collect()
+    for name, (stage, task, metric) in EVALS.items():
+        v = fe.filter((pl.col("stage") == stage) & (pl.col("task") == task) & (pl.col("metric") == metric))
+        out = out.join(v.select(*keys, pl.col("value").alias(name)), on=keys, how="left", validate="1:1")
+    f = forgetting(res).select(*keys, pl.col("value").alias("f")).collect()
+    out = out.join(f, on=keys, how="left", validate="1:1")
+    return out.with_columns((pl.col("pass10") - pl.col("pass1")).alias("gap"))
+
+
+def cell_table(trials: pl.DataFrame) -> pl.DataFrame:
+    """One row per cell (``policy``, ``lambda``, ``kind``, ``lr``) of `trial_values` rows:
+    ``<q>_mean``, ``<q>_sem``, ``<q>_n`` (seeds with a value) for each quantity q over the
+    completed trials, averaged per seed first; ``n_trials``, ``n_failed`` (not completed),
+    ``failed`` (their seeds and statuses) and ``mixed`` (config columns other than the seed and
+    the cell's that vary inside the cell). Cells whose trials all failed are kept."""
+    config = _config(trials)
+    others = [c for c in trials.columns if c in config and c not in (SEED, POLICY, LAMBDA, KL, LR)]
+    done = pl.col("status") == "completed"
+    out = trials.group_by(_CELL).agg(
+        pl.len().cast(pl.Int64).alias("n_trials"), (~done).sum().cast(pl.Int64).alias("n_failed"),
+        pl.concat_str(pl.lit("seed "), pl.col("seed").cast(pl.String), pl.lit(": "), pl.col("status"))
+        .filter(~done).alias("failed"),
+        *[pl.col(c).n_unique().alias(f"__n_{c}") for c in others])
+    out = out.with_columns(pl.concat_list([pl.when(pl.col(f"__n_{c}") > 1).then(pl.lit(c)) for c in others])
+                           .list.drop_nulls().alias("mixed") if others else pl.lit([], pl.List(pl.String)).alias("mixed"))
+    out = out.select(*_CELL, "n_trials", "n_failed", "failed", "mixed")
+    per_seed = trials.filter(done).group_by([*_CELL, "seed"]).agg(pl.col(q).mean() for q in QUANTITIES)
+    for q in QUANTITIES:
+        agg = aggregate(per_seed, _CELL, value=q).rename({"mean": f"{q}_mean", "sem": f"{q}_sem", "n": f"{q}_n"})
+        out = out.join(agg, on=_CELL, how="left", nulls_equal=True).with_columns(pl.col(f"{q}_n").fill_null(0))
+    return out.sort(_CELL, nulls_last=True)
+
+
+_TRIAL_COLUMNS = {"trial_id", "sweep", "status", "error", "start_time", "end_time", "checkpoint", "seed", "policy",
+                  "lambda", "kind", "lr", "has_rlvr", *EVALS, *QUANTITIES}
+
+
+def _config(trials: pl.DataFrame) -> set[str]:
+    """The config columns of a `trial_values` frame (dotted names, e.g. ``loss.estimator``)."""
+    return {c for c in trials.columns if c not in _TRIAL_COLUMNS}
+
+
+def _label(policy: str, lam: float | None, kind: str, lr: float | None) -> str:
+    who = f"λ={lam:g}" if policy == "spectrum" else policy
+    return f"({who}, {kind}, η={'?' if lr is None else f'{lr:g}'})"
+
+
+class CellView:
+    """The cells of one finding: `stat` returns a cell's `Stat` of a quantity and records in
+    ``problems`` (cell → why) every needed cell that is missing, failed, mixed or has fewer
+    than `MIN_SEEDS` seeds with the value (its Stat is then NaN for a missing cell, and the
+    finding inconclusive)."""
+
+    def __init__(self, trials: pl.DataFrame, note: str = ""):
+        self.cells = cell_table(trials)
+        self._rows = {tuple(r[c] for c in _CELL): r for r in self.cells.iter_rows(named=True)}
+        self.problems: dict[str, str] = {}
+        self.note = note
+
+    def stat(self, q: str, policy: str, kind: str, lr: float | None, lam: float | None = None) -> Stat:
+        """The `Stat` of quantity ``q`` (`QUANTITIES`) in cell (``policy``, ``lam``, ``kind``,
+        ``lr``): mean and SEM over seeds, n seeds; NaN for a missing cell. Records why the cell
+        cannot decide (missing, not completed, mixed, < `MIN_SEEDS` seeds) in ``problems``."""
+        label = _label(policy, lam, kind, lr) + self.note
+        row = self._rows.get((policy, lam, kind, lr))
+        if row is None:
+            self.problems[label] = "missing (no trial)"
+            return NAN
+        why = []
+        if row["n_failed"]:
+            why.append(f"{row['n_failed']} of {row['n_trials']} trials not completed ({', '.join(row['failed'])})")
+        if row["mixed"]:
+            why.append(f"its trials differ in {', '.join(row['mixed'])}, not only in seed (split with --by)")
+        n = row[f"{q}_n"]
+        if n < MIN_SEEDS:
+            why.append(f"{n} seed(s) with {NAMES[q]} (< {MIN_SEEDS})")
+        if why:
+            self.problems[f"{label} {NAMES[q]}"] = "; ".join(why)
+        mean, sem = row[f"{q}_mean"], row[f"{q}_sem"]
+        return Stat(math.nan if mean is None else mean, math.nan if sem is None else sem, n)
+
+
+def _grid(trials: pl.DataFrame) -> pl.DataFrame:
+    return trials.filter(pl.col("policy").is_in(POLICIES) & pl.col("kind").is_in(KINDS))
+
+
+def _spectrum(trials: pl.DataFrame) -> pl.DataFrame:
+    return trials.filter((pl.col("policy") == "spectrum") & pl.col("kind").is_in(KINDS))
+
+
+def _lrs(trials: pl.DataFrame) -> list[float]:
+    return sorted(v for v in trials["lr"].unique().to_list() if v is not None)
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True)
+class Clause:
+    """One clause of a rule: its name, whether it holds (None: a statistic is NaN) and the
+    statistics it used, as text."""
+
+    name: str
+    holds: bool | None
+    text: str
+    stats: dict[str, Stat] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A finding's verdict with the clauses (and their statistics) it used, our values of the
+    quantities the paper reports (``ours``), the statistics reported but not required, the
+    needed cells that make it inconclusive, and the paper's values (`PAPER`). ``claim`` and
+    ``rule``: `RULES`."""
+
+    finding: str
+    verdict: str
+    claim: str
+    rule: str
+    clauses: tuple[Clause, ...]
+    ours: dict[str, Stat] = field(default_factory=dict)
+    reported: dict[str, Stat] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+    paper: tuple[tuple[str, str, str], ...] = field(default=())
+
+
+def _verdict(finding: str, clauses: list[Clause], views: Sequence[CellView], ours: dict[str, Stat],
+             reported: dict[str, Stat] | None = None, extra: dict[str, str] | None = None) -> Verdict:
+    problems = {**(extra or {})}
+    for v in views:
+        problems.update(v.problems)
+    undecided = [c.name for c in clauses if c.holds is None]
+    if undecided and not problems:
+        problems["statistics"] = f"NaN in clause(s) {', '.join(undecided)}"
+    if not clauses and not problems:
+        problems["cells"] = "no cell to decide on"
+    verdict = INCONCLUSIVE if problems else REPRODUCED if all(c.holds for c in clauses) else NOT_REPRODUCED
+    paper = tuple((q, v, s) for f, q, v, s in PAPER if f == finding)
+    return Verdict(finding, verdict, *RULES[finding], tuple(clauses), ours, dict(reported or {}),
+                   tuple(f"{k}: {v}" for k, v in problems.items()), paper)
+
+
+def _need_lrs(lrs: list[float]) -> dict[str, str]:
+    return {} if len(lrs) >= 3 else {"LRs": f"the grid has {len(lrs)} LR(s) {[f'{x:g}' for x in lrs]}; "
+                                            "§9 needs m ≥ 3"}
+
+
+def f1(trials: pl.DataFrame) -> Verdict:
+    """F1: (a) forward KL, every η: |acc(onpd) − acc(offpd)| ≤ max(0.05, 2 SEM); (b) the range
+    of acc over η, averaged over ρ, at least twice as large for reverse as for forward KL."""
+    grid = _grid(trials)
+    v, lrs = CellView(grid), _lrs(grid)
+    clauses, diffs = [], []
+    for lr in lrs:
+        d = v.stat("acc", "onpd", "forward", lr) - v.stat("acc", "offpd", "forward", lr)
+        diffs.append(d)
+        bound = max(0.05, 2 * d.sem) if d.finite else math.nan
+        clauses.append(Clause(f"(a) η={lr:g}", _holds(abs(d.mean) <= bound, d),
+                              f"forward KL: acc(onpd) − acc(offpd) = {d.text()}; |·| ≤ max(0.05, 2 SEM) = {bound:.3g}",
+                              {"difference": d}))
+    rng = {k: mean_of([value_range([v.stat("acc", p, k, lr) for lr in lrs]) for p in POLICIES]) for k in KINDS}
+    clauses.append(Clause("(b)", _holds(rng["reverse"].mean >= 2 * rng["forward"].mean, *rng.values()),
+                          f"range of acc over η, mean over ρ: reverse {rng['reverse'].text()} ≥ 2 × forward "
+                          f"{rng['forward'].text()} (= {2 * rng['forward'].mean:.3g})", dict(rng)))
+    ours = {"forward KL: acc(onpd) − acc(offpd), mean over η": mean_of(diffs),
+            "range of acc over η (mean over ρ), forward KL": rng["forward"],
+            "range of acc over η (mean over ρ), reverse KL": rng["reverse"]}
+    return _verdict("F1", clauses, [v], ours, extra=_need_lrs(lrs))
+
+
+def f2(trials: pl.DataFrame) -> Verdict:
+    """F2: for every (ρ, k) (a) f(η1) clearly above f(ηm) and (c) S(η1) clearly above S(ηm);
+    (b) the LR effect (mean |f(ηm) − f(η1)| over (ρ, k)) exceeds the policy effect (mean
+    |f(onpd) − f(offpd)| over (k, η)). Reported: mean over (k, η) of S(offpd) − S(onpd)."""
+    grid = _grid(trials)
+    v, lrs = CellView(grid), _lrs(grid)
+    lo, hi = (lrs[0], lrs[-1]) if lrs else (None, None)
+    clauses, lr_eff = [], []
+    for q, tag in (("f", "(a)"), ("S", "(c)")):
+        for p in POLICIES:
+            for k in KINDS:
+                d = v.stat(q, p, k, lo) - v.stat(q, p, k, hi)
+                if q == "f":
+                    lr_eff.append(abs(d))
+                clauses.append(Clause(f"{tag} {p}, {k}", clearly(d), f"{q}(η1={lo}) − {q}(ηm={hi}) = {d.text()}; "
+                                      f"clearly > 0 iff > 2 SEM = {2 * d.sem:.3g}", {"difference": d}))
+    pol_eff = [abs(v.stat("f", "onpd", k, lr) - v.stat("f", "offpd", k, lr)) for k in KINDS for lr in lrs]
+    L, P = mean_of(lr_eff), mean_of(pol_eff)
+    clauses.insert(4, Clause("(b)", _holds(L.mean > P.mean, L, P),
+                             f"LR effect mean|f(ηm) − f(η1)| = {L.text()} > policy effect mean|f(onpd) − f(offpd)| "
+                             f"= {P.text()}", {"lr_effect": L, "policy_effect": P}))
+    sp = mean_of([v.stat("S", "offpd", k, lr) - v.stat("S", "onpd", k, lr) for k in KINDS for lr in lrs])
+    ours = {f"{q} at {name} (mean over ρ, k)": mean_of([v.stat(q, p, k, lr) for p in POLICIES for k in KINDS])
+            for q in ("f", "S") for name, lr in ((f"η1={lo:g}" if lrs else "η1", lo), (f"ηm={hi:g}" if lrs else "ηm", hi))}
+    return _verdict("F2", clauses, [v], ours, reported={"mean over (k, η) of S(offpd) − S(onpd)": sp},
+                    extra=_need_lrs(lrs))
+
+
+def _one_lr(spec: pl.DataFrame, what: str) -> tuple[float | None, dict[str, str]]:
+    lrs = _lrs(spec)
+    if len(lrs) > 1:
+        return lrs[0], {"LR": f"{what} at several LRs {[f'{x:g}' for x in lrs]}; §9 decides at one LR "
+                              "(split with --by optimizer.lr)"}
+    return (lrs[0] if lrs else None), {}
+
+
+def f3(trials: pl.DataFrame) -> Verdict:
+    """F3 (λ ∈ {−2, −1, 0, 1, 2}, one LR): (a) the range of acc over λ for forward KL is at most
+    half that for reverse KL; (b) reverse KL: mean acc over λ ∈ {1, 2} clearly above the mean
+    over λ ∈ {−2, −1}."""
+    spec = _spectrum(trials)
+    lr, extra = _one_lr(spec, "spectrum trials")
+    v = CellView(spec)
+    acc = {(lam, k): v.stat("acc", "spectrum", k, lr, lam) for lam in SPECTRUM for k in KINDS}
+    rf, rr = (value_range([acc[lam, k] for lam in SPECTRUM]) for k in KINDS)
+    d = mean_of([acc[1.0, "reverse"], acc[2.0, "reverse"]]) - mean_of([acc[-2.0, "reverse"], acc[-1.0, "reverse"]])
+    clauses = [
+        Clause("(a)", _holds(rf.mean <= 0.5 * rr.mean, rf, rr),
+               f"range of acc over λ: forward {rf.text()} ≤ ½ × reverse {rr.text()} (= {0.5 * rr.mean:.3g})",
+               {"forward": rf, "reverse": rr}),
+        Clause("(b)", clearly(d), f"reverse KL: mean acc(λ ∈ {{1, 2}}) − mean acc(λ ∈ {{−2, −1}}) = {d.text()}; "
+                                  f"clearly > 0 iff > 2 SEM = {2 * d.sem:.3g}", {"difference": d}),
+    ]
+    ours = {"range of acc over λ, forward KL": rf, "range of acc over λ, reverse KL": rr,
+            "reverse KL: mean acc(λ ∈ {1, 2}) − mean acc(λ ∈ {−2, −1})": d}
+    return _verdict("F3", clauses, [v], ours, extra=extra)
+
+
+def f4(trials: pl.DataFrame) -> Verdict:
+    """F4: the coverage gap pass@10 − pass@1 (Countdown-3), averaged over matched cells (same ρ
+    or λ, same η), clearly larger for forward than for reverse KL."""
+    grid, spec = _grid(trials), _spectrum(trials)
+    v = CellView(pl.concat([grid, spec]))
+    matched = [(p, None, lr) for p in POLICIES for lr in _lrs(grid)]
+    matched += [("spectrum", lam, lr) for lam in SPECTRUM for lr in _lrs(spec)]
+    g = {k: mean_of([v.stat("gap", p, k, lr, lam) for p, lam, lr in matched]) for k in KINDS}
+    d = g["forward"] - g["reverse"]
+    clauses = [Clause("", clearly(d) if matched else None,
+                      f"mean gap over {len(matched)} matched cells: forward {g['forward'].text()} − reverse "
+                      f"{g['reverse'].text()} = {d.text()}; clearly > 0 iff > 2 SEM = {2 * d.sem:.3g}",
+                      {**g, "difference": d})]
+    ours = {"pass@10 − pass@1, forward KL": g["forward"], "pass@10 − pass@1, reverse KL": g["reverse"]}
+    extra = {} if matched else {"cells": "no matched cells (no offpd/onpd or spectrum trials with forward/reverse KL)"}
+    return _verdict("F4", clauses, [v], ours, extra=extra)
+
+
+def f5(trials: pl.DataFrame) -> Verdict:
+    """F5 (spectrum trials with an RLVR stage): (a) for both k, Countdown-4E pass@10 averaged
+    over λ ∈ {1, 2} clearly above that over λ ∈ {−2, −1} at stage distill; (b) for at least one
+    k, that gap at stage rlvr is not clearly positive or smaller than at distill."""
+    spec = _spectrum(trials).filter(pl.col("has_rlvr"))
+    lr, extra = _one_lr(spec, "spectrum trials with an RLVR stage")
+    v = CellView(spec, note=" with RLVR")
+    clauses, after, ours = [], [], {}
+    for k in KINDS:
+        gap = {}
+        for q in ("hard10", "hard10_rlvr"):
+            s = {lam: v.stat(q, "spectrum", k, lr, lam) for lam in (-2.0, -1.0, 1.0, 2.0)}
+            gap[q] = mean_of([s[1.0], s[2.0]]) - mean_of([s[-2.0], s[-1.0]])
+        dist, rl = gap["hard10"], gap["hard10_rlvr"]
+        ours |= {f"Countdown-4E pass@10 gap λ>0 − λ<0, {k} KL, distill": dist,
+                 f"Countdown-4E pass@10 gap λ>0 − λ<0, {k} KL, rlvr": rl}
+        clauses.append(Clause(f"(a) {k}", clearly(dist), f"pass@10, mean λ ∈ {{1, 2}} − mean λ ∈ {{−2, −1}}, at distill = {dist.text()}; "
+                              f"clearly > 0 iff > 2 SEM = {2 * dist.sem:.3g}", {"distill": dist}))
+        c = clearly(rl)
+        holds = None if c is None or not dist.finite else (not c) or rl.mean < dist.mean
+        after.append((k, holds, rl, dist))
+    known = [h for _, h, _, _ in after if h is not None]
+    clauses.append(Clause("(b)", any(known) if len(known) == len(after) or any(known) else None, "; ".join(
+        f"{k}: gap at rlvr = {rl.text()} (clearly > 0 iff > {2 * rl.sem:.3g}), at distill {dist.mean:.3g} → "
+        f"{'holds' if h else 'does not hold' if h is not None else 'NaN'}" for k, h, rl, dist in after),
+        {f"rlvr {k}": rl for k, _, rl, _ in after}))
+    return _verdict("F5", clauses, [v], ours, extra=extra)
+
+
+#: Finding → its decision function (in order).
+FINDINGS: dict[str, Callable[[pl.DataFrame], Verdict]] = {"F1": f1, "F2": f2, "F3": f3, "F4": f4, "F5": f5}
+
+
+def decide(res: Results, by: str | None = None, only: Sequence[str] | None = None) -> dict[str, list[Verdict]]:
+    """The verdicts of the findings ``only`` (default all of `FINDINGS`) on the trials of
+    ``res``: ``{"all": [...]}``, or with ``by`` one entry per value of that trials column
+    (``"<by>=<value>"``), each group decided on its own.
+
+    Raises:
+        ValueError: an unknown finding, or ``by`` not a trials column (names the columns)."""
+    names = list(only) if only else list(FINDINGS)
+    bad = [n for n in names if n not in FINDINGS]
+    if bad:
+        raise ValueError(f"unknown finding(s) {bad}; allowed: {list(FINDINGS)}")
+    trials = trial_values(res)
+    return {g: [FINDINGS[n](t) for n in names] for g, t in _groups(trials, by).items()}
+
+
+def _groups(trials: pl.DataFrame, by: str | None) -> dict[str, pl.DataFrame]:
+    if by is None:
+        return {"all": trials}
+    if by not in trials.columns or by in _TRIAL_COLUMNS - {"sweep"}:
+        raise ValueError(f"--by {by!r} is not a trials column; allowed: sweep (several paths) or a config column, "
+                         f"e.g. {sorted(_config(trials))[:12]}")
+    values = trials[by].unique().sort(nulls_last=True).to_list()
+    return {f"{by}={v}": trials.filter(pl.col(by).is_null() if v is None else pl.col(by) == v) for v in values}
+
+
+# --------------------------------------------------------------------------- text
+
+
+_MARK = {True: "✓", False: "✗", None: "?"}
+
+
+def format_verdicts(result: dict[str, list[Verdict]]) -> str:
+    """The verdicts as text, each with the statistics its clauses used, the cells that make it
+    inconclusive, and the paper's values (one block per group)."""
+    lines = []
+    for group, verdicts in result.items():
+        lines.append(f"== findings ({group}) ==")
+        for v in verdicts:
+            lines.append(f"{v.finding}  {v.verdict.upper()}  — {v.claim}")
+            lines.append(f"    rule (§9): {v.rule}")
+            lines += [f"    {_MARK[c.holds]} {c.name + ': ' if c.name else ''}{c.text}" for c in v.clauses]
+            lines += [f"    reported (not required): {r} = {s.text()}" for r, s in v.reported.items()]
+            lines += [f"    inconclusive: {p}" for p in v.problems]
+            lines.append(f"    ours: {_ours(v)}")
+            lines += [f"    paper: {q}: {val} [{src}]" for q, val, src in v.paper]
+    return "\n".join(lines)
+
+
+def _ours(v: Verdict) -> str:
+    return "; ".join(f"{name} {s.text()}" for name, s in v.ours.items())
+
+
+def _cells_frame(cells: pl.DataFrame, spectrum: bool) -> pl.DataFrame:
+    """A cell table for findings.md: the cell, mean ± SEM (n seeds) of each quantity, failed trials."""
+    qs = ("acc", "gap", "hard10", "hard10_rlvr", "f", "S") if spectrum else ("acc", "f", "S", "gap", "hard10")
+    rows = []
+    for r in cells.iter_rows(named=True):
+        row = {"λ" if spectrum else "policy": f"{r['lambda']:g}" if spectrum else r["policy"], "KL": r["kind"],
+               "LR": "–" if r["lr"] is None else f"{r['lr']:g}"}
+        for q in qs:
+            row[NAMES[q]] = (f"{mean_sem_text(r[f'{q}_mean'], r[f'{q}_sem'], 3)} (n={r[f'{q}_n']})"
+                             if r[f"{q}_n"] else "–")
+        row["not completed"] = ", ".join(r["failed"]) or "–"
+        rows.append(row)
+    return pl.DataFrame(rows)
+
+
+def _counts(trials: pl.DataFrame) -> str:
+    done = trials.filter(pl.col("status") == "completed").height
+    return f"{trials.height} trials, {done} completed, {trials.height - done} not completed"
+
+
+def findings_markdown(res: Results, result: dict[str, list[Verdict]], figures: dict[str, tuple[Path, list[str]]],
+                      sources: Sequence[str], by: str | None = None) -> str:
+    """findings.md: the verdict table (one column per group), each finding's clauses with their
+    statistics, the cell tables (mean ± SEM over seeds), the figures and the paper's values."""
+    trials = trial_values(res)
+    groups = _groups(trials, by)
+    names = [v.finding for v in next(iter(result.values()))]
+    cmd = " ".join(["distillab findings", *sources, *([f"--by {by}"] if by else []),
+                    *([f"--only {','.join(names)}"] if names != list(FINDINGS) else [])])
+    lines = ["# Findings: the verdicts of PROTOCOL.md §9", "",
+             f"Generated by `{cmd}` from {_counts(trials)}. Every number below is computed by that command "
+             "(`distillab.findings`); values are means over seeds ± SEM, n = seeds.", "", "## Verdicts", ""]
+    first = next(iter(result.values()))
+    table = {"finding": names, **{g: [v.verdict for v in vs] for g, vs in result.items()},
+             **({"ours": [_ours(v) for v in first]} if len(result) == 1 else {}),
+             "paper": ["; ".join(f"{q}: {val}" for q, val, _ in v.paper) for v in first]}
+    lines += [format_table(pl.DataFrame(table)), ""]
+    for g, verdicts in result.items():
+        lines += [f"## Statistics ({g}: {_counts(groups[g])})", ""]
+        for v in verdicts:
+            lines += [f"### {v.finding}: {v.verdict}", "", f"Finding (PROTOCOL.md §7): {v.claim}", "",
+                      f"Rule (§9): {v.rule}.", "", f"Ours: {_ours(v)}.", ""]
+            lines += [f"- {_MARK[c.holds]} {c.name + ': ' if c.name else ''}{c.text}" for c in v.clauses]
+            lines += [f"- reported (not required): {r} = {s.text()}" for r, s in v.reported.items()]
+            lines += [f"- inconclusive: {p}" for p in v.problems]
+            lines += [f"- paper: {q}: {val} ({src})" for q, val, src in v.paper] + [""]
+        for title, part, spectrum in (("grid cells (ρ, k, η)", _grid(groups[g]), False),
+                                      ("spectrum cells (λ, k, η)", _spectrum(groups[g]), True)):
+            if part.height:
+                lines += [f"### {title}, {g}", "", format_table(_cells_frame(cell_table(part), spectrum)), ""]
+    if figures:
+        lines += ["## Figures", ""]
+        for stem, (path, notes) in figures.items():
+            lines += [f"![{stem}]({path.name})", *[f"- {n}" for n in notes], ""]
+    lines += ["## The paper's values", "", format_table(pl.DataFrame(
+        [{"finding": f, "quantity": q, "paper": val, "source": s} for f, q, val, s in PAPER])), ""]
+    return "\n".join(lines)
+
+
+#: findings.md's figures: file stem → (figure function of `distillab.plots`, the trials it draws)
+FINDINGS_FIGURES: dict[str, tuple[Callable, Sequence[str]]] = {
+    "findings_f1_accuracy_lr": (fig_accuracy_lr, POLICIES),
+    "findings_f2_forgetting_sparsity_lr": (fig_lr, POLICIES),
+    "findings_f3_lambda": (fig_lambda, ("spectrum",)),
+    "findings_f4_coverage_gap": (fig_coverage_gap, (*POLICIES, "spectrum")),
+    "findings_f5_countdown4e_lambda": (fig_hard_pass_lambda, ("spectrum",)),
+}
+
+
+def write_findings(res: Results, out_dir: str | os.PathLike[str], result: dict[str, list[Verdict]],
+                   sources: Sequence[str], by: str | None = None, dpi: int = 120) -> dict[str, Path]:
+    """Draw `FINDINGS_FIGURES` (each over the trials of its policies, all groups together: a ``--by``
+    column that varies becomes part of the legend) into ``out_dir`` and write
+    ``<out_dir>/findings.md``. Returns ``{stem: png path, ..., "findings": md path}``."""
+    out = Path(out_dir)
+    figures: dict[str, tuple[Path, list[str]]] = {}
+    have_policy = POLICY in res.trials.collect_schema().names()
+    for stem, (draw, policies) in FINDINGS_FIGURES.items():
+        part = filter_trials(res, **{POLICY: list(policies)}) if have_policy else res
+        fig = draw(part)
+        figures[stem] = (save_figure(fig, out, stem, dpi=dpi), figure_notes(fig))
+    md = out / "findings.md"
+    md.write_text(findings_markdown(res, result, figures, sources, by), encoding="utf-8")
+    return {**{k: p for k, (p, _) in figures.items()}, "findings": md}

@@ -1,0 +1,371 @@
+"""`distillab sweep FILE --dry-run`: what a sweep would run, checked and costed, with
+nothing started (no Ray, no `prepare`, no model weights read).
+
+    distillab sweep search_spaces/paper_llama.yaml --dry-run \\
+        --set models.teacher_path=/ckpt/llama-3.1-8b-sft --set models.student_path=/ckpt/llama-3.2-1b
+    distillab sweep search_spaces/paper_llama.yaml --dry-run --nodes 2 --node-cpus 96 --node-gpus 8 ...
+
+Three parts, each a function:
+
+- `check_checkpoints`: every ``models.*_path`` is a checkpoint directory (a
+  ``config.json`` and a tokenizer ``from_pretrained`` reads), teacher and student share a
+  tokenizer (`models.check_same_vocab`; a micro role stands for the character tokenizer
+  it would be prepared with) and their lm_heads fit it (`models.check_lm_heads`, with
+  ``trial.loss.pad_vocab``). `distillab sweep` and `distillab prepare` run it too, before
+  anything starts; a failure is a `CheckpointError` naming the path or the mismatch.
+- `placement`: each trial's Ray resources (``resources``: Train workers × CPUs/GPUs per
+  worker, the Tune trainable's CPUs, the vLLM engine sharing its worker's GPU) against a
+  cluster of ``nodes`` equal nodes (default: this machine): how many trials run at a time,
+  or why none ever can (a worker that fits on no node, a trial larger than the cluster).
+- `estimate`: GPU-hours from token counts and parameter counts. Tokens per trial:
+  distillation steps × prompts × rollouts × (mean prompt tokens + ``rollout.max_tokens``),
+  the evaluation's samples × (prompt + ``evaluation.max_tokens``) at each stage, and the
+  RLVR stage's steps × prompts × samples × (prompt + ``rlvr.max_tokens``); completion
+  lengths are the configured maxima, so the counts are upper bounds. Work per token is the
+  usual 2·N FLOPs per forward and 6·N per forward + backward (Kaplan et al. 2020, "Scaling
+  Laws for Neural Language Models", §2.1): sampling 2·N_ρ (ρ the rollout policy, both
+  models for π_λ), teacher scoring 2·N_T, student update 6·N_S (8·N_S with gradient
+  checkpointing), evaluation 2·N_S, RLVR 8·N_S (+2·N_S for a reference KL). GPU-seconds =
+  FLOPs / throughput; the throughput is `ASSUMED_TFLOPS` unless ``--throughput`` gives one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from distillab.config import ConfigError, SweepConfig, TrialConfig
+from distillab.mcq import mcq_prompt_ids, mcq_test_split
+from distillab.models import build_char_tokenizer, check_lm_heads, check_same_vocab, load_tokenizer, micro_llama_config
+from distillab.prepare import prepare_key
+from distillab.sweep import expected_trials
+from distillab.tasks import countdown_prompt_ids, countdown_test_split, generate_skill_items, render_prompt
+
+__all__ = ["ASSUMED_TFLOPS", "LM_EVAL_TOKENS_PER_ITEM", "CheckpointError", "Role", "Cluster", "Placement",
+           "Estimate", "check_checkpoints", "placement", "estimate", "dry_run"]
+
+#: Effective training-loop throughput per GPU assumed by `estimate`, TFLOP/s (bf16). ASSUMED, not
+#: measured: one tenth of the dense bf16 peak of an H100 SXM or H200, 989 TFLOP/s (NVIDIA's H100 and
+#: H200 datasheets; the device notes of this workplace measured 770-800 TFLOP/s on an H200 for one large
+#: matrix product). A distillation step decodes short completions at a batch of a few dozen (memory-bound)
+#: and trains on a few thousand tokens, far from the 38-43 % of peak that large-batch pre-training reaches
+#: (Llama 3 on H100s, Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4). Measure your own (the
+#: trial's ``time/step_s``) and pass it as ``--throughput``.
+ASSUMED_TFLOPS = 98.9
+#: Tokens per lm-eval-harness item (prompt + answer) assumed for the full-scale OOD suite, whose prompts
+#: are not rendered here (few-shot contexts vary by task). ASSUMED, not measured.
+LM_EVAL_TOKENS_PER_ITEM = 1024
+#: Test items rendered to measure the mean prompt length of a task
+PROMPT_SAMPLE = 32
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint path that is missing or not a checkpoint, or a teacher/student pair
+    that does not share a tokenizer or whose lm_heads do not fit it."""
+
+
+@dataclass
+class Role:
+    """One model of the sweep: its checkpoint ``path`` (None: the micro model ``prepare``
+    would build, at ``path_if_prepared``), its tokenizer, lm_head rows and parameters."""
+
+    role: str
+    path: Path | None
+    tokenizer: object
+    vocab_rows: int
+    params: int
+    path_if_prepared: Path | None = None
+
+
+def _count_params(config) -> int:
+    """Parameters of the causal LM of ``config`` (built on the meta device: no memory, no weights)."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _checkpoint_role(role: str, raw: str) -> Role:
+    path = Path(raw).expanduser()
+    field_ = f"models.{role}_path"
+    if not path.exists():
+        raise CheckpointError(f"{field_}: {path} does not exist (give a checkpoint directory: "
+                              f"--set {field_}=DIR)")
+    if not path.is_dir() or not (path / "config.json").is_file():
+        raise CheckpointError(f"{field_}: {path} is not a checkpoint directory (no config.json in it)")
+    try:
+        tok = load_tokenizer(path)
+        config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{field_}: {path}: cannot load its tokenizer or config: {e}") from None
+    return Role(role, path.resolve(), tok, int(config.vocab_size), _count_params(config))
+
+
+def _micro_role(sweep: SweepConfig, role: str) -> Role:
+    m = sweep.models
+    mcfg = m.micro_teacher if role == "teacher" else m.micro_student
+    tok = build_char_tokenizer()
+    config = micro_llama_config(len(tok), mcfg.hidden_size, mcfg.num_layers, mcfg.num_heads, mcfg.intermediate_size,
+                                mcfg.max_position_embeddings, tok)
+    where = Path(m.cache_dir).expanduser().resolve() / f"{role}-{prepare_key(sweep, role)}"
+    return Role(role, None, tok, config.vocab_size, _count_params(config), where)
+
+
+def check_checkpoints(sweep: SweepConfig) -> dict[str, Role]:
+    """The sweep's teacher and student, checked (module docstring). Reads configs and
+    tokenizers only.
+
+    Raises:
+        CheckpointError: a missing path or one that is not a checkpoint directory (the
+            field and the path named), tokenizers that differ, or lm_heads that do not
+            fit the tokenizer or differ without ``trial.loss.pad_vocab`` (both sizes named).
+    """
+    m = sweep.models
+    roles = {r: (_checkpoint_role(r, p) if p is not None else _micro_role(sweep, r))
+             for r, p in (("teacher", m.teacher_path), ("student", m.student_path))}
+    t, s = roles["teacher"], roles["student"]
+    where = ", ".join(f"{r.role} {r.path or 'micro (prepared)'}" for r in (t, s))
+    try:
+        check_same_vocab(t.tokenizer, s.tokenizer)
+        check_lm_heads(t.vocab_rows, s.vocab_rows, len(s.tokenizer), sweep.trial.loss.pad_vocab,
+                       spectrum=any(x.rollout.policy == "spectrum" for x in sweep.trials))
+    except ValueError as e:
+        raise CheckpointError(f"models ({where}): {e}") from None
+    return roles
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """``nodes`` equal nodes of ``cpus`` CPUs and ``gpus`` GPUs each."""
+
+    nodes: int
+    cpus: float
+    gpus: float
+    source: str = "this machine"
+
+    @classmethod
+    def this_machine(cls) -> "Cluster":
+        """One node: this machine's cores and CUDA devices."""
+        return cls(1, float(os.cpu_count() or 1), float(torch.cuda.device_count()))
+
+
+@dataclass
+class Placement:
+    """Per trial: Ray resources; on ``cluster``: trials at a time (0: never placeable, ``why``)."""
+
+    workers: int
+    cpus_per_worker: float
+    gpus_per_worker: float
+    trial_cpus: float
+    concurrent: int
+    why: str = ""
+
+    @property
+    def cpus(self) -> float:
+        """CPUs of one trial: its workers' and the Tune trainable's."""
+        return self.workers * self.cpus_per_worker + self.trial_cpus
+
+    @property
+    def gpus(self) -> float:
+        """GPUs of one trial."""
+        return self.workers * self.gpus_per_worker
+
+
+def placement(sweep: SweepConfig, cluster: Cluster) -> Placement:
+    """How the sweep's trials fit ``cluster``: Ray Train places each worker's bundle (its
+    CPUs and GPUs) on one node, a trial needs all its workers at once, and the Tune
+    trainable's ``trial_cpus`` beside them; at most ``max_concurrent_trials`` run at a time.
+    The vLLM engine actor reserves nothing (it shares its worker's CPUs and GPU)."""
+    r = sweep.resources
+    p = Placement(r.num_workers, r.cpus_per_worker, r.gpus_per_worker, r.trial_cpus, 0)
+    fit = [math.floor(cluster.cpus / r.cpus_per_worker + 1e-9)]
+    if r.gpus_per_worker:
+        fit.append(math.floor(cluster.gpus / r.gpus_per_worker + 1e-9))
+    per_node = min(fit)
+    if per_node == 0:
+        p.why = (f"a worker needs {r.cpus_per_worker:g} CPU and {r.gpus_per_worker:g} GPU on one node "
+                 f"(resources.cpus_per_worker, gpus_per_worker); a node of {cluster.source} has {cluster.cpus:g} CPU "
+                 f"and {cluster.gpus:g} GPU")
+        return p
+    by_workers = per_node * cluster.nodes // r.num_workers
+    by_cpus = math.floor(cluster.nodes * cluster.cpus / p.cpus + 1e-9)
+    p.concurrent = min(by_workers, by_cpus, r.max_concurrent_trials, expected_trials(sweep))
+    if p.concurrent == 0:
+        p.why = (f"a trial needs {r.num_workers} workers of {r.cpus_per_worker:g} CPUs / {r.gpus_per_worker:g} GPUs "
+                 f"(+{r.trial_cpus:g} CPUs); {cluster.source} ({cluster.nodes} node(s) of {cluster.cpus:g} CPUs, "
+                 f"{cluster.gpus:g} GPUs) holds {per_node * cluster.nodes} such workers")
+    return p
+
+
+@dataclass
+class Estimate:
+    """Per trial: tokens and FLOPs of each phase (``distill``, ``eval``, ``rlvr``), and the
+    evaluation before training, which the sweep's trials share (``pre_eval``)."""
+
+    prompt_tokens: dict[str, float] = field(default_factory=dict)
+    tokens: dict[str, float] = field(default_factory=dict)
+    flops: dict[str, float] = field(default_factory=dict)
+    pre_eval_tokens: float = 0.0
+    pre_eval_flops: float = 0.0
+
+
+def _mean_prompt_tokens(trial: TrialConfig, tok, task: str) -> float:
+    """Mean prompt length (tokens, chat template included) of `PROMPT_SAMPLE` test items of ``task``."""
+    if task == "mcq":
+        ids = [mcq_prompt_ids(tok, trial.tasks.mcq, it)
+               for it in mcq_test_split(trial.tasks.mcq, PROMPT_SAMPLE, trial.tasks.test_seed)]
+    elif task == "ood":
+        ids = [render_prompt(tok, "", it.prompt) for s in trial.tasks.ood_skills
+               for it in generate_skill_items(s, PROMPT_SAMPLE // 4 or 1, 0)]
+    else:
+        ids = [countdown_prompt_ids(tok, trial.tasks, p)
+               for p in countdown_test_split(trial.tasks, task, PROMPT_SAMPLE)]
+    return sum(map(len, ids)) / len(ids)
+
+
+def _eval_tokens(trial: TrialConfig, prompt: dict[str, float]) -> float:
+    """Tokens of one evaluation stage: every sample of every task × (prompt + max_tokens)."""
+    ev = trial.evaluation
+    gen = ev.max_tokens
+    n = sum((ev.id_items + ev.pass_items * ev.pass_n) * (prompt[t] + gen) for t in ev.countdown_tasks)
+    if ev.mcq_items:
+        n += (ev.mcq_items + ev.pass_items * ev.pass_n) * (prompt["mcq"] + gen)
+    if ev.ood_backend == "micro":
+        n += ev.ood_items * len(trial.tasks.ood_skills) * (prompt["ood"] + gen)
+    else:
+        n += len(ev.lm_eval.tasks) * (ev.lm_eval.limit or 1000) * LM_EVAL_TOKENS_PER_ITEM
+    return n
+
+
+def estimate(trial: TrialConfig, tok, n_teacher: int, n_student: int) -> Estimate:
+    """Tokens and FLOPs of one trial (module docstring); ``tok`` renders the prompts,
+    ``n_teacher`` / ``n_student`` are parameter counts."""
+    o, r, ev = trial.optimizer, trial.rollout, trial.evaluation
+    tasks = {*ev.countdown_tasks, "countdown3"} | ({"mcq"} if ev.mcq_items or trial.domain == "mcq" else set())
+    tasks |= {"ood"} if ev.ood_backend == "micro" else set()
+    tasks |= {trial.rlvr.task} if trial.rlvr is not None else set()
+    est = Estimate(prompt_tokens={t: _mean_prompt_tokens(trial, tok, t) for t in sorted(tasks)})
+    p = est.prompt_tokens
+    seq = p["mcq" if trial.domain == "mcq" else "countdown3"] + r.max_tokens
+    n_seq = o.steps * o.prompts_per_step * o.rollouts_per_prompt
+    sampler = {"offpd": n_teacher, "onpd": n_student, "spectrum": n_teacher + n_student}[r.policy]
+    update = (8 if trial.gradient_checkpointing else 6) * n_student
+    est.tokens["distill"] = n_seq * seq
+    est.flops["distill"] = est.tokens["distill"] * (2 * sampler + 2 * n_teacher + update)
+    stage = _eval_tokens(trial, p)
+    est.tokens["eval"] = stage * (1 + (trial.rlvr is not None))  # after distillation, after RLVR
+    est.flops["eval"] = est.tokens["eval"] * 2 * n_student
+    est.pre_eval_tokens, est.pre_eval_flops = stage, stage * 2 * n_student
+    if trial.rlvr is not None:
+        g = trial.rlvr
+        est.tokens["rlvr"] = g.steps * g.prompts_per_step * g.samples_per_prompt * (p[g.task] + g.max_tokens)
+        est.flops["rlvr"] = est.tokens["rlvr"] * (8 + 2 * (g.beta > 0)) * n_student
+    return est
+
+
+def _fmt(n: float) -> str:
+    """1234567 -> '1.23M' (k, M, G, T, P, E)."""
+    for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def _models_lines(roles: dict[str, Role], sweep: SweepConfig) -> list[str]:
+    lines = ["models:"]
+    for r in roles.values():
+        where = str(r.path) if r.path else (f"micro, would be prepared at {r.path_if_prepared}"
+                                            + (" (cached)" if (r.path_if_prepared / "prepare.json").exists() else ""))
+        lines.append(f"  {r.role:8s} {_fmt(r.params).replace('G', 'B')} parameters, lm_head {r.vocab_rows:,} rows: {where}")
+    tok = roles["student"].tokenizer
+    pad = " (lm_heads padded to one size: loss.pad_vocab)" if sweep.trial.loss.pad_vocab else ""
+    lines.append(f"  tokenizer: shared, {len(tok):,} tokens, {'a chat template' if tok.chat_template else 'no chat template'}"
+                 f"{pad}")
+    return lines
+
+
+def _trial_lines(sweep: SweepConfig) -> list[str]:
+    keys = list(sweep.search.grid)
+    kind = (f"grid over {', '.join(keys)}" if sweep.search.kind == "grid"
+            else f"optuna: {sweep.search.num_samples} samples over {', '.join(sweep.search.space)}; the base trial")
+    lines = [f"trials: {len(sweep.trials)} ({kind})"]
+    for t in sweep.trials:
+        r, o = t.rollout, t.optimizer
+        rl = f", then RLVR {t.rlvr.steps} steps on {t.rlvr.task}" if t.rlvr is not None else ""
+        lines.append(f"  {t.trial_id}: {o.steps} steps x {o.prompts_per_step} prompts, lr {o.lr:g}, {t.precision}, "
+                     f"rollouts {r.engine}{rl}")
+    return lines
+
+
+def _placement_lines(sweep: SweepConfig, p: Placement, cluster: Cluster) -> list[str]:
+    r = sweep.resources
+    engines = {t.rollout.engine for t in sweep.trials} | {t.rlvr.engine for t in sweep.trials if t.rlvr is not None}
+    gpu = f", {p.gpus_per_worker:g} GPU" if p.gpus_per_worker else ", no GPU"  # resource amounts, not counts
+    vllm = ("; a vLLM engine (rollout.engine or rlvr.engine vllm, or auto on a GPU worker) runs in a Ray actor on "
+            "the worker's "
+            "node, reserving nothing: it shares the worker's GPU (rollout.vllm_gpu_memory_utilization "
+            f"{sweep.trial.rollout.vllm_gpu_memory_utilization:g} of its memory) or CPUs"
+            if engines & {"vllm", "auto"} else "")
+    lines = [f"resources per trial: {p.workers} Train worker(s) x ({p.cpus_per_worker:g} CPU{gpu}) + "
+             f"{p.trial_cpus:g} CPU (the Tune trainable) = {p.cpus:g} CPU, {p.gpus:g} GPU{vllm}"]
+    where = f"{cluster.source}: {cluster.nodes} node(s) of {cluster.cpus:g} CPUs, {cluster.gpus:g} GPUs"
+    if p.concurrent == 0:
+        lines.append(f"placement on {where}: NEVER placeable: {p.why}")
+    else:
+        n = expected_trials(sweep)
+        lines.append(f"placement on {where}: {p.concurrent} trial(s) at a time (resources.max_concurrent_trials "
+                     f"{r.max_concurrent_trials}), {n} trials in {-(-n // p.concurrent)} wave(s)")
+    return lines
+
+
+def _estimate_lines(sweep: SweepConfig, roles: dict[str, Role], p: Placement, tflops: float | None) -> list[str]:
+    ests = [estimate(t, roles["student"].tokenizer, roles["teacher"].params, roles["student"].params)
+            for t in sweep.trials]
+    e0 = ests[0]
+    rate = (tflops or ASSUMED_TFLOPS) * 1e12
+    source = "--throughput" if tflops else "ASSUMED (distillab.plan.ASSUMED_TFLOPS; set --throughput)"
+    lines = ["estimate (upper bounds: every completion at its max_tokens):",
+             "  mean prompt tokens: " + ", ".join(f"{k} {v:.1f}" for k, v in e0.prompt_tokens.items())]
+    for phase in e0.tokens:
+        lo, hi = min(e.flops[phase] for e in ests), max(e.flops[phase] for e in ests)
+        spread = f" (first trial; {_fmt(lo)}-{_fmt(hi)}FLOP over the trials)" if hi > lo else ""
+        lines.append(f"  {phase:8s} {_fmt(e0.tokens[phase])} tokens, {_fmt(e0.flops[phase])}FLOP per trial{spread}")
+    lines.append(f"  pre      {_fmt(e0.pre_eval_tokens)} tokens, {_fmt(e0.pre_eval_flops)}FLOP once "
+                 "(the evaluation before training, shared by the sweep's trials)")
+    n = expected_trials(sweep)  # an Optuna sweep: num_samples trials, each costed as the base trial
+    total = sum(sum(e.flops.values()) for e in ests) * n / len(ests) + e0.pre_eval_flops
+    hours = total / rate / 3600
+    per_trial = sum(e0.flops.values()) / rate / 3600
+    lines.append(f"  throughput: {rate / 1e12:g} TFLOP/s per GPU, {source}")
+    lines.append(f"  GPU-hours: {per_trial:.3g} per trial (the first), {hours:.3g} for the sweep's {n} trials")
+    if p.gpus and p.concurrent:
+        waves = -(-n // p.concurrent)
+        lines.append(f"  wall-clock: ~{waves * per_trial / p.gpus:.3g} h ({waves} wave(s) of trials on "
+                     f"{p.gpus:g} GPU(s) each, perfect scaling assumed)")
+    elif not p.gpus:
+        lines.append("  (this sweep asks for no GPUs: the GPU-hours give its size at the assumed GPU throughput; "
+                     "on CPU it runs far slower)")
+    if any(t.rollout.offpd_reuse and t.rollout.policy == "offpd" for t in sweep.trials):
+        lines.append("  (OffPD trials with rollout.offpd_reuse share one rollout set; each is counted as sampling "
+                     "its own)")
+    return lines
+
+
+def dry_run(sweep: SweepConfig, cluster: Cluster | None = None, tflops: float | None = None) -> tuple[str, bool]:
+    """The plan of ``sweep`` as text, and whether its trials can be placed on ``cluster``
+    (default: this machine). ``tflops``: effective TFLOP/s per GPU (default `ASSUMED_TFLOPS`).
+
+    Raises:
+        CheckpointError: see `check_checkpoints`.
+    """
+    cluster = cluster or Cluster.this_machine()
+    roles = check_checkpoints(sweep)
+    p = placement(sweep, cluster)
+    lines = [f"[dry-run] {sweep.name}: nothing started (no Ray, no prepare); results would go to {sweep.sweep_dir()}"]
+    lines += _models_lines(roles, sweep) + _trial_lines(sweep) + _placement_lines(sweep, p, cluster)
+    lines += _estimate_lines(sweep, roles, p, tflops)
+    return "\n".join(lines), p.concurrent > 0

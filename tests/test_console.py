@@ -1,0 +1,176 @@
+"""What a sweep prints and what its trackers log (issue 14), on real smoke sweeps
+through the command line:
+
+- the session's ``smoke_sweep`` (tests/conftest.py: ``distillab sweep
+  search_spaces/smoke.yaml --no-dashboard``, 2 trials) prints at most 60 lines: the
+  Tune progress table, one line per finished stage of each trial, the closing
+  tables, and none of Ray's known-harmless lines;
+- a trial that fails still prints its traceback, and the sweep exits 1;
+- with the ``tracking`` extra installed, a smoke sweep's W&B (offline) and MLflow
+  (SQLite under the run folder) runs, read back, hold every trial's config and its
+  final Countdown-3 accuracy, equal to the ``evals`` table's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from distillab.cli import HARMLESS_RAY_LINES
+from distillab.config import load_sweep
+from distillab.models import build_char_tokenizer, micro_llama_config
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "search_spaces" / "smoke.yaml"
+ACC = "eval/distill/countdown3/accuracy"
+
+
+def _final_accuracy(root: Path, task: str = "countdown3", metric: str = "accuracy") -> dict[str, float]:
+    """trial id → its Countdown-3 accuracy (or ``task``'s ``metric``) after distillation,
+    from the ``evals`` table."""
+    from distillab.results import load
+
+    ev = load(root).evals.filter((pl.col("stage") == "distill") & (pl.col("task") == task)
+                                 & (pl.col("metric") == metric)).collect()
+    return dict(zip(ev["trial_id"], ev["value"]))
+
+
+def _wandb_run(path: Path) -> dict:
+    """What an offline W&B run file (``run-<id>.wandb``) holds: ``name``, ``config``,
+    ``history`` (one dict per logged row) and ``summary``. The file is W&B's record log
+    (LevelDB's log format: 32 KiB blocks of chunks with a 7-byte header, after a 7-byte
+    file header ``:W&B`` 0xBEE1 0) of ``wandb_internal_pb2.Record`` messages."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, pos, block, buf = path.read_bytes(), 7, 32768, b""
+    assert struct.unpack("<4sHB", data[:7]) == (b":W&B", 0xBEE1, 0)
+    out = {"name": None, "config": {}, "history": [], "summary": {}}
+
+    def items(entries) -> dict:
+        return {e.key or "/".join(e.nested_key): json.loads(e.value_json) for e in entries}
+
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if (length, kind) == (0, 0):
+            pos += block - pos % block
+            continue
+        buf = (b"" if kind in (1, 2) else buf) + data[pos + 7:pos + 7 + length]  # 1 full, 2 first, 3 middle, 4 last
+        pos += 7 + length
+        if kind in (1, 4):
+            r = pb.Record()
+            r.ParseFromString(buf)
+            which = r.WhichOneof("record_type")
+            if which == "run":
+                out["name"] = r.run.display_name
+                out["config"].update(items(r.run.config.update))
+            elif which == "config":
+                out["config"].update(items(r.config.update))
+            elif which == "history":
+                out["history"].append(items(r.history.item))
+            elif which == "summary":
+                out["summary"].update(items(r.summary.update))
+    return out
+
+
+@pytest.mark.slow
+def test_a_smoke_sweep_prints_a_calm_console(smoke_sweep: Path) -> None:
+    lines = (smoke_sweep.parent / "console.txt").read_text().splitlines()
+    text = "\n".join(lines)
+    assert len(lines) <= 60, text
+    trials = sorted(_final_accuracy(smoke_sweep))
+    assert len(trials) == 2
+    for tid in trials:  # one line per finished stage of each trial, and the progress table names the trials
+        assert len([x for x in lines if f"[trial] {tid} pre step 0:" in x]) == 1, text
+        assert len([x for x in lines if f"[trial] {tid} distill step 4:" in x]) == 1, text
+        assert any(x.startswith("|") and tid in x for x in lines), text
+    assert "== Status ==" in text and "[sweep] 2 of 2 trials completed" in text
+    assert any(x.startswith("| rollout.policy") and "countdown3 acc" in x for x in lines)  # the headline table
+    for harmless in (*HARMLESS_RAY_LINES, "Summary name", "Loading weights", "Writing model shards",
+                     "Setting accelerator to CPU", "Token authentication is enabled", "Distutils was imported"):
+        assert not re.search(harmless, text), harmless
+
+
+@pytest.mark.slow
+def test_a_failed_trial_prints_its_traceback(tmp_path: Path) -> None:
+    """The student path of a trial is a checkpoint directory whose config and tokenizer
+    pass the sweep's own checks (`plan.check_checkpoints`) but whose weights file is not
+    safetensors: its Train worker fails at set-up, and the console shows the traceback
+    and the error."""
+    broken = tmp_path / "broken-model"
+    tok = build_char_tokenizer()
+    s = load_sweep(SMOKE, {}).models.micro_student
+    micro_llama_config(len(tok), s.hidden_size, s.num_layers, s.num_heads, s.intermediate_size,
+                       s.max_position_embeddings, tok).save_pretrained(broken)
+    tok.save_pretrained(broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    sets = {"storage_path": tmp_path, "models.cache_dir": REPO / ".cache" / "models", "models.student_path": broken,
+            "search.grid": "{rollout.policy: [onpd]}", "fault_tolerance.trial_retries": 0,
+            "fault_tolerance.worker_restarts": 0}
+    cmd = [sys.executable, "-m", "distillab.cli", "sweep", str(SMOKE), "--no-dashboard"]
+    proc = subprocess.run([*cmd, *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]], cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    out = proc.stdout
+    assert proc.returncode == 1, out[-3000:]
+    assert "Traceback (most recent call last)" in out, out[-3000:]
+    # the worker's own traceback (where it failed: loading the student's weights) and Tune's
+    assert "Error in training function" in out and "in setup_models" in out and "load_model" in out, out[-3000:]
+    assert "Trial task failed for trial onpd-forward" in out and "WorkerGroupError" in out, out[-3000:]
+    assert "[sweep] 0 of 1 trials completed" in out and "distillab sweep --resume" in out
+
+
+@pytest.mark.slow
+def test_trackers_hold_every_trials_config_and_accuracy(run_locally, tmp_path: Path) -> None:
+    pytest.importorskip("wandb")
+    mlflow = pytest.importorskip("mlflow")
+    from distillab.results import load
+
+    sweep = load_sweep(SMOKE, {"storage_path": str(tmp_path), "models.cache_dir": str(REPO / ".cache" / "models"),
+                               "trial.optimizer.steps": 4, "tracking": {"wandb": {"mode": "offline"}, "mlflow": {}}})
+    smoke_sweep = run_locally(sweep)
+    trials = load(smoke_sweep).trials.collect()
+    policy = dict(zip(trials["trial_id"], trials["rollout.policy"]))
+    acc = _final_accuracy(smoke_sweep)
+    # the smoke students answer nothing right (accuracy 0); S_τ differs between the trials
+    sparsity = _final_accuracy(smoke_sweep, "params", "sparsity@1e-06")
+    assert len(acc) == 2 and len(set(sparsity.values())) == 2
+
+    # W&B, offline: one run per trial (its .wandb record file), named by the trial id, with its config,
+    # its history (a row per report) and its summary (the last value of each key)
+    runs = sorted((smoke_sweep / "wandb" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 2, runs
+    seen = {}
+    for path in runs:
+        run = _wandb_run(path)
+        tid = run["name"]
+        assert run["config"]["rollout.policy"] == policy[tid] and run["config"]["optimizer.lr"] == 1e-3
+        assert run["config"]["loss.kind"] == "forward" and run["config"]["seed"] == 42
+        assert run["summary"][ACC] == pytest.approx(acc[tid]) and run["summary"]["step"] == 4
+        assert run["summary"]["eval/distill/params/sparsity@1e-06"] == pytest.approx(sparsity[tid])
+        assert [h["step"] for h in run["history"]] == [4, 4]  # the last step's report, then the final one
+        seen[tid] = path
+    assert sorted(seen) == sorted(acc)
+
+    # MLflow, SQLite under the run folder: one run per trial named by its id, config as parameters
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{smoke_sweep / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("smoke")
+    found = client.search_runs([experiment.experiment_id])
+    assert sorted(r.info.run_name for r in found) == sorted(acc)
+    for r in found:
+        tid = r.info.run_name
+        assert r.data.params["trial_id"] == tid and r.data.params["rollout.policy"] == policy[tid]
+        assert r.data.metrics[ACC] == pytest.approx(acc[tid])
+        assert r.data.metrics["eval/distill/params/sparsity_at_1e-06"] == pytest.approx(sparsity[tid])  # '@' → '_at_'
+        assert "eval/distill/countdown3/pass_at_1" in r.data.metrics
+        history = client.get_metric_history(r.info.run_id, "loss")
+        assert {m.step for m in history} == {4}  # the reports of the last step, at its optimizer step
+        assert r.info.status == "FINISHED"

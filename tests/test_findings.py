@@ -1,0 +1,372 @@
+"""`distillab findings` (platform/findings.py): PROTOCOL.md §9's verdicts on hand-made result
+frames whose verdicts are known: each finding reproduced, not reproduced, and inconclusive
+(a missing cell, fewer than 3 seeds, a failed trial, mixed configurations), with the
+statistics computed by hand; the SEM rules of §9 on numbers; ablation groups (``--by``).
+
+Every cell of the base study has seeds 42, 43, 44 whose values are the cell's value + 0.01, +0,
+−0.01 (for the quantities the rules read), so every cell's SEM over seeds is
+S0 = sd(0.01, 0, −0.01) / √3 = 0.01 / √3.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from distillab.findings import (
+    INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Stat, cell_table, decide, f1, f2, f3, f4, f5, format_verdicts,
+    mean_of, trial_values, value_range, write_findings,
+)
+from distillab.results import SCHEMAS, Results
+
+DELTA = {42: 0.01, 43: 0.0, 44: -0.01}
+S0 = 0.01 / math.sqrt(3)
+REPO = Path(__file__).resolve().parents[1]
+LRS = (1e-4, 3e-4, 1e-3)
+LR_SPEC = 3e-4
+LAMBDAS = (-2.0, -1.0, 0.0, 1.0, 2.0)
+PRE_OOD = 0.8
+#: Countdown-3 accuracy per (policy, KL) at the three LRs: forward flat-ish and policy-blind, reverse LR-sensitive
+ACC = {("offpd", "forward"): (0.20, 0.22, 0.24), ("onpd", "forward"): (0.21, 0.23, 0.25),
+       ("offpd", "reverse"): (0.10, 0.20, 0.02), ("onpd", "reverse"): (0.12, 0.18, 0.04)}
+FORGET = (-0.05, -0.20, -0.50)  # f at the three LRs (onpd forgets 0.01 more)
+SPARSE = (0.90, 0.70, 0.50)  # S at the three LRs (offpd 0.02 sparser)
+COVER = {"forward": 0.30, "reverse": 0.10}  # pass@10 − pass@1
+SPEC_ACC = {"forward": (0.20, 0.21, 0.22, 0.21, 0.20), "reverse": (0.02, 0.05, 0.10, 0.15, 0.18)}
+HARD = {"forward": (0.05, 0.05, 0.10, 0.30, 0.35), "reverse": (0.02, 0.04, 0.10, 0.20, 0.30)}  # 4E pass@10, distill
+HARD_RLVR = {"forward": (0.30, 0.30, 0.30, 0.32, 0.33), "reverse": (0.25, 0.25, 0.25, 0.30, 0.35)}
+
+
+def base_cells() -> dict[tuple, dict[str, float]]:
+    """(policy, λ, KL, LR) → the cell's values (before the per-seed offsets)."""
+    cells = {}
+    for i, lr in enumerate(LRS):
+        for (p, k), acc in ACC.items():
+            cells[p, None, k, lr] = dict(acc=acc[i], f=FORGET[i] - (0.01 if p == "onpd" else 0.0),
+                                         S=SPARSE[i] + (0.02 if p == "offpd" else 0.0), cover=COVER[k], hard=0.0)
+    for j, lam in enumerate(LAMBDAS):
+        for k in ("forward", "reverse"):
+            cells["spectrum", lam, k, LR_SPEC] = dict(acc=SPEC_ACC[k][j], f=-0.2, S=0.7, cover=COVER[k],
+                                                      hard=HARD[k][j], hard_rlvr=HARD_RLVR[k][j])
+    return cells
+
+
+def _evals(tid: str, v: dict[str, float], d: float) -> list[dict]:
+    rows = [("pre", "ood", "ood_mean", PRE_OOD), ("distill", "ood", "ood_mean", PRE_OOD + v["f"] + d),
+            ("distill", "countdown3", "accuracy", v["acc"] + d), ("distill", "countdown3", "pass@1", v["acc"]),
+            ("distill", "countdown3", "pass@10", v["acc"] + v["cover"] + d),
+            ("distill", "params", "sparsity@1e-06", v["S"] + d), ("distill", "countdown4e", "pass@10", v["hard"] + d)]
+    if "hard_rlvr" in v:
+        rows.append(("rlvr", "countdown4e", "pass@10", v["hard_rlvr"] + d))
+    return [dict(trial_id=tid, stage=s, step=0 if s == "pre" else 10, task=t, metric=m, value=float(x), n=10)
+            for s, t, m, x in rows]
+
+
+def study(cells=None, seeds=(42, 43, 44), status=None, config=None, drop=()) -> Results:
+    """Results frames of ``cells`` × ``seeds``: trials rows (``status[(cell, seed)]``, default
+    completed; ``config[cell]`` extra config columns) and evals (none for a trial that is not
+    completed); ``drop``: (cell, seed) pairs left out."""
+    cells = base_cells() if cells is None else cells
+    trials, evals = [], []
+    for cell, v in cells.items():
+        p, lam, k, lr = cell
+        for s in seeds:
+            if (cell, s) in drop:
+                continue
+            tid = f"{p}{'' if lam is None else lam}-{k}-lr{lr:g}-s{s}"
+            st = (status or {}).get((cell, s), "completed")
+            trials.append({"trial_id": tid, "status": st, "error": None, "start_time": 0.0, "end_time": 1.0,
+                           "checkpoint": None, "seed": s, "rollout.policy": p, "rollout.lambda": lam,
+                           "loss.kind": k, "optimizer.lr": lr, "loss.estimator": "full",
+                           "rlvr.task": "countdown4" if "hard_rlvr" in v else None, **(config or {}).get(cell, {})})
+            if st == "completed":
+                evals += _evals(tid, v, DELTA[s])
+    empty = {t: pl.LazyFrame(schema={c.name: {"str": pl.String, "int": pl.Int64, "float": pl.Float64}[c.kind]
+                                     for c in SCHEMAS[t]}) for t in ("metrics", "samples")}
+    return Results(pl.DataFrame(trials).lazy(), empty["metrics"],
+                   pl.DataFrame(evals, schema_overrides={"step": pl.Int64, "n": pl.Int64}).lazy(), empty["samples"])
+
+
+def _clause(verdict, name):
+    return next(c for c in verdict.clauses if c.name == name)
+
+
+# --------------------------------------------------------------------------- SEM rules
+
+
+def test_sem_rules_on_numbers() -> None:
+    d = Stat(0.5, 0.03) - Stat(0.2, 0.04)  # difference of two cells: √(0.03² + 0.04²)
+    assert (d.mean, d.sem) == pytest.approx((0.3, 0.05))
+    m = mean_of([Stat(1.0, 0.3), Stat(2.0, 0.4)])  # mean over 2 cells: √(0.09 + 0.16) / 2
+    assert (m.mean, m.sem) == pytest.approx((1.5, 0.25))
+    m3 = mean_of([Stat(0.1, 0.02), Stat(0.2, 0.02), Stat(0.6, 0.04)])  # √(0.0004 + 0.0004 + 0.0016) / 3
+    assert (m3.mean, m3.sem) == pytest.approx((0.3, math.sqrt(0.0024) / 3))
+    r = value_range([Stat(0.3, 0.01), Stat(0.1, 0.02), Stat(0.2, 0.5)])  # max − min by mean, difference SEM
+    assert (r.mean, r.sem) == pytest.approx((0.2, math.sqrt(0.0005)))
+    a = abs(Stat(-0.4, 0.1))
+    assert (a.mean, a.sem) == (0.4, 0.1)
+
+
+def test_cell_mean_and_sem_over_seeds_and_duplicate_seeds() -> None:
+    cell = ("offpd", None, "forward", 1e-4)
+    res = study({cell: dict(acc=0.2, f=-0.1, S=0.9, cover=0.3, hard=0.0)})
+    row = cell_table(trial_values(res)).row(0, named=True)
+    assert row["acc_mean"] == pytest.approx(0.2) and row["acc_sem"] == pytest.approx(S0) and row["acc_n"] == 3
+    assert row["f_mean"] == pytest.approx(-0.1) and row["gap_mean"] == pytest.approx(0.3)
+    assert row["gap_sem"] == pytest.approx(S0) and row["n_failed"] == 0 and row["mixed"] == []
+    # the seeds 0.21, 0.20, 0.19 of that cell and one more trial of seed 42 (0.25, e.g. from a second sweep
+    # directory): seed 42 is their mean 0.23, so the seeds are 0.23, 0.20, 0.19
+    tv = trial_values(res)
+    extra = tv.filter(pl.col("seed") == 42).with_columns(pl.lit("dup").alias("trial_id"), pl.lit(0.25).alias("acc"))
+    row = cell_table(pl.concat([tv, extra])).row(0, named=True)
+    seeds = [0.23, 0.20, 0.19]
+    sd = math.sqrt(sum((x - sum(seeds) / 3) ** 2 for x in seeds) / 2)
+    assert row["acc_n"] == 3 and row["acc_mean"] == pytest.approx(sum(seeds) / 3)
+    assert row["acc_sem"] == pytest.approx(sd / math.sqrt(3))
+
+
+# --------------------------------------------------------------------------- reproduced
+
+
+def test_every_finding_reproduced_with_hand_computed_statistics() -> None:
+    t = trial_values(study())
+    v1 = f1(t)
+    assert v1.verdict == REPRODUCED, format_verdicts({"all": [v1]})
+    d = _clause(v1, "(a) η=0.0003").stats["difference"]  # acc(onpd) − acc(offpd) = 0.23 − 0.22
+    assert (d.mean, d.sem) == pytest.approx((0.01, math.sqrt(2) * S0))
+    b = _clause(v1, "(b)").stats  # ranges: forward 0.04 for both ρ; reverse 0.18 (offpd), 0.14 (onpd)
+    assert (b["forward"].mean, b["reverse"].mean) == pytest.approx((0.04, 0.16))
+    assert b["forward"].sem == pytest.approx(S0)  # √(2 · (√2 S0)²) / 2
+
+    v2 = f2(t)
+    assert v2.verdict == REPRODUCED, format_verdicts({"all": [v2]})
+    a = _clause(v2, "(a) onpd, reverse").stats["difference"]  # f(1e-4) − f(1e-3) = −0.06 − (−0.51)
+    assert (a.mean, a.sem) == pytest.approx((0.45, math.sqrt(2) * S0))
+    eff = _clause(v2, "(b)").stats
+    assert eff["lr_effect"].mean == pytest.approx(0.45) and eff["policy_effect"].mean == pytest.approx(0.01)
+    assert eff["lr_effect"].sem == pytest.approx(math.sqrt(4 * 2 * S0 ** 2) / 4)
+    assert eff["policy_effect"].sem == pytest.approx(math.sqrt(6 * 2 * S0 ** 2) / 6)
+    assert _clause(v2, "(c) offpd, forward").stats["difference"].mean == pytest.approx(0.40)  # 0.92 − 0.52
+    ours = v2.ours  # beside the paper's ΔOOD and S at its two LRs: ours at η1 and ηm, mean over (ρ, k)
+    assert ours["f at η1=0.0001 (mean over ρ, k)"].mean == pytest.approx(-0.055)  # (−0.05 − 0.05 − 0.06 − 0.06) / 4
+    assert ours["S at ηm=0.001 (mean over ρ, k)"].mean == pytest.approx(0.51)  # (0.52 + 0.52 + 0.50 + 0.50) / 4
+    assert ours["S at ηm=0.001 (mean over ρ, k)"].sem == pytest.approx(S0 / 2)  # √(4 S0²) / 4
+    sp = v2.reported["mean over (k, η) of S(offpd) − S(onpd)"]
+    assert (sp.mean, sp.sem) == pytest.approx((0.02, S0 / math.sqrt(3)))
+
+    v3 = f3(t)
+    assert v3.verdict == REPRODUCED, format_verdicts({"all": [v3]})
+    r = _clause(v3, "(a)").stats
+    assert (r["forward"].mean, r["reverse"].mean) == pytest.approx((0.02, 0.16))
+    d = _clause(v3, "(b)").stats["difference"]  # mean(0.15, 0.18) − mean(0.02, 0.05); SEM √(S0²/2 + S0²/2)
+    assert (d.mean, d.sem) == pytest.approx((0.13, S0))
+
+    v4 = f4(t)
+    assert v4.verdict == REPRODUCED, format_verdicts({"all": [v4]})
+    g = v4.clauses[0].stats  # 6 grid (ρ, η) + 5 spectrum (λ, η) matched cells
+    assert (g["forward"].mean, g["reverse"].mean) == pytest.approx((0.30, 0.10))
+    assert g["forward"].sem == pytest.approx(math.sqrt(11) * S0 / 11)
+    assert g["difference"].sem == pytest.approx(math.sqrt(2 / 11) * S0)
+
+    v5 = f5(t)
+    assert v5.verdict == REPRODUCED, format_verdicts({"all": [v5]})
+    dist = _clause(v5, "(a) forward").stats["distill"]  # mean(0.30, 0.35) − mean(0.05, 0.05)
+    assert (dist.mean, dist.sem) == pytest.approx((0.275, S0))
+    assert _clause(v5, "(a) reverse").stats["distill"].mean == pytest.approx(0.22)
+    rl = _clause(v5, "(b)").stats  # forward: 0.325 − 0.30 = 0.025 < 0.275 → (b) holds
+    assert rl["rlvr forward"].mean == pytest.approx(0.025) and rl["rlvr reverse"].mean == pytest.approx(0.075)
+    assert [v.verdict for v in decide(study())["all"]] == [REPRODUCED] * 5
+
+
+# --------------------------------------------------------------------------- not reproduced
+
+
+def _with(cells: dict, match, **values) -> dict:
+    return {c: ({**v, **values} if match(c) else v) for c, v in cells.items()}
+
+
+def test_f1_not_reproduced_when_policy_matters_for_forward_kl() -> None:
+    cells = _with(base_cells(), lambda c: c == ("onpd", None, "forward", 3e-4), acc=0.40)
+    v = f1(trial_values(study(cells)))
+    assert v.verdict == NOT_REPRODUCED and not v.problems
+    a = _clause(v, "(a) η=0.0003")
+    assert a.holds is False and a.stats["difference"].mean == pytest.approx(0.18)  # 0.40 − 0.22 > max(0.05, 2 SEM)
+    assert _clause(v, "(a) η=0.0001").holds is True
+
+
+def test_f2_not_reproduced_when_policy_not_lr_governs_forgetting() -> None:
+    cells = _with(base_cells(), lambda c: c[0] == "offpd", f=-0.1)
+    cells = _with(cells, lambda c: c[0] == "onpd", f=-0.7)
+    v = f2(trial_values(study(cells)))
+    assert v.verdict == NOT_REPRODUCED
+    assert _clause(v, "(a) offpd, forward").holds is False  # f(η1) − f(ηm) = 0 ± √2 S0
+    b = _clause(v, "(b)")
+    assert b.holds is False and b.stats["lr_effect"].mean == pytest.approx(0.0)
+    assert b.stats["policy_effect"].mean == pytest.approx(0.6)
+    assert _clause(v, "(c) onpd, reverse").holds is True  # sparsity still falls with LR
+
+
+def test_f3_f4_f5_not_reproduced() -> None:
+    flat = _with(base_cells(), lambda c: c[0] == "spectrum" and c[2] == "reverse", acc=0.1)
+    v3 = f3(trial_values(study(flat)))
+    assert v3.verdict == NOT_REPRODUCED
+    assert _clause(v3, "(a)").stats["reverse"].mean == pytest.approx(0.0) and _clause(v3, "(b)").holds is False
+
+    same = _with(base_cells(), lambda c: c[2] == "reverse", cover=0.30)
+    v4 = f4(trial_values(study(same)))
+    assert v4.verdict == NOT_REPRODUCED and v4.clauses[0].stats["difference"].mean == pytest.approx(0.0)
+
+    no_gain = _with(base_cells(), lambda c: c[0] == "spectrum" and c[2] == "forward", hard=0.1)
+    v5 = f5(trial_values(study(no_gain)))
+    assert v5.verdict == NOT_REPRODUCED
+    assert _clause(v5, "(a) forward").holds is False and _clause(v5, "(a) reverse").holds is True
+    # (b) fails when the λ > 0 advantage survives RLVR clearly and grows in both directions
+    survive = _with(base_cells(), lambda c: c[0] == "spectrum", hard_rlvr=0.0)
+    survive = _with(survive, lambda c: c[0] == "spectrum" and c[1] > 0, hard_rlvr=0.6)
+    v5b = f5(trial_values(study(survive)))
+    assert v5b.verdict == NOT_REPRODUCED and _clause(v5b, "(b)").holds is False
+    assert _clause(v5b, "(b)").stats["rlvr forward"].mean == pytest.approx(0.6)
+
+
+# --------------------------------------------------------------------------- inconclusive
+
+
+def test_missing_cell_makes_findings_inconclusive_and_names_it() -> None:
+    cell = ("onpd", None, "reverse", 1e-3)
+    res = study(drop={(cell, s) for s in (42, 43, 44)})
+    verdicts = {v.finding: v for v in decide(res)["all"]}
+    for name in ("F1", "F2", "F4"):
+        assert verdicts[name].verdict == INCONCLUSIVE
+        assert any("(onpd, reverse, η=0.001)" in p and "missing" in p for p in verdicts[name].problems), name
+    assert verdicts["F3"].verdict == REPRODUCED and verdicts["F5"].verdict == REPRODUCED
+    # the other statistics are still computed and printed
+    assert _clause(verdicts["F1"], "(a) η=0.0001").holds is True
+
+
+def test_fewer_than_three_seeds_or_a_failed_trial_is_inconclusive() -> None:
+    lam2 = ("spectrum", 2.0, "reverse", LR_SPEC)
+    v = {x.finding: x for x in decide(study(drop={(lam2, 44)}))["all"]}
+    for name in ("F3", "F4", "F5"):
+        assert v[name].verdict == INCONCLUSIVE
+        assert any("(λ=2, reverse, η=0.0003)" in p and "2 seed(s)" in p for p in v[name].problems), name
+    assert v["F1"].verdict == REPRODUCED
+    two = study(seeds=(42, 43))  # every cell with 2 seeds
+    assert {x.verdict for x in decide(two)["all"]} == {INCONCLUSIVE}
+
+    cell = ("offpd", None, "forward", 1e-4)
+    failed = study(status={(cell, 43): "failed"})
+    v1 = f1(trial_values(failed))
+    assert v1.verdict == INCONCLUSIVE
+    assert any("1 of 3 trials not completed (seed 43: failed)" in p for p in v1.problems)
+    assert f3(trial_values(failed)).verdict == REPRODUCED
+    # three completed seeds do not rescue a cell with a failed 4th trial: the failure may be the outcome
+    four = study({cell: base_cells()[cell]}, seeds=(42, 43, 44, 45), status={(cell, 45): "failed"})
+    row = cell_table(trial_values(four)).row(0, named=True)
+    assert (row["acc_n"], row["n_failed"], row["failed"]) == (3, 1, ["seed 45: failed"])
+    assert any("seed 45: failed" in p for p in f1(trial_values(four)).problems)
+
+
+def test_lrs_spectrum_lr_and_rlvr_requirements() -> None:
+    two_lrs = {c: v for c, v in base_cells().items() if c[3] != 3e-4 or c[0] == "spectrum"}
+    v1 = f1(trial_values(study(two_lrs)))
+    assert v1.verdict == INCONCLUSIVE and any("2 LR(s)" in p and "m ≥ 3" in p for p in v1.problems)
+    cells = base_cells()
+    cells.update({("spectrum", lam, k, 1e-3): v for (p, lam, k, lr), v in base_cells().items() if p == "spectrum"})
+    v3 = f3(trial_values(study(cells)))
+    assert v3.verdict == INCONCLUSIVE and any("several LRs" in p for p in v3.problems)
+    assert [[x.verdict for x in vs] for vs in decide(study(cells), by="optimizer.lr", only=["F3"]).values()] == [
+        [INCONCLUSIVE], [REPRODUCED], [REPRODUCED]]  # 1e-4: no spectrum trials; 3e-4 and 1e-3: decided
+    no_rlvr = {c: {k: x for k, x in v.items() if k != "hard_rlvr"} for c, v in base_cells().items()}
+    v5 = f5(trial_values(study(no_rlvr)))
+    assert v5.verdict == INCONCLUSIVE and any("with RLVR" in p and "missing" in p for p in v5.problems)
+
+
+# --------------------------------------------------------------------------- ablations
+
+
+def test_mixed_configurations_inconclusive_and_by_groups() -> None:
+    """An ablation loaded together with the study (sampled estimator, and reverse KL there
+    insensitive to LR): pooled, its cells mix two estimators; grouped by loss.estimator, F1
+    holds for the full estimator and not for the sampled one."""
+    base = base_cells()
+    sampled = {(p, lam, k, lr): (dict(v, acc=0.1) if k == "reverse" else v) for (p, lam, k, lr), v in base.items()
+               if p != "spectrum"}
+    a, b = study(base), study(sampled, config={c: {"loss.estimator": "sampled"} for c in sampled})
+    both = Results(*(pl.concat([getattr(a, t), getattr(b, t).with_columns(
+        pl.col("trial_id") + "-sampled")], how="diagonal_relaxed") for t in ("trials", "metrics", "evals", "samples")))
+    pooled = f1(trial_values(both))
+    assert pooled.verdict == INCONCLUSIVE
+    assert any("differ in loss.estimator" in p and "--by" in p for p in pooled.problems)
+    by = decide(both, by="loss.estimator", only=["F1", "F4"])
+    assert list(by) == ["loss.estimator=full", "loss.estimator=sampled"]
+    assert [v.verdict for v in by["loss.estimator=full"]] == [REPRODUCED, REPRODUCED]
+    f1_sampled, f4_sampled = by["loss.estimator=sampled"]
+    assert f1_sampled.verdict == NOT_REPRODUCED and _clause(f1_sampled, "(b)").stats["reverse"].mean == pytest.approx(0, abs=1e-12)
+    assert f4_sampled.verdict == REPRODUCED  # the coverage gap is unchanged
+    with pytest.raises(ValueError, match="--by 'nope' is not a trials column"):
+        decide(both, by="nope")
+    with pytest.raises(ValueError, match=r"unknown finding\(s\) \['F6'\]"):
+        decide(both, only=["F6"])
+
+
+def test_write_findings_markdown_and_figures(tmp_path) -> None:
+    res = study(drop={(("onpd", None, "reverse", 1e-3), s) for s in (42, 43, 44)})
+    result = decide(res)
+    paths = write_findings(res, tmp_path, result, ["runs/x"])
+    md = paths["findings"].read_text()
+    assert "| F1 " in md and "inconclusive" in md and "reproduced" in md
+    assert "(onpd, reverse, η=0.001)" in md and "missing" in md
+    assert "0.22 ± 0.0058 (n=3)" in md  # grid cell (offpd, forward, 3e-4): acc 0.22 ± S0 over 3 seeds
+    assert "−11 to −14 points at LR 5e-5" in md  # the paper's value beside ours
+    for stem in ("findings_f1_accuracy_lr", "findings_f2_forgetting_sparsity_lr", "findings_f3_lambda",
+                 "findings_f4_coverage_gap", "findings_f5_countdown4e_lambda"):
+        assert paths[stem].stat().st_size > 1000 and f"]({stem}.png)" in md
+    text = format_verdicts(result)
+    assert "F1  INCONCLUSIVE" in text and "F3  REPRODUCED" in text and "paper:" in text
+
+
+def _write_micro_findings(root) -> None:
+    """The trials rows `sweep.run_trial` writes for search_spaces/micro_findings.yaml (every config
+    column), with the evals of the base study, as Parquet under ``root``."""
+    from distillab.config import load_sweep
+    from distillab.results import write_rows
+
+    sweep = load_sweep(REPO / "search_spaces" / "micro_findings.yaml")
+    grid_lrs = sorted({t.optimizer.lr for t in sweep.trials if t.rollout.policy != "spectrum"})
+    cells = base_cells()
+    for t in sweep.trials:
+        r = t.rollout
+        lr = LR_SPEC if r.policy == "spectrum" else LRS[grid_lrs.index(t.optimizer.lr)]
+        row = {"trial_id": t.trial_id, "status": "completed", "start_time": 0.0, "end_time": 1.0,
+               **{k: (str(v) if isinstance(v, (list, dict)) else v) for k, v in t.flat().items()}}
+        write_rows(root, "trials", [row], key=t.trial_id)
+        write_rows(root, "evals", _evals(t.trial_id, cells[r.policy, r.lambda_, t.loss.kind, lr], DELTA[t.seed]),
+                   key=t.trial_id)
+
+
+def test_real_trial_rows_of_micro_findings_from_disk(tmp_path) -> None:
+    """Read back with `results.load`, no config column of the real trials rows tells two seeds of
+    a cell apart, and every finding is decided (reproduced) as on the frames above."""
+    from distillab.results import load
+
+    _write_micro_findings(tmp_path)
+    verdicts = decide(load(tmp_path))["all"]
+    assert [v.verdict for v in verdicts] == [REPRODUCED] * 5, format_verdicts({"all": verdicts})
+    assert all(not row["mixed"] for row in cell_table(trial_values(load(tmp_path))).iter_rows(named=True))
+
+
+def test_cli_findings(tmp_path, capsys) -> None:
+    from distillab.cli import main
+
+    root, out = tmp_path / "micro_findings", tmp_path / "out"
+    _write_micro_findings(root)
+    assert main(["findings", str(root), "--out", str(out), "--only", "F1,F4"]) == 0
+    text = capsys.readouterr().out
+    assert "F1  REPRODUCED" in text and "F4  REPRODUCED" in text and "F2 " not in text and "[time] findings:" in text
+    assert (out / "findings.md").exists() and (out / "findings_f4_coverage_gap.png").exists()
+    assert main(["findings", str(root), "--by", "nope"]) == 2
+    assert "--by 'nope' is not a trials column" in capsys.readouterr().err
+    assert main(["findings", str(tmp_path / "absent")]) == 2
