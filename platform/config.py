@@ -60,6 +60,17 @@ class CountdownTaskConfig(_Strict):
         return self
 
 
+def _check_task_files(task, formats: str):
+    """``task`` (a task config with ``source``, ``train_path``, ``test_path``) when its paths fit
+    its source. Raises ValueError: ``source: files`` without both paths (``formats``: what the
+    files must be), or a path given with ``source: synthetic``."""
+    if task.source == "files" and (task.train_path is None or task.test_path is None):
+        raise ValueError(f"source 'files' needs train_path and test_path ({formats})")
+    if task.source == "synthetic" and (task.train_path or task.test_path):
+        raise ValueError("train_path / test_path are read only with source: files")
+    return task
+
+
 class MCQTaskConfig(_Strict):
     """The multiple-choice task (PROTOCOL.md §5, `distillab.mcq`), the study's second
     domain (``trial.domain: mcq``). ``source: synthetic``: the synthetic "which number
@@ -79,11 +90,7 @@ class MCQTaskConfig(_Strict):
 
     @model_validator(mode="after")
     def _paths(self) -> "MCQTaskConfig":
-        if self.source == "files" and (self.train_path is None or self.test_path is None):
-            raise ValueError("source 'files' needs train_path and test_path (local JSONL or Parquet)")
-        if self.source == "synthetic" and (self.train_path or self.test_path):
-            raise ValueError("train_path / test_path are read only with source: files")
-        return self
+        return _check_task_files(self, "local JSONL or Parquet")
 
 
 class MathTaskConfig(_Strict):
@@ -108,11 +115,7 @@ class MathTaskConfig(_Strict):
 
     @model_validator(mode="after")
     def _paths(self) -> "MathTaskConfig":
-        if self.source == "files" and (self.train_path is None or self.test_path is None):
-            raise ValueError("source 'files' needs train_path and test_path (local JSONL or Parquet, MATH schema)")
-        if self.source == "synthetic" and (self.train_path or self.test_path):
-            raise ValueError("train_path / test_path are read only with source: files")
-        return self
+        return _check_task_files(self, "local JSONL or Parquet, MATH schema")
 
 
 class TasksConfig(_Strict):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from _helpers import AlwaysEngine
 from distillab.config import EvaluationConfig, MathTaskConfig, TasksConfig, TrialConfig, load_sweep
 from distillab.evals.sampling import sample_batched
 from distillab.evals.suite import Evaluator
@@ -23,7 +24,6 @@ from distillab.math_task import (
     score_math,
 )
 from distillab.models import build_char_tokenizer
-from distillab.rollout import Rollouts, SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures"
@@ -96,18 +96,6 @@ def test_training_prompts_and_prepare_demonstrations() -> None:
     assert re.fullmatch(r"(\d+[+-]\d+=\d+\n){6}\\boxed\{\d+\}</s>", target)
 
 
-class _Always:
-    """An engine that writes the same completion for every sample."""
-
-    def __init__(self, tok, text: str):
-        self.ids = tok(text, add_special_tokens=False)["input_ids"]
-
-    def generate(self, prompts, sp: SamplingParams) -> Rollouts:
-        n = len(prompts) * sp.n
-        return Rollouts([p for p in prompts for _ in range(sp.n)], [list(self.ids)] * n, [[0.0] * len(self.ids)] * n,
-                        ["stop"] * n)
-
-
 def test_math_rows_against_hand_counted_answers() -> None:
     tok = build_char_tokenizer()
     cfg = EvaluationConfig(math_items=30, pass_items=10, pass_n=3, pass_k=(1, 3))
@@ -115,7 +103,7 @@ def test_math_rows_against_hand_counted_answers() -> None:
     items = math_test_split(TasksConfig().math, 30, TasksConfig().test_seed)
     prompts = [math_prompt_ids(tok, TasksConfig().math, it) for it in items]
     answer = items[0].answer
-    done = sample_batched(_Always(tok, f"steps\n\\boxed{{{answer}}}"), ev.requests("math", prompts, seed=0))
+    done = sample_batched(AlwaysEngine(tok, f"steps\n\\boxed{{{answer}}}"), ev.requests("math", prompts, seed=0))
     rows = ev.rows("math", done, lambda t, j: score_math(t, items[j]))
     hits = [it.answer for it in items].count(answer)
     hits10 = [it.answer for it in items[:10]].count(answer)
