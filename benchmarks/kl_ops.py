@@ -4,6 +4,7 @@ weights: peak memory and median time of each implementation, and ratios to the n
     python benchmarks/kl_ops.py                       # CPU: V=32,000, H=512, 4,096 tokens, fp32
     python benchmarks/kl_ops.py --device cuda --vocab 128256 --hidden 4096 --tokens 8192 \\
         --dtype bfloat16 --impls naive,reference,chunked,triton,triton_logits
+    python benchmarks/kl_ops.py --impls naive,sampled,topk,topk_chunked,topk_tail_chunked,k3,k3_chunked
 
 Every implementation computes the same thing: student logits h_S W_Sᵀ, teacher logits
 h_T W_Tᵀ (no grad), the forward KL(π_T ‖ π_S) (``--kind``) token-mean over all N tokens,
@@ -19,6 +20,15 @@ and the gradients w.r.t. h_S and W_S.
     floor          the four matrix products every implementation must do, and nothing else:
                    z_S = h_S W_Sᵀ and z_T = h_T W_Tᵀ (N × H × V each), ∂L/∂h_S = G W_S and
                    ∂L/∂W_S = Gᵀ h_S (G an (N, V) stand-in for ∂L/∂z_S), each one full-size GEMM
+
+The estimators of ``loss.estimator`` (``ops.kl`` module docstring), the same shapes:
+
+    sampled            full logits, ``ops.kl.estimator_loss`` estimator sampled (one extra draw per token)
+    topk               full logits, estimator topk (``--top-k``, ``--topk-source``; renormalised)
+    topk_chunked       ``chunked_distill_loss(estimator="topk")``, renormalised
+    topk_tail_chunked  the same with the tail bucket
+    k3                 full logits, estimator k3 on random rollout tokens (reverse KL; k1, k2 cost the same)
+    k3_chunked         ``chunked_distill_loss(estimator="k3")``
 
 What "peak memory" measures
 ---------------------------
@@ -53,7 +63,8 @@ import subprocess
 import sys
 import time
 
-IMPLS = ("naive", "trl", "reference", "chunked", "triton", "triton_logits", "floor")
+IMPLS = ("naive", "trl", "reference", "chunked", "triton", "triton_logits", "floor",
+         "sampled", "topk", "topk_chunked", "topk_tail_chunked", "k3", "k3_chunked")
 CUDA_ONLY = ("triton", "triton_logits")
 
 
@@ -77,7 +88,7 @@ def make_step(impl: str, args):
     import torch.nn.functional as F
 
     from distillab.ops.chunked import chunked_distill_loss
-    from distillab.ops.kl import distill_loss
+    from distillab.ops.kl import distill_loss, estimator_loss
 
     dev, dt = torch.device(args.device), getattr(torch, args.dtype)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -88,6 +99,8 @@ def make_step(impl: str, args):
     w_t = (torch.randn(V, H, device=dev, generator=g) * (2.0 / H**0.5)).to(dt)
     tau_s, tau_t, kind = args.tau_s, args.tau_t, args.kind
     mask = torch.ones(1, N, dtype=torch.bool, device=dev)
+    targets = torch.randint(0, V, (1, N), device=dev, generator=g)  # rollout tokens of k3
+    topk = dict(top_k=args.top_k, topk_source=args.topk_source)
 
     def logits():
         zs = h_s @ w_s.T  # (N, V)
@@ -139,6 +152,22 @@ def make_step(impl: str, args):
             return 0.0  # no loss: only the products
 
         return step
+    elif impl in ("sampled", "topk", "k3"):
+        est_kw = {"sampled": dict(generator=torch.Generator(device=dev).manual_seed(1)), "topk": topk,
+                  "k3": dict(targets=targets)}[impl]
+        est_kind = "reverse" if impl == "k3" else kind
+
+        def loss_fn():
+            zs, zt = logits()
+            return estimator_loss(zs[None], zt[None], mask, estimator=impl, kind=est_kind, tau_s=tau_s, tau_t=tau_t,
+                                  **est_kw).loss
+    elif impl in ("topk_chunked", "topk_tail_chunked", "k3_chunked"):
+        est_kw = dict(estimator="k3", kind="reverse", targets=targets[0]) if impl == "k3_chunked" else dict(
+            estimator="topk", kind=kind, topk_tail=impl == "topk_tail_chunked", **topk)
+
+        def loss_fn():
+            return chunked_distill_loss(h_s, w_s, h_t, w_t, tau_s=tau_s, tau_t=tau_t, chunk_size=args.chunk_size,
+                                        backend="torch", **est_kw)
     else:
         raise ValueError(f"unknown impl {impl!r}; choose from {', '.join(IMPLS)}")
 
@@ -198,7 +227,7 @@ def _child(impl: str, argv) -> dict | None:
         argv if argv is not None else sys.argv[1:])
     out = subprocess.run(argv_child, capture_output=True, text=True)
     if out.returncode != 0:
-        print(f"{impl:14s} failed:\n{out.stderr[-2000:]}")
+        print(f"{impl:17s} failed:\n{out.stderr[-2000:]}")
         return None
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -214,7 +243,10 @@ def main(argv=None) -> None:
     p.add_argument("--tau-s", dest="tau_s", type=float, default=1.0)
     p.add_argument("--tau-t", dest="tau_t", type=float, default=0.5)
     p.add_argument("--chunk-size", dest="chunk_size", type=int, default=None)
-    p.add_argument("--impls", default="naive,trl,reference,chunked,triton,floor")
+    p.add_argument("--impls", default="naive,trl,reference,chunked,triton,floor,sampled,topk,topk_chunked,"
+                                      "topk_tail_chunked,k3,k3_chunked")
+    p.add_argument("--top-k", dest="top_k", type=int, default=64)
+    p.add_argument("--topk-source", dest="topk_source", default="teacher", choices=["teacher", "student", "union"])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rounds", type=int, default=1, help="interleaved rounds over the impls (times pooled)")
     p.add_argument("--threads", type=int, default=1)
@@ -237,9 +269,9 @@ def main(argv=None) -> None:
     runnable = []
     for impl in impls:
         if impl in CUDA_ONLY and not cuda:
-            print(f"{impl:14s} skipped: Triton kernels are benchmarked on CUDA only (CPU runs them in the interpreter)")
+            print(f"{impl:17s} skipped: Triton kernels are benchmarked on CUDA only (CPU runs them in the interpreter)")
         elif impl == "trl" and importlib.util.find_spec("trl") is None:
-            print(f"{impl:14s} skipped: trl is not installed")
+            print(f"{impl:17s} skipped: trl is not installed")
         else:
             runnable.append(impl)
     got: dict[str, dict] = {}
@@ -253,7 +285,7 @@ def main(argv=None) -> None:
                 got[impl]["cpu_times"] += r["cpu_times"]
             else:
                 got[impl] = r  # peak memory: the first round's
-            print(f"  round {rnd} {impl:14s} loss {r['loss']:.6f}  peak {r['peak_bytes'] / 2**20:9.1f} MiB  "
+            print(f"  round {rnd} {impl:17s} loss {r['loss']:.6f}  peak {r['peak_bytes'] / 2**20:9.1f} MiB  "
                   f"median {statistics.median(r['times']) * 1e3:9.1f} ms  ({r['memory']})", flush=True)
     rows = [got[i] for i in runnable if i in got]
     for r in rows:
@@ -262,13 +294,13 @@ def main(argv=None) -> None:
     floor = next((r for r in rows if r["impl"] == "floor"), None)
     if base is None and floor is None:
         return
-    print("\nimpl            peak MiB   median ms  cpu median ms  peak/naive  time/naive  time/floor  cpu/floor")
+    print("\nimpl               peak MiB   median ms  cpu median ms  peak/naive  time/naive  time/floor  cpu/floor")
     for r in rows:
         cols = [f"{r['peak_bytes'] / base['peak_bytes']:11.3f}" if base else f"{'':11s}",
                 f"{r['median'] / base['median']:11.3f}" if base else f"{'':11s}",
                 f"{r['median'] / floor['median']:11.3f}" if floor else f"{'':11s}",
                 f"{r['cpu_median'] / floor['cpu_median']:10.3f}" if floor else ""]
-        print(f"{r['impl']:14s} {r['peak_bytes'] / 2**20:9.1f} {r['median'] * 1e3:11.1f} {r['cpu_median'] * 1e3:14.1f} "
+        print(f"{r['impl']:17s} {r['peak_bytes'] / 2**20:9.1f} {r['median'] * 1e3:11.1f} {r['cpu_median'] * 1e3:14.1f} "
               + " ".join(cols))
 
 

@@ -3,7 +3,9 @@
 - in-distribution accuracy: one sample per test prompt at τ = ``id_temperature``
   on the first ``id_items`` Countdown-3 test items, and the same on Countdown-4E
   (harder-task generalisation, same checkpoint, no further training), Countdown-4
-  when listed, and the multiple-choice task (``mcq_items`` > 0; task ``mcq``);
+  when listed, the multiple-choice task (``mcq_items`` > 0; task ``mcq``) and the
+  long-reasoning math task (``math_items`` > 0; task ``math``, the last ``\\boxed{}``
+  checked by `distillab.math_task.score_math`);
 - coverage: pass@1 and pass@k from ``pass_n`` samples per prompt at the task's
   ``pass_temperature`` (unbiased estimator, `distillab.evals.metrics.pass_at_k`);
 - style (teacher conditioning, ``evaluation.style``): ``style_share`` of the first
@@ -37,6 +39,7 @@ from distillab.evals.metrics import mean_pass_at_k, update_sparsity
 from distillab.evals.ood import ood_backend
 from distillab.evals.sampling import Request, sample_batched
 from distillab.evals.style import style_share
+from distillab.math_task import math_prompt_ids, score_math
 from distillab.mcq import mcq_prompt_ids, score_mcq
 from distillab.models import DTYPES
 from distillab.registry import eval_key
@@ -70,11 +73,11 @@ class Evaluator:
 
     def requests(self, name: str, prompts: list[list[int]], seed: int) -> list[Request]:
         """Task ``name``'s two sampling requests (`evals.sampling.Request`): one sample at
-        ``id_temperature`` of the first ``id_items`` prompts (``mcq_items`` for ``mcq``),
-        for ``accuracy``; ``pass_n`` samples at the task's ``pass_temperature`` of the first
-        ``pass_items``, for ``pass@k`` (seed + ``seeds.eval_pass``)."""
+        ``id_temperature`` of the first ``id_items`` prompts (``mcq_items`` for ``mcq``,
+        ``math_items`` for ``math``), for ``accuracy``; ``pass_n`` samples at the task's
+        ``pass_temperature`` of the first ``pass_items``, for ``pass@k`` (seed + ``seeds.eval_pass``)."""
         cfg = self.cfg
-        n_acc = cfg.mcq_items if name == "mcq" else cfg.id_items
+        n_acc = {"mcq": cfg.mcq_items, "math": cfg.math_items}.get(name, cfg.id_items)
         return [(prompts[:n_acc], SamplingParams(cfg.id_temperature, cfg.top_p, cfg.max_tokens, 1, seed)),
                 (prompts[: cfg.pass_items], SamplingParams(cfg.pass_temperature.get(name, 1.0), cfg.top_p,
                                                            cfg.max_tokens, cfg.pass_n, seed + self.seeds.eval_pass))]
@@ -93,7 +96,7 @@ class Evaluator:
                         "n": len(passes)} for k in cfg.pass_k]
 
     def _tasks(self) -> list[tuple[str, list[list[int]], Callable[[str, int], bool], int]]:
-        """``(name, prompts, score, seed offset)`` of every Countdown task, then ``mcq``."""
+        """``(name, prompts, score, seed offset)`` of every Countdown task, then ``mcq``, then ``math``."""
         tok, out = self.tokenizer, []
         for i, name in enumerate(self.cfg.countdown_tasks):
             problems = self.data.test_split(name)
@@ -103,6 +106,10 @@ class Evaluator:
             items = self.data.test_split("mcq")
             out.append(("mcq", [mcq_prompt_ids(tok, self.tasks.mcq, it) for it in items],
                         lambda t, j: score_mcq(t, items[j]), self.seeds.eval_mcq))
+        if self.cfg.math_items:  # the long-reasoning domain (tasks.math)
+            problems = self.data.test_split("math")
+            out.append(("math", [math_prompt_ids(tok, self.tasks.math, it) for it in problems],
+                        lambda t, j, ps=problems: score_math(t, ps[j]), self.seeds.eval_mcq))
         return out
 
     def evaluate(self, model: PreTrainedModel, seed: int) -> list[dict]:
@@ -160,7 +167,8 @@ def pre_eval_path(cache_dir: str | Path, trial: TrialConfig, student_path: str |
     key = cache_key("pre_eval", 3, student=checkpoint_identity(student_path),
                     precision=trial.precision, attn_implementation=trial.attn_implementation,
                     evaluation=trial.evaluation.model_dump(mode="json"),
-                    tasks=trial.tasks.inputs(teacher=False, mcq=trial.evaluation.mcq_items > 0),
+                    tasks=trial.tasks.inputs(teacher=False, mcq=trial.evaluation.mcq_items > 0,
+                                             math=trial.evaluation.math_items > 0),
                     seed=trial.seed, seeds=trial.seeds.model_dump())
     return Path(cache_dir) / f"pre-eval-{key}.json"
 

@@ -60,25 +60,30 @@ Example
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
 
 from distillab.ops.kl import (
+    ESTIMATORS,
     KINDS,
     REDUCTIONS,
+    ROLLOUT_ESTIMATORS,
     _check_beta,
+    _check_choice,
     _check_compute_dtype,
     _check_kind,
     _check_mask,
     _check_tau,
+    rollout_token_estimate_and_grad,
     token_divergence_and_grad,
     token_logprobs,
+    topk_divergence_and_grad,
 )
 
-__all__ = ["ChunkedOutput", "chunked_distill_loss", "pad_vocab", "row_coefficients", "check_vocab_sizes",
-           "token_logprobs_from_hidden"]
+__all__ = ["ChunkedOutput", "RowEstimator", "chunked_distill_loss", "estimator_rows", "pad_vocab",
+           "row_coefficients", "check_vocab_sizes", "token_logprobs_from_hidden"]
 
 BACKENDS = ("auto", "torch", "triton")
 #: Fewest rows per chunk by default: ∂L/∂W_S += Gᵀ h_S reads and writes the (V, H) accumulator once per
@@ -284,14 +289,64 @@ def _row_fn(backend: str):
     return triton_token_divergence_and_grad
 
 
+class RowEstimator(NamedTuple):
+    """The row math of an estimator other than ``full`` (`estimator_rows`): ``fn`` has the
+    interface of ``ops.kl.token_divergence_and_grad`` plus ``kwargs``; ``targets`` (N,)
+    are the rollout tokens of the rows (k1, k2, k3), sliced per chunk."""
+
+    fn: Callable
+    kwargs: dict
+    targets: Tensor | None = None
+
+    def __call__(self, zs: Tensor, zt: Tensor, start: int, end: int, **kw):
+        """``fn`` on the chunk of rows ``start:end`` (``zs``, ``zt``: their (c, V) logits)."""
+        extra = {} if self.targets is None else {"targets": self.targets[start:end]}
+        return self.fn(zs, zt, **self.kwargs, **extra, **kw)
+
+
+def estimator_rows(estimator: str = "full", *, top_k: int = 64, topk_source: str = "teacher", topk_tail: bool = False,
+                   k_gradient: str = "auto", targets: Tensor | None = None) -> RowEstimator | None:
+    """The `RowEstimator` of ``estimator`` (None for ``full``: the backend's divergence rows).
+
+    Args:
+        estimator: ``full`` | ``topk`` | ``k1`` | ``k2`` | ``k3`` (``sampled`` draws from the
+            whole distributions and has no chunked path: ``ops.kl.estimator_loss``).
+        top_k, topk_source, topk_tail: ``ops.kl.topk_divergence_and_grad``.
+        k_gradient, targets: ``ops.kl.rollout_token_estimate_and_grad``; ``targets`` (N,)
+            int64, one rollout token per selected row.
+
+    Raises:
+        ValueError: an unknown estimator, ``sampled``, k1/k2/k3 without targets.
+    """
+    _check_choice("estimator", estimator, ESTIMATORS)
+    if estimator == "full":
+        return None
+    if estimator == "sampled":
+        raise ValueError("estimator 'sampled' draws tokens from the full distributions and has no chunked path; "
+                         "use ops.kl.estimator_loss on the logits (loss.impl does not apply to it)")
+    if estimator == "topk":
+        return RowEstimator(topk_divergence_and_grad, dict(k=top_k, source=topk_source, tail=topk_tail))
+    if targets is None or targets.dim() != 1:
+        raise ValueError(f"estimator {estimator!r} needs targets: the rollout token of each row, (N,) int64")
+    return RowEstimator(rollout_token_estimate_and_grad, dict(estimator=estimator, k_gradient=k_gradient), targets)
+
+
+def _rows(backend: str, est: RowEstimator | None) -> Callable:
+    """``rows(zs, zt, start, end, **kw)``: the row math of chunk ``start:end``."""
+    if est is not None:
+        return est
+    fn = _row_fn(backend)
+    return lambda zs, zt, start, end, **kw: fn(zs, zt, **kw)
+
+
 class _ChunkedDivergence(torch.autograd.Function):
     """Σ_i c_i D(h_S[i] W_Sᵀ + b_S, h_T[i] W_Tᵀ + b_T) over rows i; gradients computed
     chunk by chunk in forward. Returns ``(loss, stats)``; ``stats`` is not differentiable."""
 
     @staticmethod
     def forward(ctx, h_s, w_s, b_s, h_t, w_t, b_t, coef, opts):
-        kind, tau_s, tau_t, beta, chunk, cdt, backend, want_stats, need = opts
-        row_fn = _row_fn(backend)
+        kind, tau_s, tau_t, beta, chunk, cdt, backend, want_stats, need, est = opts
+        row_fn = _rows(backend, est)
         N, V = h_s.shape[0], w_s.shape[0]
         acc = torch.float64 if torch.float64 in (cdt, w_s.dtype) else torch.float32
         need_h, need_w, need_b = need
@@ -317,8 +372,8 @@ class _ChunkedDivergence(torch.autograd.Function):
             for a in range(0, end - start, rows):
                 b = min(a + rows, end - start)
                 div, g, st = row_fn(
-                    zs[a:b], zt[a:b], kind=kind, tau_s=1.0, tau_t=1.0, beta=beta, compute_dtype=cdt,
-                    need_grad=any_grad, with_stats=want_stats,
+                    zs[a:b], zt[a:b], start + a, start + b, kind=kind, tau_s=1.0, tau_t=1.0, beta=beta,
+                    compute_dtype=cdt, need_grad=any_grad, with_stats=want_stats,
                 )  # g = ∂D/∂(z_S/τ_S) of rows a..b
                 loss += (div.to(torch.float64) * c[a:b].to(torch.float64)).sum()
                 if want_stats:
@@ -391,6 +446,12 @@ def chunked_distill_loss(
     compute_dtype: torch.dtype = torch.float32,
     backend: str = "auto",
     return_stats: bool = False,
+    estimator: str = "full",
+    top_k: int = 64,
+    topk_source: str = "teacher",
+    topk_tail: bool = False,
+    k_gradient: str = "auto",
+    targets: Tensor | None = None,
 ) -> Tensor | ChunkedOutput:
     r"""``ops.kl.distill_loss`` of the logits h W_ᵀ + b, computed in row chunks.
 
@@ -425,6 +486,13 @@ def chunked_distill_loss(
         compute_dtype: float32 (default) or float64 for the divergence math.
         backend: ``"auto"`` | ``"torch"`` | ``"triton"`` (module docstring).
         return_stats: also return per-row diagnostics (``ChunkedOutput``).
+        estimator: ``"full"`` (the divergence), ``"topk"`` or ``"k1"`` | ``"k2"`` | ``"k3"``
+            (``ops.kl`` module docstring; their rows are torch math, so ``"auto"``
+            picks torch for them and ``"triton"`` is an error). The loss is then
+            Σ_i c_i of the estimator's value, with the estimator's gradient.
+        top_k, topk_source, topk_tail: the top-k support (``ops.kl.topk_support``).
+        k_gradient: ``"auto"`` | ``"score"`` | ``"pathwise"`` (k1/k2/k3).
+        targets: the rollout tokens (k1/k2/k3): (B, T) int64 with ``mask``, else (N,).
 
     Returns:
         0-dim loss in ``compute_dtype`` (nats), or ``ChunkedOutput(loss, stats)``.
@@ -490,6 +558,20 @@ def chunked_distill_loss(
             seq = seq_index.to(torch.int64)
             B = int(num_seqs) if num_seqs is not None else (int(seq.max()) + 1 if N else 1)
     coef = row_coefficients(seq, B, reduction=reduction, weights=weights, dtype=torch.float64)
+    rows_targets = None
+    if targets is not None:
+        want = tuple(mask.shape) if mask is not None else (h_s.shape[0],)
+        if not isinstance(targets, Tensor) or tuple(targets.shape) != want:
+            got = tuple(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
+            raise ValueError(f"targets must have shape {want} (one rollout token per position), got {got}")
+        rows_targets = targets[mask] if mask is not None else targets
+    if estimator in ROLLOUT_ESTIMATORS and kind != "reverse":
+        raise ValueError(f"estimator {estimator!r} estimates the reverse KL; kind must be 'reverse', got {kind!r}")
+    est = estimator_rows(estimator, top_k=top_k, topk_source=topk_source, topk_tail=topk_tail, k_gradient=k_gradient,
+                         targets=rows_targets)
+    if est is not None and backend == "triton":
+        raise ValueError(f"backend 'triton' has kernels for estimator 'full' only; estimator {estimator!r} "
+                         "runs its rows with backend 'torch' (or 'auto')")
 
     N, H = h_s.shape
     if chunk_size is None:
@@ -499,7 +581,7 @@ def chunked_distill_loss(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     if backend == "auto":
         backend = "torch"
-        if h_s.is_cuda and compute_dtype == torch.float32:
+        if est is None and h_s.is_cuda and compute_dtype == torch.float32:
             from distillab.ops.triton_kl import triton_available
 
             backend = "triton" if triton_available() else "torch"
@@ -514,7 +596,7 @@ def chunked_distill_loss(
         grad_on and student_weight.requires_grad,
         grad_on and student_bias is not None and student_bias.requires_grad,
     )
-    opts = (kind, tau_s, tau_t, beta, int(chunk_size), compute_dtype, backend, bool(return_stats), need)
+    opts = (kind, tau_s, tau_t, beta, int(chunk_size), compute_dtype, backend, bool(return_stats), need, est)
     loss, stats = _ChunkedDivergence.apply(
         h_s, student_weight, student_bias, h_t.detach(), teacher_weight.detach(),
         None if teacher_bias is None else teacher_bias.detach(), coef, opts,

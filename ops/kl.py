@@ -1,12 +1,15 @@
-r"""Token-level divergences for knowledge distillation: a float64-safe PyTorch reference.
+r"""Token-level divergences for knowledge distillation and every estimator of them: a float64-safe
+PyTorch reference.
 
 Source
 ------
 PROTOCOL.md §2 (the objective), restating "On-Policy or Off-Policy Learning? A
 Systematic Study of Distillation Dynamics" (Piskorz, Berthon, van der Schaar,
 2026). The generalised Jensen–Shannon divergence JSD(β) is from GKD (Agarwal et
-al., 2024, "On-Policy Distillation of Language Models", Eq. 1). Everything here
-is plain PyTorch (no custom kernels); a fused kernel must match it.
+al., 2024, "On-Policy Distillation of Language Models", Eq. 1). The estimators of
+``loss.estimator`` (``estimator_loss``: full, sampled, topk, k1, k2, k3) each cite
+their source in their section below. Everything here is plain PyTorch (no custom
+kernels); a fused kernel must match it.
 
 Notation
 --------
@@ -67,12 +70,121 @@ reduction="seq_mean")``.
 
 Sampled (single-token) estimators, one extra token drawn independently per position
 -----------------------------------------------------------------------------------
+(``loss.estimator: sampled``; PROTOCOL.md §2, the paper's robustness ablation.)
+
 forward: y ~ π_T,  ℓ = −log π_S(y).  E[ℓ] = H(π_T, π_S) = KL(π_T‖π_S) + H(π_T), so
          its expectation equals the forward KL up to the teacher-entropy constant
-         and E[∇ℓ] = ∇ KL(π_T‖π_S) = (π_S − π_T)/τ_S.
+         and E[∇ℓ] = ∇ KL(π_T‖π_S) = (π_S − π_T)/τ_S. Its estimate of the KL itself
+         (``return_estimate``, the oracle's bias) is log π_T(y) − log π_S(y):
+         E_{y~π_T} = KL(π_T‖π_S) exactly.
 reverse: y ~ π_S,  ℓ = sg[log π_S(y) − log π_T(y)] · log π_S(y).
          E[∇ℓ] = Σ_y π_S(y) r_y ∇log π_S(y) = ∇ KL(π_S‖π_T) (because
-         E[∇log π_S(y)] = 0); the *value* of ℓ is not a KL estimate.
+         E[∇log π_S(y)] = 0); the *value* of ℓ is not a KL estimate; its estimate
+         of the KL is log π_S(y) − log π_T(y): E_{y~π_S} = KL(π_S‖π_T) exactly.
+
+Top-k estimators (``loss.estimator: topk``)
+-------------------------------------------
+The divergence of ``kind`` restricted to a support S of about k entries per
+position, as in TRL's experimental ``DistillationTrainer``
+(trl/experimental/distillation/distillation_config.py: ``loss_top_k`` with a
+teacher, student or union support and ``loss_add_tail``), NeMo-RL's top-64
+teacher logits and verl's teacher top-k forward KL (verl issue #7856).
+
+    S_T = {v : z_T(v) ≥ z_T^(k)},   S_S = {v : z_S(v) ≥ z_S^(k)}      (z^(k): the k-th largest)
+    S = S_T (``topk_source: teacher``), S_S (``student``) or S_T ∪ S_S (``union``)
+
+Ties at the k-th value are all kept (|S| ≥ k, and S does not depend on the order
+of the vocabulary); k ≥ V gives S = the vocabulary. The same S is used for both
+models, and ``kind`` (forward, reverse, jsd(β)) is applied, unchanged, to the two
+reduced distributions:
+
+renormalised (``topk_tail: false``):  π̃(v) = π(v) / Σ_{u∈S} π(u) on S, 0 off S,
+
+    D̃ = D(π̃_S, π̃_T)   (= ``token_divergence`` of the logits with −inf off S)
+
+tail bucket (``topk_tail: true``): the |S| + 1 categories S ∪ {t} with
+q(v) = π(v) on S and q(t) = Σ_{v∉S} π(v), for each model,
+
+    D̃ = Σ_{c ∈ S ∪ {t}} d(q_S(c), q_T(c))   (d: the per-category term of ``kind``).
+
+Both are exact (D̃ = D) at k ≥ V. The tail bucket is biased below (merging
+categories never increases an f-divergence, and KL and JSD(β) are f-divergences:
+the data-processing inequality); the renormalised one can err either way.
+Gradient: with ℓ = log π (full vocabulary) and the tail's log mass
+ℓ(t) = log Σ_{v∉S} π(v), write the *effective* log-probabilities ℓ^e(v) = ℓ(v) on
+S and ℓ^e(v) = ℓ(t) off S. Since ∂ℓ(t)/∂z(v) = (π(v)/q(t) − π(v))/τ for v ∉ S, the
+tail-bucket gradient is the full-vocabulary formula of the module docstring with
+ℓ_S, ℓ_T replaced by ℓ^e_S, ℓ^e_T (weights π_S(v) kept), and for the forward KL
+π_T(v) replaced off S by q_T(t) · π_S(v)/q_S(t) (the teacher's tail mass spread like
+the student's):
+
+    forward   ∂D̃/∂z_S(v) = (π_S(v) − w_T(v)) / τ_S,   w_T = π_T on S, q_T(t) π_S/q_S(t) off S
+    reverse   ∂D̃/∂z_S(v) = π_S(v) (ℓ^e_S(v) − ℓ^e_T(v) − D̃) / τ_S
+    jsd       the JSD formula with g^e = ℓ^e_S − log M^e
+
+(``topk_divergence_and_grad``, checked against autograd of ``topk_divergence``).
+The renormalised gradient is the full formula on the renormalised log-probs (zero
+off S). The per-token diagnostics (kl/forward, ...) stay the full-vocabulary values.
+
+Rollout-token estimators (``loss.estimator: k1 | k2 | k3``)
+-----------------------------------------------------------
+Schulman's estimators of KL(q‖p) from x ~ q ("Approximating KL Divergence", 2020,
+http://joschu.net/blog/kl-approx.html), with q = π_S, p = π_T and x = y, the token
+the rollout itself sampled at the position (no extra draw). With
+x_y = log π_S(y) − log π_T(y) and r = π_T(y)/π_S(y) = e^{−x_y}:
+
+    k1 = x_y              E_{y~π_S}[k1] = KL(π_S‖π_T)                  (unbiased)
+    k2 = ½ x_y²           E[k2] = KL(π_S‖π_T) + O(moments³)            (biased, low variance)
+    k3 = (r − 1) − log r  E[k3] = KL(π_S‖π_T)  (E[r] = 1), k3 ≥ 0      (unbiased)
+
+verl (verl/trainer/ppo/core_algos.py ``kl_penalty``: "kl"/"k1", "mse"/"k2",
+"low_var_kl"/"k3"), OpenRLHF (openrlhf/models/utils.py ``compute_approx_kl``,
+``kl_estimator``) and TRL's GRPO (k3) implement these. They are unbiased only on
+the student's own samples at the loss temperature: with OffPD rollouts
+(y ~ π_T) E[k1] = −KL(π_T‖π_S), so ``config`` refuses them unless
+``rollout.policy: onpd``; rollouts sampled at another τ_S, with top-p < 1 or by
+a mismatched engine are biased too (the oracle measures it).
+
+The training gradient is a · ∇ log π_S(y) with a detached per-token coefficient
+(``loss.k_gradient``):
+
+* ``score``: a = k (REINFORCE with per-token reward −k, no baseline, no future
+  tokens): the on-policy distillation of Tinker
+  (tinker_cookbook/distillation/train_on_policy.py ``incorporate_kl_penalty``:
+  advantage −(log p − log q) with the importance-sampling policy-gradient loss,
+  discount 0) and slime (docs/en/advanced/on-policy-distillation.md, ``--use-opd``:
+  Â_t = A_t − λ·(log π_S − log π_T)_t). E[k ∇log π_S] = ∇E_{π_S}[k] − E[∇k]: for
+  k1 (E[∇k1] = E[∇log π_S] = 0) this is exactly ∇KL(π_S‖π_T); for k2, k3 it is
+  biased.
+* ``pathwise``: a = ∂k/∂log π_S(y), i.e. autograd of k as a loss, as verl's
+  ``use_kl_loss`` / OpenRLHF's ``use_kl_loss`` / TRL's GRPO do with their KL terms:
+  k1 → a = 1 (E[∇log π_S] = 0: pure noise), k2 → a = x_y (= the k1 score gradient:
+  unbiased for ∇KL(π_S‖π_T)), k3 → a = 1 − r with E[(1 − r)∇log π_S] =
+  −Σ_y π_T(y)∇log π_S(y) = ∇KL(π_T‖π_S): the *forward* KL's gradient
+  (Shah et al. 2025, "A Comedy of Estimators: On KL Regularization in RL Training
+  of LLMs", arXiv:2512.21852, analyse these biases).
+* ``auto`` (default): score for k1, pathwise for k2 and k3 (what those tools do).
+
+As a loss the value is the estimate and the gradient the surrogate's:
+ℓ = k + a · (log π_S(y) − sg[log π_S(y)]) (``rollout_token_loss``); per row,
+∂ℓ/∂z_S = a (e_y − π_S)/τ_S (``rollout_token_estimate_and_grad``). k3 clamps
+log r at ``LOG_RATIO_MAX`` = 80 inside exp (finite in float32; active only where
+π_S(y) < e^-80), and verl/OpenRLHF's ±10 clamps of k2/k3 are *not* applied.
+
+Precision of the JSD gradient
+-----------------------------
+The JSD gradient (1 − β) π_S (g − Σ π_S g), g = ℓ_S − log M, cancels when the
+divergence saturates: where π_S ≫ π_T, g → −log(1 − β) on all of π_S's mass, and
+g − ḡ is a difference of two numbers ≈ 0.69 that agree to many digits (float32
+relative error 1.8e-2 at V = 32,000 with logit std 8, β = 0.5; 1.4e2 at std 16).
+The gradient is invariant to a constant shift of g, so the row math uses
+
+    h = g + log(1 − β) = −log(1 + (β/(1 − β)) e^{ℓ_T − ℓ_S}) = −softplus(ℓ_T − ℓ_S + log(β/(1 − β)))
+
+which is tiny where the mass is (computed with relative precision) and exact in
+both regimes: ∂D_β/∂z_S = (1 − β) π_S (h − Σ π_S h)/τ_S (``_closed_form``; the
+Triton kernel computes log1p with Goldberg's formula). The value keeps the
+log M form (accurate near D = 0, where h − Σ π_S h would cancel instead).
 
 Engine-mismatch correction (PROTOCOL.md §2)
 --------------------------------------------
@@ -102,8 +214,10 @@ Numerics
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
@@ -116,6 +230,20 @@ __all__ = [
     "reduce_loss",
     "distill_loss",
     "sampled_token_loss",
+    "ESTIMATORS",
+    "TOPK_SOURCES",
+    "ROLLOUT_ESTIMATORS",
+    "K_GRADIENTS",
+    "LOG_RATIO_MAX",
+    "topk_support",
+    "topk_divergence",
+    "topk_divergence_and_grad",
+    "resolve_k_gradient",
+    "rollout_token_terms",
+    "rollout_token_loss",
+    "rollout_token_estimate_and_grad",
+    "EstimatorLoss",
+    "estimator_loss",
     "engine_mismatch_weights",
     "entropy_and_cross_entropy",
     "token_logprobs",
@@ -124,6 +252,13 @@ __all__ = [
 
 KINDS = ("forward", "reverse", "jsd")
 SAMPLED_KINDS = ("forward", "reverse")
+#: ``loss.estimator``: how the token-level divergence is estimated (module docstring)
+ESTIMATORS = ("full", "sampled", "topk", "k1", "k2", "k3")
+#: the top-k support: the teacher's top k, the student's, or the union of both
+TOPK_SOURCES = ("teacher", "student", "union")
+#: the rollout-token estimators of KL(π_S‖π_T) and their training gradients
+ROLLOUT_ESTIMATORS = ("k1", "k2", "k3")
+K_GRADIENTS = ("auto", "score", "pathwise")
 REDUCTIONS = ("seq_mean", "token_mean", "sum")
 COMPUTE_DTYPES = (torch.float32, torch.float64)
 LOGPROB_FLOOR = -1e4
@@ -164,6 +299,12 @@ def _check_kind(kind: str, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"unknown kind {kind!r}; allowed values: {', '.join(map(repr, allowed))}")
 
 
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"unknown {name} {value!r}; allowed values: {', '.join(map(repr, allowed))}")
+    return value
+
+
 def _check_beta(beta: float) -> float:
     beta = float(beta)
     if not 0.0 <= beta <= 1.0:  # also rejects NaN
@@ -174,6 +315,19 @@ def _check_beta(beta: float) -> float:
 def _check_compute_dtype(dtype: torch.dtype) -> None:
     if dtype not in COMPUTE_DTYPES:
         raise ValueError(f"compute_dtype must be torch.float32 or torch.float64, got {dtype}")
+
+
+def _check_divergence(kind: str, tau_s: float, tau_t: float, beta: float,
+                      compute_dtype: torch.dtype = torch.float32) -> tuple[str, float, float, float]:
+    """Validated ``(kind, tau_s, tau_t, beta)`` of a divergence, a JSD endpoint named as the KL
+    it is (β = 0: forward, β = 1: reverse; module docstring). Raises as ``token_divergence``."""
+    tau_s, tau_t = _check_tau("tau_s", tau_s), _check_tau("tau_t", tau_t)
+    _check_kind(kind, KINDS)
+    beta = _check_beta(beta)
+    _check_compute_dtype(compute_dtype)
+    if kind == "jsd" and beta in (0.0, 1.0):
+        kind = "forward" if beta == 0.0 else "reverse"
+    return kind, tau_s, tau_t, beta
 
 
 def _check_batch(student_logits: Tensor, teacher_logits: Tensor, mask: Tensor) -> None:
@@ -244,15 +398,18 @@ def token_divergence(
         TypeError: non-tensor or non-floating-point logits.
     """
     _check_logits_pair(student_logits, teacher_logits)
-    tau_s = _check_tau("tau_s", tau_s)
-    tau_t = _check_tau("tau_t", tau_t)
-    _check_kind(kind, KINDS)
-    beta = _check_beta(beta)
-    _check_compute_dtype(compute_dtype)
+    kind, tau_s, tau_t, beta = _check_divergence(kind, tau_s, tau_t, beta, compute_dtype)
 
     logp_s = torch.log_softmax(student_logits.to(compute_dtype) / tau_s, dim=-1)
     logp_t = torch.log_softmax(teacher_logits.to(compute_dtype) / tau_t, dim=-1)
+    return _logprob_divergence(logp_s, logp_t, kind, beta)
 
+
+def _logprob_divergence(logp_s: Tensor, logp_t: Tensor, kind: str, beta: float) -> Tensor:
+    """Σ_v of the per-entry terms of ``kind`` given log-probabilities (..., V) -> (...):
+    the math of ``token_divergence`` after its log-softmax. The terms are summed as
+    given (no normalisation here), so entries of −inf log-probability add nothing and
+    a top-k tail bucket is one more entry (``topk_divergence``)."""
     if kind == "forward" or (kind == "jsd" and beta == 0.0):
         return _xlogratio(logp_t.exp(), logp_t, logp_s)
     if kind == "reverse" or (kind == "jsd" and beta == 1.0):
@@ -318,13 +475,7 @@ def token_divergence_and_grad(
         As ``token_divergence``.
     """
     _check_logits_pair(student_logits, teacher_logits)
-    tau_s = _check_tau("tau_s", tau_s)
-    tau_t = _check_tau("tau_t", tau_t)
-    _check_kind(kind, KINDS)
-    beta = _check_beta(beta)
-    _check_compute_dtype(compute_dtype)
-    if kind == "jsd" and beta in (0.0, 1.0):
-        kind = "forward" if beta == 0.0 else "reverse"
+    kind, tau_s, tau_t, beta = _check_divergence(kind, tau_s, tau_t, beta, compute_dtype)
 
     with torch.no_grad():
         # Each line is one pass over (..., V): the passes, not the flops, set the time of this function
@@ -334,43 +485,59 @@ def token_divergence_and_grad(
         ls = torch.log_softmax(_scaled(student_logits, tau_s, compute_dtype), dim=-1)  # (..., V)
         lt = torch.log_softmax(_scaled(teacher_logits, tau_t, compute_dtype), dim=-1)  # (..., V)
         ps, pt = ls.exp(), lt.exp()
+        # the floor's clamp and mask only where a log-prob is below it (no pass over (..., V) otherwise)
         floored_s = ls.numel() > 0 and bool(ls.amin() <= LOGPROB_FLOOR)
         keep = ls > LOGPROB_FLOOR if (need_grad and kind == "forward" and floored_s) else None
         if floored_s:
             ls.clamp_min_(LOGPROB_FLOOR)
         if lt.numel() and bool(lt.amin() < LOGPROB_FLOOR):
             lt.clamp_min_(LOGPROB_FLOOR)
-        stats = None
-        if with_stats or kind != "jsd":
-            diff = lt - ls  # (..., V)
-            fwd = _rowdot(pt, diff)
-            rev = -_rowdot(ps, diff) if (with_stats or kind == "reverse") else None
-            if with_stats:  # H(π_T) = −π_T·ℓ_T; H(π_T, π_S) = −π_T·ℓ_S = H(π_T) + KL(π_T‖π_S)
-                h_t = -_rowdot(pt, lt)
-                stats = torch.stack([fwd, rev, h_t, h_t + fwd], dim=-1)
-        grad = None
-        if kind == "forward":
-            div = fwd
-            if need_grad:
-                if keep is not None:
-                    pt.mul_(keep)
-                grad = ps.mul_(pt.sum(-1, keepdim=True)).sub_(pt)
-                if tau_s != 1.0:
-                    grad.div_(tau_s)
-        elif kind == "reverse":
-            div = rev
-            if need_grad:  # π_S (r − D) = −π_S (diff + D)
-                grad = diff.add_(div.unsqueeze(-1)).mul_(ps).neg_()
-                if tau_s != 1.0:
-                    grad.div_(tau_s)
-        else:
-            log_m = torch.logaddexp(lt + math.log(beta), ls + math.log1p(-beta))  # (..., V)
-            g_t = _rowdot(pt, lt - log_m)
-            g = ls.sub_(log_m)  # ℓ_S − log M, in place
-            g_s = _rowdot(ps, g)
-            div = beta * g_t + (1.0 - beta) * g_s
-            if need_grad:
-                grad = g.sub_(g_s.unsqueeze(-1)).mul_(ps).mul_((1.0 - beta) / tau_s)
+        return _closed_form(ls, lt, ps, pt, keep, kind=kind, beta=beta, tau_s=tau_s, need_grad=need_grad,
+                            with_stats=with_stats)
+
+
+def _kl_pair(ls: Tensor, lt: Tensor, ps: Tensor, pt: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(diff, fwd, rev)``: ℓ_T − ℓ_S (..., V), KL(π_T‖π_S) and KL(π_S‖π_T) (...) from floored log-probs."""
+    diff = lt - ls  # (..., V)
+    return diff, _rowdot(pt, diff), -_rowdot(ps, diff)
+
+
+def _stats(ls: Tensor, lt: Tensor, ps: Tensor, pt: Tensor, fwd: Tensor, rev: Tensor) -> Tensor:
+    """The ``STAT_NAMES`` columns (..., 4) from floored log-probs and both KLs."""
+    return torch.stack([fwd, rev, -_rowdot(pt, lt), -_rowdot(pt, ls)], dim=-1)
+
+
+def _closed_form(ls: Tensor, lt: Tensor, ps: Tensor, pt: Tensor, keep: Tensor | None, *, kind: str, beta: float,
+                 tau_s: float, need_grad: bool, with_stats: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The rows of ``token_divergence_and_grad`` from floored log-probabilities ``ls``,
+    ``lt`` and probability weights ``ps``, ``pt`` (..., V), all four overwritten;
+    ``keep`` (forward gradient only; None: every entry) marks entries with ℓ_S above the
+    floor. The top-k estimators call it with their own log-probs and weights (module
+    docstring, "Top-k")."""
+    stats = None
+    if with_stats or kind != "jsd":
+        diff, fwd, rev = _kl_pair(ls, lt, ps, pt)
+        if with_stats:
+            stats = _stats(ls, lt, ps, pt, fwd, rev)
+    grad = None
+    if kind == "forward":
+        div = fwd
+        if need_grad:
+            if keep is not None:
+                pt.masked_fill_(~keep, 0.0)
+            grad = ps.mul_(pt.sum(-1, keepdim=True)).sub_(pt)
+    elif kind == "reverse":
+        div = rev
+        if need_grad:  # π_S (r − D) = −π_S (diff + D)
+            grad = diff.add_(div.unsqueeze(-1)).mul_(ps).neg_()
+    else:
+        log_m = torch.logaddexp(lt + math.log(beta), ls + math.log1p(-beta))  # (..., V)
+        div = beta * _rowdot(pt, lt - log_m) + (1.0 - beta) * _rowdot(ps, ls - log_m)
+        if need_grad:  # h = g + log(1 − β) = −softplus(ℓ_T − ℓ_S + log(β/(1 − β))): "Precision of the JSD gradient"
+            h = F.softplus(log_m.copy_(lt).sub_(ls).add_(math.log(beta) - math.log1p(-beta))).neg_()
+            grad = h.sub_(_rowdot(ps, h).unsqueeze(-1)).mul_(ps).mul_((1.0 - beta) / tau_s)
+    if grad is not None and kind != "jsd" and tau_s != 1.0:
+        grad.div_(tau_s)
     return div, grad, stats
 
 
@@ -509,7 +676,8 @@ def sampled_token_loss(
     generator: torch.Generator | None = None,
     reduction: str = "seq_mean",
     weights: Tensor | None = None,
-) -> Tensor:
+    return_estimate: bool = False,
+) -> Tensor | tuple[Tensor, Tensor]:
     r"""Single-sampled-token estimators of PROTOCOL.md §2 (the robustness ablation).
 
     At every position one extra token y is drawn independently (not the rollout
@@ -537,9 +705,15 @@ def sampled_token_loss(
         generator: ``torch.Generator`` on the logits' device; a seeded generator
             makes the result reproducible. None uses the global RNG.
         reduction, weights: as in ``reduce_loss``.
+        return_estimate: also return each position's single-draw estimate of the KL
+            itself (module docstring, "Sampled"): log π_T(y) − log π_S(y) for
+            ``"forward"``, log π_S(y) − log π_T(y) for ``"reverse"`` (unbiased for
+            KL(π_T‖π_S) and KL(π_S‖π_T) respectively; the oracle's bias uses it).
 
     Returns:
-        0-dim tensor (nats for ``"forward"``), float32 or float64.
+        0-dim tensor (nats for ``"forward"``), float32 or float64; with
+        ``return_estimate`` the pair ``(loss, estimate)``, ``estimate`` (B, T) detached
+        (meaningful at ``mask`` positions).
 
     Raises:
         ValueError: shape/vocab mismatch, bad τ, kind not "forward"/"reverse",
@@ -562,12 +736,417 @@ def sampled_token_loss(
         y = torch.multinomial(probs, 1, generator=generator).view(*logp_s.shape[:-1], 1)
 
     lp_s_y = logp_s.gather(-1, y).squeeze(-1).clamp_min(LOGPROB_FLOOR)
+    lp_t_y = logp_t.gather(-1, y).squeeze(-1).clamp_min(LOGPROB_FLOOR)
     if kind == "forward":
         per_token = -lp_s_y
     else:
-        lp_t_y = logp_t.gather(-1, y).squeeze(-1).clamp_min(LOGPROB_FLOOR)
         per_token = (lp_s_y - lp_t_y).detach() * lp_s_y
-    return reduce_loss(per_token, mask, reduction=reduction, weights=weights)
+    loss = reduce_loss(per_token, mask, reduction=reduction, weights=weights)
+    if not return_estimate:
+        return loss
+    sign = -1.0 if kind == "forward" else 1.0  # forward: log π_T(y) − log π_S(y); reverse: log π_S(y) − log π_T(y)
+    return loss, (sign * (lp_s_y - lp_t_y)).detach()
+
+
+# ------------------------------------------------------------------ top-k estimators
+
+
+def _check_topk(k: int, source: str) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"top_k must be an integer >= 1, got {k!r}")
+    _check_choice("topk source", source, TOPK_SOURCES)
+    return k
+
+
+def topk_support(student_logits: Tensor, teacher_logits: Tensor, *, k: int, source: str = "teacher") -> Tensor:
+    r"""The top-k support S of each position (module docstring, "Top-k"): the entries
+    whose logit is at least the k-th largest of the teacher (``source="teacher"``), of
+    the student (``"student"``) or either (``"union"``: S_T ∪ S_S). Ties at the k-th
+    value are all included, so |S| ≥ k (the support depends on the distributions only,
+    not on the order of the vocabulary); k ≥ V gives the whole vocabulary.
+
+    Args:
+        student_logits, teacher_logits: (..., V) float tensors of equal shape (ranks are
+            the same at any temperature τ > 0).
+        k: entries per model (≥ 1). source: ``"teacher"`` | ``"student"`` | ``"union"``.
+
+    Returns:
+        (..., V) bool, True on S. No gradient.
+
+    Raises:
+        ValueError: shapes differ, k < 1, an unknown source.
+    """
+    _check_logits_pair(student_logits, teacher_logits)
+    k = _check_topk(k, source)
+    V = student_logits.shape[-1]
+    with torch.no_grad():
+        def top(z: Tensor) -> Tensor:
+            if k >= V:
+                return torch.ones_like(z, dtype=torch.bool)
+            return z >= torch.topk(z, k, dim=-1).values[..., -1:]
+
+        if source == "teacher":
+            return top(teacher_logits.detach())
+        if source == "student":
+            return top(student_logits.detach())
+        return top(teacher_logits.detach()) | top(student_logits.detach())
+
+
+def _tail_logprob(logp: Tensor, support: Tensor) -> Tensor:
+    """log Σ_{v ∉ S} π(v) (...), differentiable; support entries are replaced by 2·floor
+    (e^-2e4 = 0 in every dtype, and logsumexp's inputs stay finite when S is everything)."""
+    return torch.logsumexp(torch.where(support, 2.0 * LOGPROB_FLOOR, logp), dim=-1)
+
+
+def topk_divergence(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    *,
+    kind: str,
+    k: int = 64,
+    source: str = "teacher",
+    tail: bool = False,
+    tau_s: float = 1.0,
+    tau_t: float = 0.5,
+    beta: float = 0.5,
+    compute_dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    r"""The divergence ``kind`` of the top-k estimator at each position (module docstring,
+    "Top-k"), differentiable (the float64-safe reference).
+
+    ``tail=False``: D(π̃_S, π̃_T) of both distributions restricted to S and renormalised
+    (``token_divergence`` of the logits with −inf outside S). ``tail=True``: D over the
+    |S| + 1 categories S ∪ {tail}, the tail holding each model's mass outside S.
+    With k ≥ V both equal ``token_divergence`` exactly.
+
+    Args:
+        student_logits, teacher_logits, kind, tau_s, tau_t, beta, compute_dtype: as in
+            ``token_divergence``.
+        k, source: the support (``topk_support``). tail: the tail bucket.
+
+    Returns:
+        (...) tensor in ``compute_dtype``, nats.
+
+    Raises:
+        As ``token_divergence`` and ``topk_support``.
+    """
+    support = topk_support(student_logits, teacher_logits, k=k, source=source)
+    if not tail:
+        ninf = torch.tensor(float("-inf"), dtype=student_logits.dtype, device=student_logits.device)
+        return token_divergence(torch.where(support, student_logits, ninf), torch.where(support, teacher_logits, ninf),
+                                kind=kind, tau_s=tau_s, tau_t=tau_t, beta=beta, compute_dtype=compute_dtype)
+    kind, tau_s, tau_t, beta = _check_divergence(kind, tau_s, tau_t, beta, compute_dtype)
+    logp_s = torch.log_softmax(student_logits.to(compute_dtype) / tau_s, dim=-1)
+    logp_t = torch.log_softmax(teacher_logits.to(compute_dtype) / tau_t, dim=-1)
+    ninf = torch.tensor(float("-inf"), dtype=compute_dtype, device=logp_s.device)
+    on_support = _logprob_divergence(torch.where(support, logp_s, ninf), torch.where(support, logp_t, ninf), kind, beta)
+    tails = _logprob_divergence(_tail_logprob(logp_s, support).unsqueeze(-1),
+                                _tail_logprob(logp_t, support).unsqueeze(-1), kind, beta)
+    return on_support + tails
+
+
+def topk_divergence_and_grad(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    *,
+    kind: str,
+    k: int = 64,
+    source: str = "teacher",
+    tail: bool = False,
+    tau_s: float = 1.0,
+    tau_t: float = 0.5,
+    beta: float = 0.5,
+    compute_dtype: torch.dtype = torch.float32,
+    need_grad: bool = True,
+    with_stats: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    r"""``topk_divergence`` and its gradient w.r.t. the student logits in closed form
+    (module docstring, "Top-k"): the row math of the chunked top-k loss.
+
+    Args and returns as ``token_divergence_and_grad`` (``k``, ``source``, ``tail`` as in
+    ``topk_divergence``). ``stats`` are the full-vocabulary ``STAT_NAMES`` columns
+    (the exact KLs, not the estimator's).
+
+    Raises:
+        As ``topk_divergence``.
+    """
+    support = topk_support(student_logits, teacher_logits, k=k, source=source)
+    kind, tau_s, tau_t, beta = _check_divergence(kind, tau_s, tau_t, beta, compute_dtype)
+    with torch.no_grad():
+        a_s = student_logits.detach().to(compute_dtype) / tau_s  # (..., V)
+        a_t = teacher_logits.detach().to(compute_dtype) / tau_t
+        ls, lt = torch.log_softmax(a_s, dim=-1), torch.log_softmax(a_t, dim=-1)
+        ps, pt = ls.exp(), lt.exp()
+        stats = None
+        if with_stats:
+            _, fwd, rev = _kl_pair(ls.clamp_min(LOGPROB_FLOOR), lt.clamp_min(LOGPROB_FLOOR), ps, pt)
+            stats = _stats(ls.clamp_min(LOGPROB_FLOOR), lt.clamp_min(LOGPROB_FLOOR), ps, pt, fwd, rev)
+        if tail:  # effective log-probs: the tail's log mass on every entry outside S
+            ninf = torch.tensor(float("-inf"), dtype=compute_dtype, device=ls.device)
+            ls_t = torch.logsumexp(torch.where(support, ninf, ls), dim=-1, keepdim=True)  # (..., 1)
+            lt_t = torch.logsumexp(torch.where(support, ninf, lt), dim=-1, keepdim=True)
+            share = (ls - torch.where(torch.isfinite(ls_t), ls_t, 0.0)).exp()  # π_S(v) / q_S(tail) off S
+            pt = torch.where(support, pt, lt_t.exp() * share)  # q_T(tail) spread like π_S inside the tail
+            ls, lt = torch.where(support, ls, ls_t), torch.where(support, lt, lt_t)
+        else:  # renormalised on S
+            ninf = torch.tensor(float("-inf"), dtype=compute_dtype, device=ls.device)
+            ls = torch.log_softmax(torch.where(support, a_s, ninf), dim=-1)
+            lt = torch.log_softmax(torch.where(support, a_t, ninf), dim=-1)
+            ps, pt = ls.exp(), lt.exp()
+        keep = ls > LOGPROB_FLOOR if (need_grad and kind == "forward") else None
+        div, grad, _ = _closed_form(ls.clamp_min_(LOGPROB_FLOOR), lt.clamp_min_(LOGPROB_FLOOR), ps, pt, keep,
+                                    kind=kind, beta=beta, tau_s=tau_s, need_grad=need_grad, with_stats=False)
+    return div, grad, stats
+
+
+# --------------------------------------------------------- rollout-token estimators (k1, k2, k3)
+
+#: log r = log π_T(y) − log π_S(y) is clamped at this value inside exp (k3 only): e^80 is
+#: finite in float32, and the clamp acts only where π_S(y) < e^-80 (r ≤ 1/π_S(y))
+LOG_RATIO_MAX = 80.0
+
+
+def resolve_k_gradient(estimator: str, k_gradient: str = "auto") -> str:
+    """``k_gradient`` of a rollout-token estimator, with ``"auto"`` resolved to what the
+    tools that use it do (module docstring): ``score`` for k1, ``pathwise`` for k2, k3.
+
+    Raises:
+        ValueError: an unknown estimator or gradient."""
+    _check_choice("rollout-token estimator", estimator, ROLLOUT_ESTIMATORS)
+    _check_choice("k_gradient", k_gradient, K_GRADIENTS)
+    if k_gradient != "auto":
+        return k_gradient
+    return "score" if estimator == "k1" else "pathwise"
+
+
+def rollout_token_terms(logp_s_y: Tensor, logp_t_y: Tensor, *, estimator: str,
+                        k_gradient: str = "auto") -> tuple[Tensor, Tensor]:
+    r"""The value and the gradient coefficient of a rollout-token estimator (module
+    docstring, "Rollout-token estimators"), per token, no gradient.
+
+    With x = log π_S(y) − log π_T(y) and r = π_T(y)/π_S(y) = e^{−x}:
+    k1 = x, k2 = ½ x², k3 = (r − 1) − log r. The training gradient is a · ∇ log π_S(y)
+    with a = the estimate (``score``: REINFORCE with reward −k) or a = ∂k/∂log π_S(y)
+    (``pathwise``: autograd of k; 1, x, 1 − r).
+
+    Args:
+        logp_s_y, logp_t_y: (...) log π_S(y), log π_T(y) of the rollout tokens (nats;
+            floored at ``LOGPROB_FLOOR`` by the callers).
+        estimator: ``"k1"`` | ``"k2"`` | ``"k3"``. k_gradient: ``"auto"`` | ``"score"`` | ``"pathwise"``.
+
+    Returns:
+        ``(estimate, coef)``, two (...) detached tensors in the inputs' dtype.
+
+    Raises:
+        ValueError: unknown estimator or gradient.
+    """
+    how = resolve_k_gradient(estimator, k_gradient)
+    with torch.no_grad():
+        x = logp_s_y.detach() - logp_t_y.detach()
+        if estimator == "k1":
+            est, slope = x, torch.ones_like(x)
+        elif estimator == "k2":
+            est, slope = 0.5 * x * x, x
+        else:
+            r_m1 = torch.expm1((-x).clamp_max(LOG_RATIO_MAX))  # r − 1
+            est, slope = r_m1 + x, -r_m1
+        return est, (est if how == "score" else slope)
+
+
+def _check_targets(targets: Tensor, shape: tuple[int, ...], V: int, mask: Tensor | None) -> Tensor:
+    if not isinstance(targets, Tensor) or targets.dtype not in (torch.int64, torch.int32):
+        raise TypeError("targets must be an integer torch.Tensor of rollout token ids")
+    if tuple(targets.shape) != tuple(shape):
+        raise ValueError(f"targets must have shape {tuple(shape)}, got {tuple(targets.shape)}")
+    sel = targets[mask] if mask is not None else targets
+    if sel.numel() and (int(sel.min()) < 0 or int(sel.max()) >= V):
+        raise ValueError(f"targets must be token ids in [0, {V}), got [{int(sel.min())}, {int(sel.max())}]")
+    safe = targets.to(torch.int64)
+    return torch.where(mask, safe, 0) if mask is not None else safe
+
+
+def rollout_token_loss(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    targets: Tensor,
+    mask: Tensor,
+    *,
+    estimator: str = "k1",
+    k_gradient: str = "auto",
+    tau_s: float = 1.0,
+    tau_t: float = 0.5,
+    reduction: str = "seq_mean",
+    weights: Tensor | None = None,
+) -> Tensor:
+    r"""The rollout-token estimators k1, k2, k3 of KL(π_S‖π_T) as a loss (module
+    docstring, "Rollout-token estimators"; the float64-safe reference).
+
+    Each completion position scores its own rollout token y = ``targets`` (the token
+    the rollout sampled there, not an extra draw): the per-token term is
+    ``k + a · (log π_S(y) − sg[log π_S(y)])`` with (k, a) = `rollout_token_terms`, so
+    the loss *value* is the reduced estimate and its gradient is the reduced
+    a · ∇ log π_S(y). Computation is in float32 (float64 for float64 logits).
+
+    Args:
+        student_logits: (B, T, V) float; gradients flow to it.
+        teacher_logits: (B, T, V) float, detached.
+        targets: (B, T) int64, the rollout token at each position (read at ``mask`` only).
+        mask: (B, T) bool, True = completion position.
+        estimator, k_gradient: as in `rollout_token_terms`.
+        tau_s, tau_t: temperatures of π_S and π_T (> 0).
+        reduction, weights: as in ``reduce_loss``.
+
+    Returns:
+        0-dim tensor, nats (the estimate of the reduced reverse KL).
+
+    Raises:
+        ValueError: shapes, τ, reduction, estimator, gradient, targets out of range.
+        TypeError: mask not bool, targets not integer.
+    """
+    _check_batch(student_logits, teacher_logits, mask)
+    tau_s, tau_t = _check_tau("tau_s", tau_s), _check_tau("tau_t", tau_t)
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; allowed values: {', '.join(map(repr, REDUCTIONS))}")
+    y = _check_targets(targets, tuple(mask.shape), student_logits.shape[-1], mask).unsqueeze(-1)  # (B, T, 1)
+    dtype = torch.promote_types(student_logits.dtype, torch.float32)
+    logp_s = torch.log_softmax(_mask_logits(student_logits, mask).to(dtype) / tau_s, dim=-1)
+    logp_t = torch.log_softmax(_mask_logits(teacher_logits.detach(), mask).to(dtype) / tau_t, dim=-1)
+    ls_y = logp_s.gather(-1, y).squeeze(-1).clamp_min(LOGPROB_FLOOR)  # (B, T)
+    lt_y = logp_t.gather(-1, y).squeeze(-1).clamp_min(LOGPROB_FLOOR)
+    est, coef = rollout_token_terms(ls_y, lt_y, estimator=estimator, k_gradient=k_gradient)
+    return reduce_loss(est + coef * (ls_y - ls_y.detach()), mask, reduction=reduction, weights=weights)
+
+
+def rollout_token_estimate_and_grad(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    targets: Tensor,
+    *,
+    estimator: str,
+    k_gradient: str = "auto",
+    kind: str = "reverse",
+    tau_s: float = 1.0,
+    tau_t: float = 0.5,
+    beta: float = 0.5,
+    compute_dtype: torch.dtype = torch.float32,
+    need_grad: bool = True,
+    with_stats: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    r"""`rollout_token_loss`'s rows in closed form: the estimate k, its gradient
+    a · (e_y − π_S)/τ_S w.r.t. the student logits, and the full-vocabulary stats.
+
+    Same interface as ``token_divergence_and_grad`` (the row math of the chunked op),
+    plus ``targets`` (...) int64 and the estimator; ``kind`` must be ``"reverse"`` (the
+    divergence k1, k2, k3 estimate) and ``beta`` is unused.
+
+    Raises:
+        ValueError: kind not "reverse", shapes, τ, estimator, gradient, targets.
+    """
+    _check_logits_pair(student_logits, teacher_logits)
+    if kind != "reverse":
+        raise ValueError(f"estimator {estimator!r} estimates the reverse KL; kind must be 'reverse', got {kind!r}")
+    tau_s, tau_t = _check_tau("tau_s", tau_s), _check_tau("tau_t", tau_t)
+    _check_compute_dtype(compute_dtype)
+    y = _check_targets(targets, tuple(student_logits.shape[:-1]), student_logits.shape[-1], None).unsqueeze(-1)
+    with torch.no_grad():
+        ls = torch.log_softmax(student_logits.detach().to(compute_dtype) / tau_s, dim=-1)  # (..., V)
+        lt = torch.log_softmax(teacher_logits.detach().to(compute_dtype) / tau_t, dim=-1)
+        ps, pt = ls.exp(), lt.exp()
+        ls.clamp_min_(LOGPROB_FLOOR)
+        lt.clamp_min_(LOGPROB_FLOOR)
+        stats = None
+        if with_stats:
+            _, fwd, rev = _kl_pair(ls, lt, ps, pt)
+            stats = _stats(ls, lt, ps, pt, fwd, rev)
+        est, coef = rollout_token_terms(ls.gather(-1, y).squeeze(-1), lt.gather(-1, y).squeeze(-1),
+                                        estimator=estimator, k_gradient=k_gradient)
+        grad = None
+        if need_grad:  # a (e_y − π_S) / τ_S
+            grad = ps.neg_().scatter_add_(-1, y, torch.ones_like(y, dtype=ps.dtype)).mul_(coef.unsqueeze(-1) / tau_s)
+    return est, grad, stats
+
+
+# ------------------------------------------------------------------ one switch
+
+
+class EstimatorLoss(NamedTuple):
+    """``estimator_loss``: the training loss (with the estimator's gradient) and the
+    estimator's value of the divergence it estimates (0-dim, detached; equal to the
+    loss except for ``sampled``, whose loss is the paper's surrogate)."""
+
+    loss: Tensor
+    estimate: Tensor
+
+
+def estimator_loss(
+    student_logits: Tensor,
+    teacher_logits: Tensor,
+    mask: Tensor,
+    *,
+    estimator: str = "full",
+    kind: str = "forward",
+    tau_s: float = 1.0,
+    tau_t: float = 0.5,
+    beta: float = 0.5,
+    top_k: int = 64,
+    topk_source: str = "teacher",
+    topk_tail: bool = False,
+    k_gradient: str = "auto",
+    targets: Tensor | None = None,
+    generator: torch.Generator | None = None,
+    reduction: str = "seq_mean",
+    weights: Tensor | None = None,
+    compute_dtype: torch.dtype = torch.float32,
+) -> EstimatorLoss:
+    r"""Every estimator of the token-level divergence behind one switch, on (B, T, V)
+    logits (module docstring): ``full`` (``distill_loss``), ``sampled``
+    (``sampled_token_loss``, kind forward/reverse), ``topk`` (``topk_divergence``
+    reduced), ``k1`` | ``k2`` | ``k3`` (``rollout_token_loss``, kind reverse, needs
+    ``targets``).
+
+    Args:
+        student_logits, teacher_logits, mask, kind, tau_s, tau_t, beta, reduction,
+            weights, compute_dtype: as in ``distill_loss`` (``compute_dtype`` is read by
+            full and topk; the others compute in float32, float64 for float64 logits).
+        estimator: one of ``ESTIMATORS``.
+        top_k, topk_source, topk_tail: the top-k support and tail bucket (``topk``).
+        k_gradient: the rollout-token gradient (``k1``/``k2``/``k3``).
+        targets: (B, T) int64 rollout tokens (``k1``/``k2``/``k3``).
+        generator: the draws of ``sampled``.
+
+    Returns:
+        `EstimatorLoss` ``(loss, estimate)``.
+
+    Raises:
+        ValueError: an unknown estimator, a kind the estimator does not estimate
+            (sampled: forward/reverse; k1/k2/k3: reverse), k-estimators without targets,
+            and the errors of the functions above.
+    """
+    _check_choice("estimator", estimator, ESTIMATORS)
+    common = dict(tau_s=tau_s, tau_t=tau_t, reduction=reduction, weights=weights)
+    if estimator == "full":
+        loss = distill_loss(student_logits, teacher_logits, mask, kind=kind, beta=beta, compute_dtype=compute_dtype,
+                            **common)
+        return EstimatorLoss(loss, loss.detach())
+    if estimator == "sampled":
+        loss, est = sampled_token_loss(student_logits, teacher_logits, mask, kind=kind, generator=generator,
+                                       return_estimate=True, **common)
+        return EstimatorLoss(loss, reduce_loss(est, mask, reduction=reduction, weights=weights))
+    if estimator == "topk":
+        _check_batch(student_logits, teacher_logits, mask)
+        per_token = topk_divergence(_mask_logits(student_logits, mask), _mask_logits(teacher_logits.detach(), mask),
+                                    kind=kind, k=top_k, source=topk_source, tail=topk_tail, tau_s=tau_s, tau_t=tau_t,
+                                    beta=beta, compute_dtype=compute_dtype)
+        loss = reduce_loss(per_token, mask, reduction=reduction, weights=weights)
+        return EstimatorLoss(loss, loss.detach())
+    if kind != "reverse":
+        raise ValueError(f"estimator {estimator!r} estimates the reverse KL KL(π_S‖π_T); kind must be 'reverse', "
+                         f"got {kind!r}")
+    if targets is None:
+        raise ValueError(f"estimator {estimator!r} scores the rollout tokens: give targets (B, T)")
+    loss = rollout_token_loss(student_logits, teacher_logits, targets, mask, estimator=estimator,
+                              k_gradient=k_gradient, **common)
+    return EstimatorLoss(loss, loss.detach())
 
 
 # ------------------------------------------------------------------ weights / diagnostics

@@ -11,8 +11,10 @@ float64 reference. Per row, with a = z/τ and F = LOGPROB_FLOOR:
     pass 2  ℓ = max(a − lse, F), p = e^(a − lse); accumulate
             D_F = Σ p_T (ℓ_T − ℓ_S), D_R = Σ p_S (ℓ_S − ℓ_T), H(π_T), H(π_T, π_S),
             Σ_{ℓ_S > F} p_T (forward gradient), and for JSD log M = logaddexp(ℓ_T + log β,
-            ℓ_S + log(1 − β)) with Σ p_T (ℓ_T − log M), Σ p_S (ℓ_S − log M)
+            ℓ_S + log(1 − β)) with Σ p_T (ℓ_T − log M), Σ p_S (ℓ_S − log M) and, for the
+            gradient, Σ p_S h with h = −softplus(ℓ_T − ℓ_S + log(β/(1 − β)))
     pass 3  (if a gradient is needed) c_row · ∂D/∂z_S, stored in the gradient buffer
+            (JSD: (1 − β) p_S (h − Σ p_S h), the cancellation-free form of ``ops.kl``)
 
 Divergences are accumulated as sums of products of differences (never as a
 difference of two large sums), so small KLs keep their relative precision.
@@ -40,15 +42,11 @@ import torch
 from torch import Tensor
 
 from distillab.ops.kl import (
-    KINDS,
     LOGPROB_FLOOR,
     REDUCTIONS,
     _check_batch,
-    _check_beta,
-    _check_compute_dtype,
-    _check_kind,
+    _check_divergence,
     _check_logits_pair,
-    _check_tau,
 )
 
 __all__ = [
@@ -98,6 +96,16 @@ def check_triton_usable(device: torch.device | str) -> None:
 if triton is not None:
 
     @triton.jit
+    def _jsd_h(x):
+        """h = −softplus(x) = −log(1 + e^x), accurate for tiny e^x: log1p(e) by Goldberg's
+        u = 1 + e, log(u)·e/(u − 1) (no libdevice call, so it runs under the interpreter)."""
+        e = tl.exp(-tl.abs(x))
+        u = 1.0 + e
+        one = u == 1.0
+        l1p = tl.where(one, e, tl.log(u) * (e / tl.where(one, 1.0, u - 1.0)))
+        return -(tl.maximum(x, 0.0) + l1p)
+
+    @triton.jit
     def _divergence_rows_kernel(
         zs_ptr, zs_stride, zt_ptr, zt_stride, rows_ptr, coef_ptr,
         div_ptr, stats_ptr, grad_ptr, grad_stride,
@@ -142,6 +150,8 @@ if triton is not None:
         keep_t = 0.0
         g_t = 0.0
         g_s = 0.0
+        h_s = 0.0
+        log_c = log_beta - log_1mbeta
         for start in range(0, V, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             valid = offs < V
@@ -166,6 +176,8 @@ if triton is not None:
                 log_m = mx + tl.log(tl.exp(x - mx) + tl.exp(y - mx))
                 g_t += tl.sum(pt * (ltc - log_m), 0)
                 g_s += tl.sum(ps * (lsc - log_m), 0)
+                if NEED_GRAD:
+                    h_s += tl.sum(ps * _jsd_h(ltc - lsc + log_c), 0)
         if KIND == 0:
             div = fw
         elif KIND == 1:
@@ -198,12 +210,8 @@ if triton is not None:
                     g = ps * keep_t - tl.where(ls > FLOOR, tl.exp(lt), 0.0)
                 elif KIND == 1:
                     g = ps * ((lsc - ltc) - div)
-                else:
-                    x = ltc + log_beta
-                    y = lsc + log_1mbeta
-                    mx = tl.maximum(x, y)
-                    log_m = mx + tl.log(tl.exp(x - mx) + tl.exp(y - mx))
-                    g = (1.0 - beta) * ps * ((lsc - log_m) - g_s)
+                else:  # (1 − β) π_S (h − Σ π_S h): ops.kl, "Precision of the JSD gradient"
+                    g = (1.0 - beta) * ps * (_jsd_h(ltc - lsc + log_c) - h_s)
                 tl.store(grad_row + offs, (g * scale).to(grad_ptr.dtype.element_ty), mask=valid)
 
 
@@ -270,15 +278,10 @@ def triton_token_divergence_and_grad(
     _check_logits_pair(student_logits, teacher_logits)
     if student_logits.dim() != 2:
         raise ValueError(f"logits must be (N, V) rows, got {tuple(student_logits.shape)}")
-    tau_s, tau_t = _check_tau("tau_s", tau_s), _check_tau("tau_t", tau_t)
-    _check_kind(kind, KINDS)
-    beta = _check_beta(beta)
-    _check_compute_dtype(compute_dtype)
+    kind, tau_s, tau_t, beta = _check_divergence(kind, tau_s, tau_t, beta, compute_dtype)
     if compute_dtype != torch.float32:
         raise ValueError("the Triton kernels compute in float32; use backend 'torch' for compute_dtype float64")
     check_triton_usable(student_logits.device)
-    if kind == "jsd" and beta in (0.0, 1.0):
-        kind = "forward" if beta == 0.0 else "reverse"
     zs, zt = _rowwise(student_logits.detach()), _rowwise(teacher_logits.detach())
     N, V = zs.shape
     grad = torch.empty(N, V, dtype=torch.float32, device=zs.device) if need_grad else None
@@ -334,14 +337,10 @@ def triton_distill_loss(
     from distillab.ops.chunked import row_coefficients
 
     _check_batch(student_logits, teacher_logits, mask)
-    tau_s, tau_t = _check_tau("tau_s", tau_s), _check_tau("tau_t", tau_t)
-    _check_kind(kind, KINDS)
-    beta = _check_beta(beta)
+    kind, tau_s, tau_t, beta = _check_divergence(kind, tau_s, tau_t, beta)
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; allowed values: {', '.join(map(repr, REDUCTIONS))}")
     check_triton_usable(student_logits.device)
-    if kind == "jsd" and beta in (0.0, 1.0):
-        kind = "forward" if beta == 0.0 else "reverse"
     B, T, V = student_logits.shape
     rows = mask.reshape(-1).nonzero().squeeze(1)  # (N,) flat row indices into (B·T, V)
     coef = row_coefficients(rows // T, B, reduction=reduction, weights=weights, dtype=torch.float32)

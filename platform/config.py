@@ -60,6 +60,17 @@ class CountdownTaskConfig(_Strict):
         return self
 
 
+def _check_task_files(task, formats: str):
+    """``task`` (a task config with ``source``, ``train_path``, ``test_path``) when its paths fit
+    its source. Raises ValueError: ``source: files`` without both paths (``formats``: what the
+    files must be), or a path given with ``source: synthetic``."""
+    if task.source == "files" and (task.train_path is None or task.test_path is None):
+        raise ValueError(f"source 'files' needs train_path and test_path ({formats})")
+    if task.source == "synthetic" and (task.train_path or task.test_path):
+        raise ValueError("train_path / test_path are read only with source: files")
+    return task
+
+
 class MCQTaskConfig(_Strict):
     """The multiple-choice task (PROTOCOL.md §5, `distillab.mcq`), the study's second
     domain (``trial.domain: mcq``). ``source: synthetic``: the synthetic "which number
@@ -79,11 +90,32 @@ class MCQTaskConfig(_Strict):
 
     @model_validator(mode="after")
     def _paths(self) -> "MCQTaskConfig":
-        if self.source == "files" and (self.train_path is None or self.test_path is None):
-            raise ValueError("source 'files' needs train_path and test_path (local JSONL or Parquet)")
-        if self.source == "synthetic" and (self.train_path or self.test_path):
-            raise ValueError("train_path / test_path are read only with source: files")
-        return self
+        return _check_task_files(self, "local JSONL or Parquet")
+
+
+class MathTaskConfig(_Strict):
+    """The long-reasoning math task (PROTOCOL.md §5, `distillab.math_task`): the domain
+    ``trial.domain: math``, scored by the last ``\\boxed{}`` of the answer with
+    ``math_task.score_math`` (math-verify). ``source: synthetic``: multi-step arithmetic
+    that micro models learn (`math_task.generate_arithmetic_chains`: ``chain_length``
+    additions/subtractions of two-digit operands, worked out one step per line, then
+    ``\\boxed{result}``; with the default 6 steps every worked answer is ≥ 60 characters,
+    i.e. ≥ 60 tokens of the micro tokenizer; ``train_items`` training problems);
+    ``source: files``: local MATH-style ``train_path`` / ``test_path`` (JSONL or Parquet,
+    `math_task.load_math`; ``field_map`` for other column names), e.g. Numina-MATH. The
+    worked ``solution`` of a row is the teacher's SFT demonstration."""
+
+    source: Literal["synthetic", "files"] = "synthetic"
+    train_path: str | None = None
+    test_path: str | None = None
+    field_map: dict[str, str] = {}
+    system_prompt: str = "Math."
+    chain_length: int = Field(default=6, ge=2, le=12)
+    train_items: int = Field(default=20_000, ge=1)
+
+    @model_validator(mode="after")
+    def _paths(self) -> "MathTaskConfig":
+        return _check_task_files(self, "local JSONL or Parquet, MATH schema")
 
 
 class TasksConfig(_Strict):
@@ -109,6 +141,8 @@ class TasksConfig(_Strict):
     teacher_user_template: str | None = None
     #: the multiple-choice task (``trial.domain: mcq``)
     mcq: MCQTaskConfig = MCQTaskConfig()
+    #: the long-reasoning math task (``trial.domain: math``)
+    math: MathTaskConfig = MathTaskConfig()
 
     @field_validator("user_template", "teacher_user_template")
     @classmethod
@@ -124,15 +158,18 @@ class TasksConfig(_Strict):
         return (self.teacher_system_prompt not in (None, self.system_prompt)
                 or self.teacher_user_template not in (None, self.user_template))
 
-    def inputs(self, *, teacher: bool, mcq: bool) -> dict[str, Any]:
+    def inputs(self, *, teacher: bool, mcq: bool, math: bool = False) -> dict[str, Any]:
         """The fields a job reads, for its `cache_key`: every field, but the teacher
-        conditioning only for a job that renders teacher prompts (``teacher``) and the
-        multiple-choice task only for one that uses it (``mcq``)."""
+        conditioning only for a job that renders teacher prompts (``teacher``), the
+        multiple-choice task only for one that uses it (``mcq``) and the math task only
+        for one that uses it (``math``)."""
         d = self.model_dump(mode="json")
         if not teacher:
             del d["teacher_system_prompt"], d["teacher_user_template"]
         if not mcq:
             del d["mcq"]
+        if not math:
+            del d["math"]
         return d
 
 
@@ -154,6 +191,8 @@ class MicroModelConfig(_Strict):
     skill_examples: int = Field(default=0, ge=0)
     #: multiple-choice demonstrations (``tasks.mcq``; the study's second domain)
     mcq_examples: int = Field(default=0, ge=0)
+    #: worked math demonstrations (``tasks.math``; the long-reasoning domain)
+    math_examples: int = Field(default=0, ge=0)
     #: Countdown-3 demonstrations under the teacher's conditioning prompt (``tasks.teacher_system_prompt`` /
     #: ``teacher_user_template``) written in the spaced style (``2 + 3 = 5, 5 * 4 = 20``): a teacher that
     #: answers in that style only when conditioned (the style-transfer experiment)
@@ -251,31 +290,59 @@ class RolloutConfig(_StrictAliased):
 
 
 class LossConfig(_Strict):
-    """Token-level divergence (PROTOCOL.md §2). Loss temperatures are separate
-    from the sampling temperatures of `RolloutConfig`.
+    """Token-level divergence (PROTOCOL.md §2) and how it is estimated. Loss temperatures
+    are separate from the sampling temperatures of `RolloutConfig`.
 
     ``kind``: ``forward`` = KL(π_T‖π_S), ``reverse`` = KL(π_S‖π_T), ``jsd`` = the
     generalised Jensen–Shannon divergence JSD(β) with M = β π_T + (1 − β) π_S (GKD,
     Agarwal et al. 2024, Eq. 1; `ops.kl`), whose endpoints β = 0 and β = 1 are exactly
     the forward and the reverse KL. ``beta`` is validated for every kind and read by
     ``jsd`` only (as in `ops.kl`), so one grid can sweep ``loss.kind`` over forward,
-    reverse and jsd with a single ``loss.beta``. The sampled estimator exists for the
-    KL directions only."""
+    reverse and jsd with a single ``loss.beta``.
+
+    ``estimator`` (the math and each one's source: the `ops.kl` module docstring):
+    ``full`` the exact full-vocabulary divergence; ``sampled`` the paper's single extra
+    token per position (forward, reverse); ``topk`` the divergence on the top
+    ``top_k`` support of ``topk_source`` (teacher | student | union), renormalised or,
+    with ``topk_tail``, with one bucket holding the remaining mass (any kind);
+    ``k1`` | ``k2`` | ``k3`` Schulman's estimators of the reverse KL on the rollout token
+    (``kind: reverse``, ``rollout.policy: onpd``), trained with ``k_gradient``:
+    ``score`` (REINFORCE, reward −k: Tinker/slime on-policy distillation), ``pathwise``
+    (autograd of k: verl/OpenRLHF's KL loss) or ``auto`` (score for k1, pathwise for k2,
+    k3). Like ``beta``, the top-k and k fields are validated always and read by their
+    estimator only, so a grid can sweep ``loss.estimator`` with one setting of them.
+
+    ``oracle_every``: every that many optimizer steps (0 = off) the step also computes,
+    on the same batch, the exact full-vocabulary divergences and their gradients w.r.t.
+    the student logits, and logs the estimator's ``estimator/bias`` and
+    ``estimator/grad_cos`` (`ops.oracle`; no extra model forward, the training gradient
+    unchanged)."""
 
     kind: Literal["forward", "reverse", "jsd"] = "forward"
     #: JSD(β) interpolation weight in [0, 1]: M = β π_T + (1 − β) π_S (read by ``kind: jsd`` only)
     beta: float = Field(default=0.5, ge=0.0, le=1.0)
-    estimator: Literal["full", "sampled"] = "full"
+    estimator: Literal["full", "sampled", "topk", "k1", "k2", "k3"] = "full"
+    #: top-k support size per model (``estimator: topk``; ties at the k-th logit are kept, so |S| ≥ k)
+    top_k: int = Field(default=64, ge=1)
+    #: whose top-k entries form the support (``estimator: topk``)
+    topk_source: Literal["teacher", "student", "union"] = "teacher"
+    #: one bucket with the mass outside the support instead of renormalising on it (``estimator: topk``)
+    topk_tail: bool = False
+    #: training gradient of k1/k2/k3: ``score`` a = k, ``pathwise`` a = ∂k/∂log π_S(y) (× ∇log π_S(y))
+    k_gradient: Literal["auto", "score", "pathwise"] = "auto"
+    #: the full-vocabulary oracle every that many steps (0 = off; `ops.oracle`)
+    oracle_every: int = Field(default=10, ge=0)
     tau_t: float = Field(default=0.5, gt=0)
     tau_s: float = Field(default=1.0, gt=0)
     reduction: Literal["seq_mean", "token_mean", "sum"] = "seq_mean"
-    #: How the full-vocabulary loss is computed (all give the same numbers; tests pin it):
+    #: How the loss is computed (all give the same numbers; tests pin it):
     #: ``reference`` full (B, T, V) logits from the models and ``ops.kl`` (the float64-safe
     #: ground truth; memory O(tokens × vocab)); ``chunked`` (default) fused lm_head + divergence
     #: over row chunks from the final hidden states (``ops.chunked``; never more than
-    #: chunk × vocab logits; its row math runs the Triton kernels automatically on CUDA);
-    #: ``triton`` the same with the Triton kernels required (error where triton cannot run).
-    #: The sampled estimator always uses the reference path.
+    #: chunk × vocab logits; its row math runs the Triton kernels automatically on CUDA for
+    #: ``estimator: full``); ``triton`` the same with the Triton kernels required (error where
+    #: triton cannot run; ``full`` only). ``sampled`` always uses the reference path (its
+    #: draws need the whole distributions); ``topk`` and k1/k2/k3 follow ``impl``.
     impl: Literal["reference", "chunked", "triton"] = "chunked"
     #: Pad the smaller lm_head with -inf rows up to the larger vocab size when teacher and
     #: student differ only by unused padding rows (Qwen2.5: 151,936 vs 152,064); otherwise a
@@ -288,10 +355,28 @@ class LossConfig(_Strict):
     importance_weight: bool = False
 
     @model_validator(mode="after")
-    def _sampled_kind(self) -> "LossConfig":
+    def _estimator_kind(self) -> "LossConfig":
         if self.kind == "jsd" and self.estimator == "sampled":
             raise ValueError("loss.estimator 'sampled' exists for loss.kind 'forward' and 'reverse' only (got 'jsd')")
+        if self.estimator in ("k1", "k2", "k3") and self.kind != "reverse":
+            raise ValueError(f"loss.estimator {self.estimator!r} estimates the reverse KL KL(π_S‖π_T) on the "
+                             f"rollout token: set loss.kind 'reverse' (got {self.kind!r})")
+        if self.impl == "triton" and self.estimator != "full":
+            raise ValueError(f"loss.impl 'triton' has kernels for loss.estimator 'full' only; estimator "
+                             f"{self.estimator!r} runs with loss.impl 'chunked' or 'reference'")
         return self
+
+    @property
+    def label(self) -> str:
+        """The estimator in a trial id: "" for ``full``, else e.g. ``sampled``, ``topk8-teacher``,
+        ``topk8-union-tail``, ``k3``, ``k1-pathwise`` (k_gradient named unless ``auto``)."""
+        if self.estimator == "full":
+            return ""
+        if self.estimator == "topk":
+            return f"topk{self.top_k}-{self.topk_source}" + ("-tail" if self.topk_tail else "")
+        if self.estimator == "sampled":
+            return "sampled"
+        return self.estimator + ("" if self.k_gradient == "auto" else f"-{self.k_gradient}")
 
 
 class OptimizerConfig(_Strict):
@@ -443,6 +528,9 @@ class EvaluationConfig(_Strict):
     style: StyleConfig | None = None
     #: multiple-choice test items (``tasks.mcq``) scored at every stage, task ``mcq`` (0: none)
     mcq_items: int = Field(default=0, ge=0)
+    #: math test items (``tasks.math``) scored at every stage, task ``math`` (0: none); answers need
+    #: ``max_tokens`` long enough for the worked solution
+    math_items: int = Field(default=0, ge=0)
 
     @property
     def countdown_test_items(self) -> int:
@@ -454,6 +542,11 @@ class EvaluationConfig(_Strict):
     def mcq_test_items(self) -> int:
         """Size of the multiple-choice test split, as `countdown_test_items`."""
         return max(self.mcq_items, self.pass_items)
+
+    @property
+    def math_test_items(self) -> int:
+        """Size of the math test split, as `countdown_test_items`."""
+        return max(self.math_items, self.pass_items)
 
     @model_validator(mode="after")
     def _k(self) -> "EvaluationConfig":
@@ -562,6 +655,7 @@ SEARCHABLE = (
     "rollout.policy", "rollout.lambda", "rollout.alpha", "rollout.clip_c", "rollout.tau_t", "rollout.tau_s",
     "rollout.top_p", "rollout.max_tokens", "rollout.engine", "rollout.sync_every", "rollout.offpd_reuse",
     "loss.kind", "loss.beta", "loss.importance_weight", "loss.estimator", "loss.tau_t", "loss.tau_s", "loss.reduction",
+    "loss.top_k", "loss.topk_source", "loss.topk_tail", "loss.k_gradient",
     "optimizer.lr", "optimizer.clip", "optimizer.steps", "optimizer.warmup_steps", "optimizer.zero_stage",
     "optimizer.weight_decay", "optimizer.prompts_per_step", "optimizer.rollouts_per_prompt",
 )
@@ -779,9 +873,10 @@ class SeedsConfig(_Strict):
     rlvr_sampling: int = 7919
     rlvr_step: int = 31
     #: evaluation with stage seed s: Countdown task i of evaluation.countdown_tasks samples with
-    #: s + eval_task · i (its pass@k samples + eval_pass), the multiple-choice task with s + eval_mcq
-    #: (+ eval_pass), micro OOD task j with s + eval_ood · j + eval_ood_offset; requests at equal sampling
-    #: settings are sampled in one call seeded with the first one's seed (`evals.sampling.sample_batched`)
+    #: s + eval_task · i (its pass@k samples + eval_pass), the multiple-choice and the math task with
+    #: s + eval_mcq (+ eval_pass), micro OOD task j with s + eval_ood · j + eval_ood_offset; requests at
+    #: equal sampling settings are sampled in one call seeded with the first one's seed
+    #: (`evals.sampling.sample_batched`)
     eval_task: int = 101
     eval_pass: int = 1
     eval_mcq: int = 404
@@ -804,8 +899,9 @@ class TrialConfig(_Strict):
     optimizer: OptimizerConfig = OptimizerConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     tasks: TasksConfig = TasksConfig()
-    #: the distillation task: ``countdown`` (Countdown-3 prompts) or ``mcq`` (``tasks.mcq``, the second domain)
-    domain: Literal["countdown", "mcq"] = "countdown"
+    #: the distillation task: ``countdown`` (Countdown-3 prompts), ``mcq`` (``tasks.mcq``, the second domain)
+    #: or ``math`` (``tasks.math``, long reasoning with a ``\\boxed{}`` answer)
+    domain: Literal["countdown", "mcq", "math"] = "countdown"
     #: optional RLVR stage after distillation (``null``: none)
     rlvr: RLVRConfig | None = None
     #: numeric precision of training (issue 16): ``fp32``, or ``bf16`` (DeepSpeed bf16, teacher held in
@@ -824,6 +920,11 @@ class TrialConfig(_Strict):
     def _check_domain(self) -> "TrialConfig":
         if self.domain == "mcq" and self.evaluation.mcq_items == 0:
             raise ValueError("domain 'mcq' needs evaluation.mcq_items > 0 so that the task it distils is scored")
+        if self.domain == "math" and self.evaluation.math_items == 0:
+            raise ValueError("domain 'math' needs evaluation.math_items > 0 so that the task it distils is scored")
+        if self.domain == "math" and self.tasks.teacher_conditioned:
+            raise ValueError("tasks.teacher_system_prompt / teacher_user_template condition the Countdown prompts; "
+                             "they do not apply to domain 'math'")
         if self.domain == "mcq" and self.tasks.teacher_conditioned:
             raise ValueError("tasks.teacher_system_prompt / teacher_user_template condition the Countdown prompts; "
                              "they do not apply to domain 'mcq'")
@@ -860,6 +961,17 @@ class TrialConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _check_rollout_token_estimator(self) -> "TrialConfig":
+        est = self.loss.estimator
+        if est in ("k1", "k2", "k3") and self.rollout.policy != "onpd":
+            raise ValueError(
+                f"loss.estimator {est!r} scores the rollout token, an estimate of KL(π_S‖π_T) only on the student's "
+                f"own samples: it needs rollout.policy 'onpd' (got {self.rollout.policy!r}; with OffPD rollouts "
+                "E[k1] = -KL(π_T‖π_S)); use estimator 'full', 'sampled' or 'topk' for other policies"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_importance_weight(self) -> "TrialConfig":
         if self.loss.importance_weight and self.rollout.policy == "spectrum":
             raise ValueError(
@@ -870,12 +982,14 @@ class TrialConfig(_Strict):
 
     @property
     def trial_id(self) -> str:
-        """Readable and deterministic: policy, divergence (``jsd<β>`` for JSD), LR, seed and a config hash."""
+        """Readable and deterministic: policy, divergence (``jsd<β>`` for JSD), the estimator
+        unless ``full`` (`LossConfig.label`), LR, seed and a config hash."""
         r, L = self.rollout, self.loss
         policy = f"spectrum{r.lambda_:g}" if r.policy == "spectrum" else r.policy
         kind = f"jsd{L.beta:g}" if L.kind == "jsd" else L.kind
+        est = f"-{L.label}" if L.label else ""
         return (
-            f"{policy}-{kind}-lr{self.optimizer.lr:g}-s{self.seed}-"
+            f"{policy}-{kind}{est}-lr{self.optimizer.lr:g}-s{self.seed}-"
             f"{config_hash(self.model_dump(mode='json'))[:8]}"
         )
 

@@ -332,7 +332,7 @@ def run_worker(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: 
             rollouts = w.source.get(step, prompts, student)
         t_gen = time.perf_counter() - t0
         w.engine.module.train()
-        loss, diag = loss_step(trial, w.engine, w.teacher, rollouts, w.tok.pad_token_id, w.gen)
+        loss, diag = loss_step(trial, w.engine, w.teacher, rollouts, w.tok.pad_token_id, w.gen, step=step + 1)
         grad_norm, lr = optimizer_step(w.engine, loss, o)
         with gathered_for_generation(w.engine, samples and w.source.syncs) as student:
             t_sync = w.source.sync(student, step + 1)

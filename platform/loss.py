@@ -1,21 +1,25 @@
 """The loss stage of a distillation step (PROTOCOL.md §2): one forward path, then an
-implementation from a table.
+implementation from a table, then (on a schedule) the oracle.
 
     rollouts ─▶ `pack_batch` (student and teacher views of the same completions, one width)
              ─▶ `forward`: final hidden states of student (with grad) and teacher, lm_head weights
-             ─▶ LOSSES[`loss_impl`(loss)]: (loss, per-token statistics (N, 4))
+             ─▶ LOSSES[`loss_impl`(loss)]: `LossOutput` (loss, per-token statistics (N, 4), estimate)
              ─▶ `importance_weights` (optional) and `diagnostics`, built once from those
+             ─▶ every ``loss.oracle_every`` steps, `oracle`: the estimator's bias and gradient
+                cosine against the exact full-vocabulary divergence on the same batch
 
-Implementations (``LOSSES``; each ``f(fwd, loss_cfg, weights, generator) -> (loss, stats)``,
-``stats`` the (N, 4) columns of ``ops.kl.STAT_NAMES`` over the N completion tokens):
+Implementations (``LOSSES``; each ``f(fwd, loss_cfg, weights, generator) -> LossOutput``),
+each running the configured ``loss.estimator`` (`ops.kl` module docstring):
 
-- ``reference``: materialises the (B, T, V) logits and calls ``ops.kl.distill_loss``
+- ``reference``: materialises the (B, T, V) logits and calls ``ops.kl.estimator_loss``
   (the float64-safe ground truth; memory O(tokens × vocab));
 - ``chunked`` / ``triton``: ``ops.chunked.chunked_distill_loss`` fused with the lm_head
-  over row chunks (never more than chunk × vocab logits; ``triton`` requires the kernels);
-- ``sampled``: the single-token estimators (``ops.kl.sampled_token_loss``) on the logits.
+  over row chunks (never more than chunk × vocab logits; ``triton`` requires the kernels,
+  estimator ``full`` only);
+- ``sampled``: the single-token estimators, on the logits (``ops.kl.estimator_loss``).
 
-A new estimator is one function and one entry of ``LOSSES`` (and `loss_impl`'s rule).
+A new estimator is one branch of ``ops.kl.estimator_loss`` (and its rows in
+``ops.chunked.estimator_rows``), a `config.LossConfig` value and `loss_impl`'s rule.
 """
 
 from __future__ import annotations
@@ -23,17 +27,25 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from distillab.config import LossConfig, TrialConfig
-from distillab.ops.chunked import chunked_distill_loss, pad_vocab, token_logprobs_from_hidden
-from distillab.ops.kl import STAT_NAMES, distill_loss, engine_mismatch_weights, sampled_token_loss, token_stats
+from distillab.ops.chunked import (
+    chunked_distill_loss,
+    estimator_rows,
+    pad_vocab,
+    row_coefficients,
+    token_logprobs_from_hidden,
+)
+from distillab.ops.kl import STAT_NAMES, engine_mismatch_weights, estimator_loss, token_stats
+from distillab.ops.oracle import chunked_oracle, logits_oracle
 from distillab.rollout import Rollouts, engine_logprobs, pack_rollouts, position_ids
 
-__all__ = ["Batch", "Forward", "LOSSES", "DIAGNOSTICS", "pack_batch", "forward", "loss_impl", "importance_weights",
-           "diagnostics", "loss_step"]
+__all__ = ["Batch", "Forward", "LossOutput", "LOSSES", "DIAGNOSTICS", "pack_batch", "forward", "loss_impl",
+           "oracle_due", "oracle", "importance_weights", "diagnostics", "loss_step"]
 
 #: diagnostics key of each column of the per-token statistics (``ops.kl.STAT_NAMES``)
 DIAGNOSTICS = dict(zip(STAT_NAMES, ("kl/forward", "kl/reverse", "teacher/entropy", "teacher/cross_entropy")))
@@ -131,43 +143,89 @@ def forward(engine, teacher, batch: Batch, pad: bool) -> Forward:
     return Forward(batch, h_s, h_t, w_s, b_s, w_t, b_t)
 
 
-def _reference(fwd: Forward, L: LossConfig, weights, gen) -> tuple[torch.Tensor, torch.Tensor]:
+class LossOutput(NamedTuple):
+    """What a `LOSSES` implementation returns: the training ``loss`` (0-dim, nats, with the
+    estimator's gradient), ``stats`` (N, 4) the full-vocabulary ``ops.kl.STAT_NAMES`` of
+    the N completion tokens, the estimator's ``estimate`` of the divergence (0-dim,
+    detached; `ops.kl.EstimatorLoss`) and, on the logits path, the (B, T, V) ``logits``
+    (student, teacher) the loss was computed from (None on the chunked path)."""
+
+    loss: torch.Tensor
+    stats: torch.Tensor
+    estimate: torch.Tensor
+    logits: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def _estimator_kwargs(L: LossConfig) -> dict:
+    return dict(estimator=L.estimator, top_k=L.top_k, topk_source=L.topk_source, topk_tail=L.topk_tail,
+                k_gradient=L.k_gradient)
+
+
+def _logits_path(fwd: Forward, L: LossConfig, weights, gen) -> LossOutput:
     s_logits, t_logits = fwd.logits()  # (B, T, V)
-    cmask = fwd.batch.cmask
-    loss = distill_loss(s_logits, t_logits, cmask, kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, beta=L.beta,
-                        reduction=L.reduction, weights=weights)
-    return loss, token_stats(s_logits[cmask], t_logits[cmask], tau_s=L.tau_s, tau_t=L.tau_t)
+    b = fwd.batch
+    out = estimator_loss(s_logits, t_logits, b.cmask, kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, beta=L.beta,
+                         targets=b.targets, generator=gen, reduction=L.reduction, weights=weights,
+                         **_estimator_kwargs(L))
+    stats = token_stats(s_logits[b.cmask], t_logits[b.cmask], tau_s=L.tau_s, tau_t=L.tau_t)
+    return LossOutput(out.loss, stats, out.estimate, (s_logits, t_logits))
 
 
-def _sampled(fwd: Forward, L: LossConfig, weights, gen) -> tuple[torch.Tensor, torch.Tensor]:
-    s_logits, t_logits = fwd.logits()  # (B, T, V)
-    cmask = fwd.batch.cmask
-    loss = sampled_token_loss(s_logits, t_logits, cmask, kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, generator=gen,
-                              reduction=L.reduction, weights=weights)
-    return loss, token_stats(s_logits[cmask], t_logits[cmask], tau_s=L.tau_s, tau_t=L.tau_t)
-
-
-def _chunked(fwd: Forward, L: LossConfig, weights, gen, *, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return chunked_distill_loss(
+def _chunked(fwd: Forward, L: LossConfig, weights, gen, *, backend: str) -> LossOutput:
+    loss, stats = chunked_distill_loss(
         fwd.h_s, fwd.w_s, fwd.h_t, fwd.w_t, fwd.batch.cmask, student_bias=fwd.b_s, teacher_bias=fwd.b_t,
         kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, beta=L.beta, reduction=L.reduction, weights=weights,
-        backend=backend, return_stats=True,
+        backend=backend, return_stats=True, targets=fwd.batch.targets, **_estimator_kwargs(L),
     )
+    return LossOutput(loss, stats, loss.detach())
 
 
-#: implementation name → ``f(fwd, loss_cfg, weights, generator) -> (loss, stats (N, 4))``
+#: implementation name → ``f(fwd, loss_cfg, weights, generator) -> LossOutput``
 LOSSES = {
-    "reference": _reference,
+    "reference": _logits_path,
     "chunked": partial(_chunked, backend="auto"),
     "triton": partial(_chunked, backend="triton"),
-    "sampled": _sampled,
+    "sampled": _logits_path,
 }
 
 
 def loss_impl(L: LossConfig) -> str:
-    """The `LOSSES` entry of a loss config: the estimator when it is not the full
-    vocabulary (it materialises what it needs), else ``loss.impl``."""
-    return L.estimator if L.estimator != "full" else L.impl
+    """The `LOSSES` entry of a loss config: ``sampled`` for the sampled estimator (its
+    draws need the whole distributions, so it materialises the logits), else ``loss.impl``
+    (``chunked`` and ``reference`` run every other estimator; ``triton`` is ``full`` only)."""
+    return "sampled" if L.estimator == "sampled" else L.impl
+
+
+def oracle_due(L: LossConfig, step: int | None) -> bool:
+    """True when optimizer step ``step`` (1-based) runs the oracle: every ``loss.oracle_every`` steps."""
+    return bool(L.oracle_every) and step is not None and step % L.oracle_every == 0
+
+
+def oracle(fwd: Forward, L: LossConfig, weights: torch.Tensor | None, out: LossOutput) -> dict[str, float]:
+    """The full-vocabulary oracle of the step's estimator on the same batch (`ops.oracle`):
+    ``estimator/<name>`` for ``ops.oracle.ORACLE_METRICS`` ({} without completion tokens,
+    or without a gradient to measure). Reuses the step's hidden states or logits (no model
+    forward) and leaves the loss and its gradient untouched: on the logits path the
+    estimator's gradient is ``torch.autograd.grad`` w.r.t. the logits (graph retained, no
+    ``.grad`` written), on the chunked path the same row math recomputed without autograd."""
+    b = fwd.batch
+    if not b.cmask.any() or not out.loss.requires_grad:
+        return {}
+    B = b.cmask.shape[0]
+    seq = torch.arange(B).unsqueeze(1).expand_as(b.cmask)[b.cmask]  # (N,)
+    coef = row_coefficients(seq, B, reduction=L.reduction, weights=weights)  # (N,) float64
+    kw = dict(kind=L.kind, beta=L.beta, tau_s=L.tau_s, tau_t=L.tau_t)
+    if out.logits is not None:
+        s_logits, t_logits = out.logits
+        (g,) = torch.autograd.grad(out.loss, s_logits, retain_graph=True)  # (B, T, V) ∂loss/∂z_S
+        metrics = logits_oracle(s_logits.detach()[b.cmask], t_logits.detach()[b.cmask], g[b.cmask], coef,
+                                estimate=float(out.estimate), **kw)
+    else:
+        est = estimator_rows(targets=b.targets[b.cmask], **_estimator_kwargs(L))
+        metrics = chunked_oracle(fwd.h_s.detach()[b.cmask], fwd.w_s.detach(),
+                                 None if fwd.b_s is None else fwd.b_s.detach(), fwd.h_t[b.cmask], fwd.w_t, fwd.b_t,
+                                 coef, est=est, **kw)
+    return {f"estimator/{k}": v for k, v in metrics.items()}
 
 
 def importance_weights(trial: TrialConfig, rollouts: Rollouts, cmask: torch.Tensor,
@@ -201,10 +259,13 @@ def diagnostics(stats: torch.Tensor, weights: torch.Tensor | None) -> dict[str, 
     return diag
 
 
-def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: int, gen: torch.Generator):
+def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: int, gen: torch.Generator,
+              step: int | None = None):
     """Teacher and student forward on the rollouts and the configured divergence over
     completion tokens (module docstring). Returns ``(loss, diagnostics)``: a 0-dim
-    tensor (nats) with gradient to the student, and the `diagnostics` floats.
+    tensor (nats) with gradient to the student, and the `diagnostics` floats; at an
+    `oracle_due` ``step`` (the 1-based optimizer step) they include the `oracle`'s
+    ``estimator/*`` keys.
 
     With ``loss.importance_weight`` each sequence's loss is multiplied by
     `importance_weights` (the rollout policy's log p_θ at its sampling τ against the
@@ -221,5 +282,8 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
     weights = None
     if L.importance_weight:
         weights = importance_weights(trial, rollouts, batch.cmask, _policy_logp(trial, fwd))
-    loss, stats = LOSSES[loss_impl(L)](fwd, L, weights, gen)
-    return loss, diagnostics(stats, weights)
+    out = LOSSES[loss_impl(L)](fwd, L, weights, gen)
+    diag = diagnostics(out.stats, weights)
+    if oracle_due(L, step):
+        diag.update(oracle(fwd, L, weights, out))
+    return out.loss, diag

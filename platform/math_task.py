@@ -6,10 +6,30 @@ symbolically by ``math-verify`` (sympy underneath: 1/2 = 0.5 = 2/4, √8 = 2√2
 File schema (JSONL or Parquet, read with ``datasets``): ``problem``, and either
 ``answer`` (the final answer, LaTeX) or ``solution`` (a worked solution whose last
 ``\\boxed{}`` is the answer); ``field_map`` renames other columns onto these.
+
+The micro scale has no such files, so `generate_arithmetic_chains` writes a synthetic
+task that a micro teacher learns in ``prepare``: a chain of two-digit additions and
+subtractions, worked out one step per line with the answer boxed:
+
+    prompt  47+28-15+63-19+31+12
+    answer  47+28=75
+            75-15=60
+            60+63=123
+            123-19=104
+            104+31=135
+            135+12=147
+            \\boxed{147}
+
+Every running total stays in [10, 999], so each line has at least 9 characters and a
+chain of 6 steps (the default) is at least 6·9 + 10 = 64 characters: ≥ 60 tokens of the
+character tokenizer. The same scorer (`score_math`) checks synthetic and file answers;
+`math_test_split` / `math_train_items` / `math_prompt_ids` / `math_target_text` serve
+both sources (``config.MathTaskConfig``).
 """
 
 from __future__ import annotations
 
+import random
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +37,7 @@ from typing import Mapping
 
 from math_verify import parse, verify
 
-from distillab.taskio import read_local_split
+from distillab.taskio import read_local_split, render_prompt
 
 
 @dataclass(frozen=True)
@@ -100,4 +120,80 @@ def load_math(path: str | Path, *, split: str = "test", field_map: Mapping[str, 
     return items
 
 
-__all__ = ["MathItem", "extract_boxed", "math_equivalent", "score_math", "load_math"]
+def generate_arithmetic_chains(n: int, seed: int, chain_length: int = 6) -> list[MathItem]:
+    """``n`` seeded synthetic problems (module docstring): ``chain_length`` + 1 operands in
+    10..99 joined by + or −, the operator forced where the running total would leave
+    [10, 999]; the solution has one ``a±b=c`` line per step, then ``\\boxed{result}``.
+
+    Raises:
+        ValueError: ``n`` < 1 or ``chain_length`` < 1.
+    """
+    if n < 1 or chain_length < 1:
+        raise ValueError(f"need n >= 1 and chain_length >= 1, got n={n}, chain_length={chain_length}")
+    rng = random.Random(f"arith-chain:{seed}")
+    items = []
+    for _ in range(n):
+        total = rng.randint(10, 99)
+        problem, lines = str(total), []
+        for _ in range(chain_length):
+            b = rng.randint(10, 99)
+            op = rng.choice("+-")
+            if op == "-" and total - b < 10:
+                op = "+"
+            if op == "+" and total + b > 999:
+                op = "-"
+            new = total + b if op == "+" else total - b
+            problem += f"{op}{b}"
+            lines.append(f"{total}{op}{b}={new}")
+            total = new
+        items.append(MathItem(problem, str(total), "\n".join(lines) + f"\n\\boxed{{{total}}}"))
+    return items
+
+
+def math_test_split(cfg, n: int, test_seed: int) -> list[MathItem]:
+    """The first ``n`` test problems of the math task ``cfg`` (a `config.MathTaskConfig`):
+    synthetic ones seeded by ``test_seed``, or the test file's.
+
+    Raises:
+        ValueError: the test file has fewer than ``n`` rows (or the file errors of `load_math`).
+    """
+    if cfg.source == "synthetic":
+        return generate_arithmetic_chains(n, test_seed + 13, cfg.chain_length)
+    items = load_math(cfg.test_path, split="test", field_map=cfg.field_map)
+    if len(items) < n:
+        raise ValueError(f"{cfg.test_path}: {len(items)} test rows, evaluation needs {n} (lower math_items)")
+    return items[:n]
+
+
+def math_train_items(cfg, exclude_test: int, test_seed: int, seed: int) -> list[MathItem]:
+    """Training problems of ``cfg`` without the first ``exclude_test`` test problems (by
+    problem text): ``cfg.train_items`` synthetic ones seeded by ``seed``, or the train file's.
+
+    Raises:
+        ValueError: nothing left after the exclusion (or the file errors of `load_math`).
+    """
+    if cfg.source == "synthetic":
+        items = generate_arithmetic_chains(cfg.train_items, seed, cfg.chain_length)
+    else:
+        items = load_math(cfg.train_path, split="train", field_map=cfg.field_map)
+    test = {it.problem for it in math_test_split(cfg, exclude_test, test_seed)} if exclude_test else set()
+    out = [it for it in items if it.problem not in test]
+    if not out:
+        raise ValueError("math task: no training problem is left once the test items are excluded")
+    return out
+
+
+def math_prompt_ids(tokenizer, cfg, item: MathItem) -> list[int]:
+    """Prompt token ids: ``cfg.system_prompt`` and the problem, rendered with the tokenizer's
+    chat template (`taskio.render_prompt`)."""
+    return render_prompt(tokenizer, cfg.system_prompt, item.problem)
+
+
+def math_target_text(item: MathItem) -> str:
+    """The SFT target of a problem: its worked solution (which ends in ``\\boxed{answer}``),
+    or ``\\boxed{answer}`` alone when it has none."""
+    return item.solution if item.solution else f"\\boxed{{{item.answer}}}"
+
+
+__all__ = ["MathItem", "extract_boxed", "math_equivalent", "score_math", "load_math", "generate_arithmetic_chains",
+           "math_test_split", "math_train_items", "math_prompt_ids", "math_target_text"]

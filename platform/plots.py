@@ -13,6 +13,7 @@ backend switch), so this works headless and inside Jupyter alike.
     (e) :func:`fig_rlvr`        RLVR reward curves per distilled checkpoint, 4E before/after
     (f) :func:`fig_loglik`      mean student and teacher log-likelihood of rollouts along λ
     (g) :func:`fig_tensor_sparsity` update sparsity S_τ per tensor kind, per swept configuration
+    (h) :func:`fig_estimator`   the oracle: each estimator's bias and gradient cosine against steps
 
 and the figures of ``distillab findings`` (`distillab.findings`): :func:`fig_accuracy_lr`
 (accuracy against LR per policy × KL), :func:`fig_coverage_gap` (pass@k − pass@1 against
@@ -61,6 +62,7 @@ __all__ = [
     "REWARD", "STUDENT_LOGLIK", "TEACHER_LOGLIK",
     "FIGURES",
     "fig_policy_kl", "fig_lr", "fig_lambda", "fig_pass_at_k", "fig_rlvr", "fig_loglik", "fig_tensor_sparsity",
+    "fig_estimator", "ESTIMATOR_BIAS", "ESTIMATOR_GRAD_COS",
     "fig_accuracy_lr", "fig_coverage_gap", "fig_hard_pass_lambda",
     "figure_notes", "save_figure", "swept_columns", "summary_table", "summary_markdown",
     "write_report",
@@ -75,6 +77,9 @@ REWARD = require("rlvr/reward_mean")
 #: step's rollouts under the student and the teacher.
 STUDENT_LOGLIK = require("rollout/student_loglik")
 TEACHER_LOGLIK = require("rollout/teacher_loglik")
+#: ``metrics`` names (stage ``distill``, every ``loss.oracle_every`` steps) of the oracle (`ops.oracle`).
+ESTIMATOR_BIAS = require("estimator/bias")
+ESTIMATOR_GRAD_COS = require("estimator/grad_cos")
 _DIMS = (POLICY, KL, LR, LAMBDA)
 _SHORT = {POLICY: "", KL: "", LR: "lr=", LAMBDA: "λ=", SEED: "seed=", "stage": "", "metric": "", "sweep": ""}
 _STAGE_ORDER = {"pre": 0, "distill": 1, "rlvr": 2}
@@ -504,6 +509,40 @@ def fig_tensor_sparsity(res: Results) -> Figure:
     return fig
 
 
+def _step_curves(res: Results, stage: str, name: str, cfg: Sequence[str]) -> pl.DataFrame:
+    """Per completed trial and step, metric ``name`` of ``stage`` with the trial's ``cfg`` columns."""
+    keys = ["sweep", "trial_id"] if "sweep" in res.metrics.collect_schema().names() else ["trial_id"]
+    df = (res.metrics.filter((pl.col("stage") == stage) & (pl.col("name") == name))
+          .join(res.trials, on=keys, how="inner").filter(pl.col("status") == "completed").collect())
+    return _with_dims(df, cfg)
+
+
+def fig_estimator(res: Results) -> Figure:
+    """(h) The oracle (``loss.oracle_every``; `ops.oracle`): the estimator's bias (its
+    estimate − the exact full-vocabulary divergence it estimates, nats) and the cosine
+    between its gradient and the exact gradient w.r.t. the student logits, against
+    optimizer steps; one curve per swept configuration (e.g. ``loss.estimator``), mean
+    over seeds with an SEM band."""
+    fig, axes = _new_figure(2, "(h) estimators against the full-vocabulary oracle", width=6.0)
+    cfg = swept_columns(res)
+    for ax, name, ylabel in ((axes[0], ESTIMATOR_BIAS, "bias (estimate − exact, nats)"),
+                             (axes[1], ESTIMATOR_GRAD_COS, "cosine(estimator gradient, exact gradient)")):
+        title = f"{name} against steps"
+        if _present(res, "distill", name) is None:
+            _no_data(fig, ax, title, f"no distill metric {name!r} (loss.oracle_every = 0, or no trial reached an "
+                                     "oracle step)")
+            continue
+        df = _step_curves(res, "distill", name, cfg)
+        if df.height == 0:
+            _no_data(fig, ax, title, f"no completed trial has {name!r}")
+            continue
+        _lines(ax, aggregate(df, ["step", *cfg]), "step", cfg, ylabel, title, band=True)
+        ax.set_xlabel("optimizer step")
+        if name == ESTIMATOR_BIAS:
+            ax.axhline(0, color="0.6", lw=0.8)
+    return fig
+
+
 def fig_accuracy_lr(res: Results) -> Figure:
     """Countdown-3 accuracy against learning rate, one line per rollout policy × KL direction,
     mean ± SEM over seeds (finding 1: policy gives no consistent advantage; reverse KL is the
@@ -577,6 +616,7 @@ FIGURES: dict[str, Callable[[Results], Figure]] = {
     "e_rlvr": fig_rlvr,
     "f_loglik": fig_loglik,
     "g_tensor_sparsity": fig_tensor_sparsity,
+    "h_estimator": fig_estimator,
 }
 
 
@@ -598,8 +638,9 @@ def summary_table(res: Results, group_by: list[str] | None = None) -> pl.DataFra
     """One row per configuration (``group_by``, default :func:`swept_columns`): the
     headline numbers as ``mean ± SEM`` strings over completed seeds (ID and
     Countdown-4E accuracy, ΔOOD, Countdown-4E gain, sparsity, pass@1/pass@k on
-    Countdown-3; RLVR gain, multiple-choice accuracy and Countdown-3 style share when
-    present), then ``n_completed`` and ``n_failed``."""
+    Countdown-3; RLVR gain, multiple-choice and math accuracy, Countdown-3 style share and the
+    oracle's mean ``estimator/bias`` and ``estimator/grad_cos`` over steps when present),
+    then ``n_completed`` and ``n_failed``."""
     group = list(swept_columns(res) if group_by is None else group_by)
     key = group or ["__all__"]
     lit = [pl.lit(0).alias("__all__")] if not group else []
@@ -617,10 +658,13 @@ def summary_table(res: Results, group_by: list[str] | None = None) -> pl.DataFra
     gain = rlvr_gain(res).collect()
     if gain.height:
         quantities.append(("RLVR gain", gain))
-    for task, metric in (("mcq", "accuracy"), (ID_TASK, "style_share")):  # second domain, teacher conditioning
+    for task, metric in (("mcq", "accuracy"), ("math", "accuracy"), (ID_TASK, "style_share")):  # other domains
         df = _final(res, "distill", task, metric)
         if df.height:
             quantities.append((f"{task} {'acc' if metric == 'accuracy' else metric}", df))
+    for name in (ESTIMATOR_BIAS, ESTIMATOR_GRAD_COS):  # the oracle: each trial's mean over its oracle steps
+        if _present(res, "distill", name):
+            quantities.append((name, _trial_metric_mean(res, "distill", name)))
 
     counts = trial_counts(res, group).with_columns(*lit).drop("n_trials")
     out = counts.select(key)

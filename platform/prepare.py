@@ -31,6 +31,7 @@ from transformers import LlamaForCausalLM
 
 from distillab.config import EvaluationConfig, MicroModelConfig, SweepConfig, cache_key
 from distillab.evals.suite import Evaluator
+from distillab.math_task import math_prompt_ids, math_target_text
 from distillab.mcq import mcq_prompt_ids, mcq_target_text
 from distillab.models import build_char_tokenizer, load_model, load_tokenizer, micro_llama_config
 from distillab.optim import TorchStepper, rlvr_schedule
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 #: of ``countdown_examples`` (sorted by name), s · SFT_STREAMS + the offset for the other kinds (the values every
 #: prepared model so far used; part of the prepare key through ``version``).
 SFT_STREAMS = 1000
-SFT_STREAM_OFFSETS = {"styled": 29, "mcq": 23, "skills": 17}
+SFT_STREAM_OFFSETS = {"styled": 29, "mcq": 23, "skills": 17, "math": 31}
 
 
 def scored_evaluation(sweep: SweepConfig) -> EvaluationConfig:
@@ -55,15 +56,17 @@ def scored_evaluation(sweep: SweepConfig) -> EvaluationConfig:
     a single grid (no grid key reaches ``evaluation``) it is the base trial's evaluation."""
     evs = [sweep.trial.evaluation, *(t.evaluation for t in sweep.trials)]
     tasks = tuple(dict.fromkeys(name for ev in evs for name in ev.countdown_tasks))
-    most = {f: max(getattr(ev, f) for ev in evs) for f in ("id_items", "pass_items", "mcq_items")}
+    most = {f: max(getattr(ev, f) for ev in evs) for f in ("id_items", "pass_items", "mcq_items", "math_items")}
     return sweep.trial.evaluation.model_copy(update={"countdown_tasks": tasks, **most})
 
 
-def _exclusion(sweep: SweepConfig, mcq: bool) -> dict:
+def _exclusion(sweep: SweepConfig, mcq: bool, math: bool = False) -> dict:
     """The test splits a prepared model must not train on (`tasks.TaskData.excluded` of
-    `scored_evaluation`; the multiple-choice split when it trains on that task), for its key."""
+    `scored_evaluation`; the multiple-choice and math splits when it trains on those tasks),
+    for its key."""
     ev = scored_evaluation(sweep)
-    return {"countdown": [ev.countdown_test_items, list(ev.countdown_tasks)], **({"mcq": ev.mcq_test_items} if mcq else {})}
+    return {"countdown": [ev.countdown_test_items, list(ev.countdown_tasks)], **({"mcq": ev.mcq_test_items} if mcq else {}),
+            **({"math": ev.math_test_items} if math else {})}
 
 
 def prepare_key(sweep: SweepConfig, role: str) -> str:
@@ -71,10 +74,13 @@ def prepare_key(sweep: SweepConfig, role: str) -> str:
     and SFT settings, the seed, the task/prompt settings it reads and the test splits it
     must not train on."""
     mcfg = sweep.models.micro_teacher if role == "teacher" else sweep.models.micro_student
-    mcq = mcfg.mcq_examples > 0
-    return cache_key("prepare", 2, role=role, model=mcfg.model_dump(mode="json"), seed=sweep.models.prepare_seed,
-                     tasks=sweep.trial.tasks.inputs(teacher=mcfg.styled_examples > 0, mcq=mcq),
-                     exclude=_exclusion(sweep, mcq))
+    mcq, math = mcfg.mcq_examples > 0, mcfg.math_examples > 0
+    model = mcfg.model_dump(mode="json")
+    if not math:  # a field added after models were prepared: absent, it leaves their keys as they were
+        del model["math_examples"]
+    return cache_key("prepare", 2, role=role, model=model, seed=sweep.models.prepare_seed,
+                     tasks=sweep.trial.tasks.inputs(teacher=mcfg.styled_examples > 0, mcq=mcq, math=math),
+                     exclude=_exclusion(sweep, mcq, math))
 
 
 def _examples(tok, sweep: SweepConfig, mcfg: MicroModelConfig, seed: int) -> list[Example]:
@@ -99,6 +105,11 @@ def _examples(tok, sweep: SweepConfig, mcfg: MicroModelConfig, seed: int) -> lis
         for it in data.train_mcq_items(seed * SFT_STREAMS + SFT_STREAM_OFFSETS["mcq"])[: mcfg.mcq_examples]:
             prompt = mcq_prompt_ids(tok, tasks.mcq, it)
             completion = tok(mcq_target_text(it) + eos, add_special_tokens=False)["input_ids"]
+            out.append(Example(tuple(prompt), tuple(completion)))
+    if mcfg.math_examples:  # the long-reasoning domain: the worked solution, ending in \\boxed{answer}
+        for it in data.train_math_items(seed * SFT_STREAMS + SFT_STREAM_OFFSETS["math"])[: mcfg.math_examples]:
+            prompt = math_prompt_ids(tok, tasks.math, it)
+            completion = tok(math_target_text(it) + eos, add_special_tokens=False)["input_ids"]
             out.append(Example(tuple(prompt), tuple(completion)))
     for skill in tasks.ood_skills if mcfg.skill_examples else ():
         for it in generate_skill_items(skill, mcfg.skill_examples, seed * SFT_STREAMS + SFT_STREAM_OFFSETS["skills"]):

@@ -17,7 +17,7 @@ Where a key appears (``Metric.scope``):
   ``time/train_s``);
 - ``table``: the ``metrics`` table only (``resume/start_step``).
 
-Adding a key is one line: ``register("estimator/bias", "loss.loss_step", "…")``.
+Adding a key is one line: ``register("kl/jsd", "loss.loss_step", "…")``.
 This module imports no other distillab module but the task names of `countdown`,
 so anything may read it (`config` included).
 """
@@ -102,6 +102,13 @@ register("kl/reverse", _LOSS, "mean KL(π_S‖π_T) over the step's completion t
 register("teacher/entropy", _LOSS, "mean H(π_T) over completion tokens (nats)")
 register("teacher/cross_entropy", _LOSS, "mean H(π_T, π_S) over completion tokens (nats)")
 register("is/weight_mean", _LOSS, "mean engine-mismatch importance weight w(y) (loss.importance_weight)")
+# the oracle (every loss.oracle_every steps): the estimator against the exact full-vocabulary divergence (ops.oracle)
+_ORACLE = "loss.oracle"
+register("estimator/bias", _ORACLE, "estimator's estimate − exact value of the reduced divergence it estimates (nats)")
+register("estimator/grad_cos", _ORACLE, "cosine between the estimator's and the exact gradient w.r.t. the student logits")
+register("estimator/grad_norm_ratio", _ORACLE, "‖estimator gradient‖ / ‖exact gradient‖ (w.r.t. the student logits)")
+register("estimator/grad_cos_forward", _ORACLE, "cosine between the estimator's gradient and the exact KL(π_T‖π_S)'s")
+register("estimator/grad_cos_reverse", _ORACLE, "cosine between the estimator's gradient and the exact KL(π_S‖π_T)'s")
 register("rollout/length", "distill.step_metrics", "mean completion length (tokens)")
 register("rollout/tokens_per_s", "distill.step_metrics", "completion tokens sampled per second (fresh rollouts)",
          gauge="distillab_rollout_tokens_per_s")
@@ -146,6 +153,8 @@ for _key, _producer, _doc in (
     ("eval/<stage>/<countdown>/style_share", _SUITE, "share of answers in the teacher's style (evaluation.style)"),
     ("eval/<stage>/mcq/accuracy", _SUITE, "multiple-choice accuracy (evaluation.mcq_items)"),
     ("eval/<stage>/mcq/pass@<k>", _SUITE, "multiple-choice pass@k"),
+    ("eval/<stage>/math/accuracy", _SUITE, "math accuracy: the last \\boxed{} equals the answer (evaluation.math_items)"),
+    ("eval/<stage>/math/pass@<k>", _SUITE, "math pass@k"),
     ("eval/<stage>/ood/<skill>/accuracy", _OOD + ".MicroSkillsBackend", "exact match on a prior skill"),
     ("eval/<stage>/ood/<lm_eval_task>/<lm_eval_metric>", _OOD + ".LMEvalBackend",
      "an lm-eval task's standard metric, scaled to [0, 1]"),

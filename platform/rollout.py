@@ -951,8 +951,9 @@ def offpd_rollout_path(cache_dir: str | Path, trial: TrialConfig, teacher_path: 
         "offpd_rollouts", 2, teacher=checkpoint_identity(teacher_path), engine=resolve_engine(r.engine, batched=True),
         sampling=[r.tau_t, r.top_p, r.max_tokens], seed=trial.seed, seeds=trial.seeds.model_dump(),
         schedule=[o.steps, o.prompts_per_step, o.rollouts_per_prompt, o.train_prompts], domain=trial.domain,
-        tasks=trial.tasks.inputs(teacher=True, mcq=trial.domain == "mcq"),
-        exclude=[ev.countdown_test_items, list(ev.countdown_tasks), ev.mcq_test_items], rank=[rank, world_size],
+        tasks=trial.tasks.inputs(teacher=True, mcq=trial.domain == "mcq", math=trial.domain == "math"),
+        exclude=[ev.countdown_test_items, list(ev.countdown_tasks), ev.mcq_test_items]
+        + ([ev.math_test_items] if trial.domain == "math" else []), rank=[rank, world_size],
     )
     return Path(cache_dir) / f"offpd-{key}-r{rank}.parquet"
 

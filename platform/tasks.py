@@ -13,8 +13,8 @@ and its seeds, and gives
   problems per rank (`TaskData.rlvr_problems`).
 
 The primitives live in `distillab.countdown` (Countdown, prior skills),
-`distillab.mcq` (multiple choice) and `distillab.taskio` (prompt rendering, local
-files); their public names are re-exported here.
+`distillab.mcq` (multiple choice), `distillab.math_task` (long-reasoning math) and
+`distillab.taskio` (prompt rendering, local files); their public names are re-exported here.
 
     >>> data = TaskData(TasksConfig(), EvaluationConfig(id_items=4, pass_items=2))
     >>> len(data.test_split("countdown3"))
@@ -48,6 +48,7 @@ from distillab.countdown import (  # noqa: F401  (re-exported: the task primitiv
     solve,
     verify_countdown,
 )
+from distillab.math_task import MathItem, math_prompt_ids, math_test_split, math_train_items
 from distillab.mcq import MCQItem, item_key, mcq_prompt_ids, mcq_test_split, mcq_train_items
 from distillab.taskio import read_local_split, render_prompt  # noqa: F401  (re-exported)
 
@@ -102,7 +103,8 @@ def countdown_prompt_ids(tokenizer, tasks: TasksConfig, problem: CountdownProble
 class TaskData:
     """The task data of one trial (module docstring).
 
-    ``domain``: ``countdown`` (Countdown-3 training prompts) or ``mcq`` (``tasks.mcq``);
+    ``domain``: ``countdown`` (Countdown-3 training prompts), ``mcq`` (``tasks.mcq``) or
+    ``math`` (``tasks.math``);
     ``seed``: the trial's seed s; ``seeds``: the derived streams (`config.SeedsConfig`);
     ``train_items``: training problems drawn (``optimizer.train_prompts``)."""
 
@@ -119,11 +121,13 @@ class TaskData:
         return cls(trial.tasks, trial.evaluation, trial.domain, trial.seed, trial.seeds,
                    trial.optimizer.train_prompts)
 
-    def test_split(self, name: str) -> list[CountdownProblem] | list[MCQItem]:
-        """The test split of task ``name`` (a Countdown task or ``mcq``): its first
-        ``evaluation.countdown_test_items`` (``mcq_test_items``) items."""
+    def test_split(self, name: str) -> list[CountdownProblem] | list[MCQItem] | list[MathItem]:
+        """The test split of task ``name`` (a Countdown task, ``mcq`` or ``math``): its first
+        ``evaluation.countdown_test_items`` (``mcq_test_items``, ``math_test_items``) items."""
         if name == "mcq":
             return mcq_test_split(self.tasks.mcq, self.evaluation.mcq_test_items, self.tasks.test_seed)
+        if name == "math":
+            return math_test_split(self.tasks.math, self.evaluation.math_test_items, self.tasks.test_seed)
         return countdown_test_split(self.tasks, name, self.evaluation.countdown_test_items)
 
     def excluded(self) -> set[ProblemKey]:
@@ -141,6 +145,10 @@ class TaskData:
         """The multiple-choice training items (``tasks.mcq``) drawn with ``seed``, test items removed."""
         return mcq_train_items(self.tasks.mcq, self.evaluation.mcq_test_items, self.tasks.test_seed, seed)
 
+    def train_math_items(self, seed: int) -> list[MathItem]:
+        """The math training problems (``tasks.math``) drawn with ``seed``, test items removed."""
+        return math_train_items(self.tasks.math, self.evaluation.math_test_items, self.tasks.test_seed, seed)
+
     def train_prompts(self, tokenizer, rank: int, role: str = "student") -> list[list[int]]:
         """Training prompts of the domain, test items excluded, in rank ``rank``'s own
         shuffled order. ``role="teacher"``: the same problems in the same order rendered
@@ -151,6 +159,10 @@ class TaskData:
             items = self.train_mcq_items(seeds.train_problems + s)
             rng.shuffle(items)
             return [mcq_prompt_ids(tokenizer, self.tasks.mcq, it) for it in items]
+        if self.domain == "math":
+            items = self.train_math_items(seeds.train_problems + s)
+            rng.shuffle(items)
+            return [math_prompt_ids(tokenizer, self.tasks.math, it) for it in items]
         problems = self.train_problems("countdown3", self.train_items, seeds.train_problems + s)
         rng.shuffle(problems)
         return [countdown_prompt_ids(tokenizer, self.tasks, p, role) for p in problems]

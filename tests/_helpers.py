@@ -4,6 +4,21 @@ from __future__ import annotations
 
 import torch
 
+from distillab.rollout import Rollouts
+
+
+class AlwaysEngine:
+    """A generation engine (``generate(prompts, sampling_params) -> rollout.Rollouts``) that writes
+    the same completion ``text`` for every sample (hand-countable evaluation rows)."""
+
+    def __init__(self, tok, text: str):
+        self.ids = tok(text, add_special_tokens=False)["input_ids"]
+
+    def generate(self, prompts, sp) -> Rollouts:
+        n = len(prompts) * sp.n
+        return Rollouts([p for p in prompts for _ in range(sp.n)], [list(self.ids)] * n, [[0.0] * len(self.ids)] * n,
+                        ["stop"] * n)
+
 
 class EngineStandIn(torch.nn.Module):
     """Stands in for the DeepSpeed engine in `loss.loss_step`: ``engine(...)``

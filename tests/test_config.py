@@ -269,6 +269,76 @@ def test_second_domain_and_style_files() -> None:
 
 
 # --------------------------------------------------------------------------------------
+# loss.estimator and its fields
+# --------------------------------------------------------------------------------------
+
+
+def _trial_error(loss: dict, **rest) -> str:
+    with pytest.raises(ValidationError) as e:
+        TrialConfig.model_validate({"loss": loss, **rest})
+    return str(e.value)
+
+
+def test_estimator_fields_and_their_errors() -> None:
+    L = TrialConfig().loss
+    assert (L.estimator, L.top_k, L.topk_source, L.topk_tail, L.k_gradient, L.oracle_every) == (
+        "full", 64, "teacher", False, "auto", 10)
+    msg = _trial_error({"estimator": "k4"})
+    assert "loss.estimator" in msg and "'full', 'sampled', 'topk', 'k1', 'k2' or 'k3'" in msg
+    assert "teacher" in _trial_error({"topk_source": "both"}) and "union" in _trial_error({"topk_source": "both"})
+    assert "top_k" in _trial_error({"top_k": 0}) and "oracle_every" in _trial_error({"oracle_every": -1})
+    assert "'score'" in _trial_error({"k_gradient": "reinforce"})
+    msg = _trial_error({"estimator": "k3"}, rollout={"policy": "onpd"})
+    assert "estimates the reverse KL" in msg and "loss.kind 'reverse'" in msg
+    msg = _trial_error({"estimator": "k1", "kind": "reverse"})
+    assert "rollout.policy 'onpd'" in msg and "'offpd'" in msg
+    msg = _trial_error({"estimator": "topk", "impl": "triton"})
+    assert "loss.impl 'triton'" in msg and "'chunked' or 'reference'" in msg
+    assert "'forward' and 'reverse' only" in _trial_error({"estimator": "sampled", "kind": "jsd"})
+
+
+def test_trial_ids_name_the_estimator() -> None:
+    def tid(loss: dict, policy: str = "offpd") -> str:
+        t = TrialConfig.model_validate({"seed": 1, "rollout": {"policy": policy}, "loss": loss})
+        return t.trial_id.split("-lr")[0]
+
+    assert tid({}) == "offpd-forward"  # full: the ids of earlier sweeps' form
+    assert tid({"estimator": "sampled", "kind": "reverse"}) == "offpd-reverse-sampled"
+    assert tid({"estimator": "topk", "top_k": 8}) == "offpd-forward-topk8-teacher"
+    assert tid({"estimator": "topk", "top_k": 8, "topk_source": "union", "topk_tail": True}) == \
+        "offpd-forward-topk8-union-tail"
+    assert tid({"estimator": "k3", "kind": "reverse"}, "onpd") == "onpd-reverse-k3"
+    assert tid({"estimator": "k1", "kind": "reverse", "k_gradient": "pathwise"}, "onpd") == "onpd-reverse-k1-pathwise"
+
+
+def test_ablation_sweep_files() -> None:
+    """The robustness ablations extend micro.yaml: the same prepared student (and, but for the math
+    file, the same teacher), one changed setting each."""
+    from distillab.prepare import prepare_key
+
+    micro = load_sweep(MICRO)
+    files = {name: load_sweep(MICRO.parent / f"{name}.yaml") for name in (
+        "micro_noclip", "micro_sampled", "micro_temps", "micro_estimators", "micro_topk", "micro_math")}
+    for name, sweep in files.items():
+        assert prepare_key(sweep, "student") == prepare_key(micro, "student"), name
+        same_teacher = prepare_key(sweep, "teacher") == prepare_key(micro, "teacher")
+        assert same_teacher is (name != "micro_math"), name
+    assert [t.optimizer.clip for t in files["micro_noclip"].trials] == [None] * 4
+    assert {t.loss.estimator for t in files["micro_sampled"].trials} == {"sampled"}
+    temps = files["micro_temps"].trials[0]
+    assert (temps.rollout.tau_t, temps.rollout.tau_s, temps.loss.tau_t, temps.loss.tau_s) == (1.0, 0.5, 1.0, 0.5)
+    est = files["micro_estimators"].trials
+    assert [t.loss.estimator for t in est] == ["full", "sampled", "topk", "k1", "k2", "k3"]
+    assert {(t.rollout.policy, t.loss.kind) for t in est} == {("onpd", "reverse")}
+    topk = files["micro_topk"].trials
+    assert {(t.loss.topk_source, t.loss.topk_tail) for t in topk} == {
+        (s, tail) for s in ("teacher", "student", "union") for tail in (False, True)}
+    math = files["micro_math"]
+    assert math.trial.domain == "math" and math.trial.evaluation.math_items == 200
+    assert math.models.micro_teacher.math_examples > 0 and sum(math.models.micro_teacher.countdown_examples.values()) == 0
+
+
+# --------------------------------------------------------------------------------------
 # a union of grids (search.grids)
 # --------------------------------------------------------------------------------------
 

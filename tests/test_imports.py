@@ -25,7 +25,7 @@ STAGES: list[tuple[str, ...]] = [
     ("registry", "countdown", "taskio"),  # names and primitives, no distillab imports but these
     ("mcq", "math_task"),
     ("config",),
-    ("ops", "ops.kl", "ops.chunked", "ops.triton_kl", "evals", "evals.metrics"),
+    ("ops", "ops.kl", "ops.chunked", "ops.triton_kl", "ops.oracle", "evals", "evals.metrics"),
     ("results", "models"),
     ("tasks",),
     ("decode",),

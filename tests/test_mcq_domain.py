@@ -10,12 +10,12 @@ import polars as pl
 import pytest
 from pydantic import ValidationError
 
+from _helpers import AlwaysEngine
 from distillab.config import EvaluationConfig, MCQTaskConfig, TasksConfig, TrialConfig, load_sweep
 from distillab.evals.sampling import sample_batched
 from distillab.evals.suite import Evaluator
 from distillab.mcq import item_key, mcq_prompt_ids, mcq_target_text, mcq_test_split, mcq_train_items
 from distillab.models import build_char_tokenizer
-from distillab.rollout import Rollouts, SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures"
@@ -92,18 +92,6 @@ def test_prepare_adds_mcq_demonstrations_and_keys_them() -> None:
     assert "Which number is the largest?" in tok.decode(first.prompt_ids)
 
 
-class _Always:
-    """An engine that writes the same completion for every sample."""
-
-    def __init__(self, tok, text: str):
-        self.ids = tok(text, add_special_tokens=False)["input_ids"]
-
-    def generate(self, prompts, sp: SamplingParams) -> Rollouts:
-        n = len(prompts) * sp.n
-        return Rollouts([p for p in prompts for _ in range(sp.n)], [list(self.ids)] * n, [[0.0] * len(self.ids)] * n,
-                        ["stop"] * n)
-
-
 def test_mcq_rows_against_hand_counted_answers() -> None:
     from distillab.mcq import score_mcq
 
@@ -113,7 +101,7 @@ def test_mcq_rows_against_hand_counted_answers() -> None:
     items = mcq_test_split(TasksConfig().mcq, 40, TasksConfig().test_seed)
     prompts = [mcq_prompt_ids(tok, TasksConfig().mcq, it) for it in items]
     def rows(text: str) -> list[dict]:
-        done = sample_batched(_Always(tok, text), ev.requests("mcq", prompts, seed=0))
+        done = sample_batched(AlwaysEngine(tok, text), ev.requests("mcq", prompts, seed=0))
         return ev.rows("mcq", done, lambda t, j: score_mcq(t, items[j]))
 
     rows_c = rows("<answer>C</answer>")

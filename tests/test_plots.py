@@ -19,10 +19,11 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SKILLS = ("arith", "copy")
 
 
-def make_sweep(root: Path, *, lam: bool = False, rlvr: bool = False, steps: int = 20) -> Path:
+def make_sweep(root: Path, *, lam: bool = False, rlvr: bool = False, steps: int = 20, oracle: bool = False) -> Path:
     """A hand-made sweep shaped like `distillab sweep` output: policy × KL × 2 LRs ×
     seeds 42, 43 (with λ ∈ {-1, 0, 1} instead of the policy when ``lam``), pre and
-    distill evals, training metrics, and optionally an RLVR stage; one trial failed."""
+    distill evals, training metrics, optionally an RLVR stage and the oracle's metrics
+    every 10 steps (``oracle``); one trial failed."""
     rng = random.Random(0)
     grid = [(p, k, lr, None) for p in ("offpd", "onpd") for k in ("forward", "reverse")
             for lr in (1e-4, 1e-3)]
@@ -68,6 +69,10 @@ def make_sweep(root: Path, *, lam: bool = False, rlvr: bool = False, steps: int 
                          value=(x or 0) * (1 if n.startswith("rollout/s") else -1) - 1 + rng.random()
                          if n.startswith("rollout/") else rng.random())
                     for s in range(1, steps + 1) for n in names]
+            if oracle:  # estimator/bias ~ 0.1 · (1 + λ), grad_cos ~ 0.9 − 0.1 · seed offset
+                values = (("estimator/bias", 0.1 * (1 + (x or 0))), ("estimator/grad_cos", 0.9 - (seed - 42) / 10))
+                rows += [dict(trial_id=tid, stage="distill", step=s, name=n, value=v)
+                         for s in range(10, steps + 1, 10) for n, v in values]
             write_rows(root, "metrics", rows, key=f"{tid}__distill")
             if rlvr:
                 write_rows(root, "metrics", [dict(trial_id=tid, stage="rlvr", step=s, name="rlvr/reward_mean",
@@ -108,7 +113,7 @@ def test_every_figure_on_a_distillation_sweep(tmp_path: Path) -> None:
 
 
 def test_lambda_and_rlvr_panels_fill_in(tmp_path: Path) -> None:
-    res = load(make_sweep(tmp_path / "lam", lam=True, rlvr=True))
+    res = load(make_sweep(tmp_path / "lam", lam=True, rlvr=True, oracle=True))
     for stem, draw in plots.FIGURES.items():
         fig = draw(res)
         assert plots.figure_notes(fig) == [], stem
@@ -126,6 +131,15 @@ def test_lambda_and_rlvr_panels_fill_in(tmp_path: Path) -> None:
     assert [t.get_text() for t in rl.axes[1].get_legend().get_texts()] == ["pre", "distill", "rlvr"]
     table = plots.summary_table(res)
     assert "RLVR gain" in table.columns and table.height == 6
+    # (h): one bias and one grad_cos curve per configuration, at the oracle steps, mean over seeds
+    est = plots.fig_estimator(res)
+    bias, cos = est.axes
+    assert len(bias.get_lines()) >= 6 and len(cos.get_legend().get_texts()) == 6
+    curve = next(ln for ln in cos.get_lines() if ln.get_label() == "forward, λ=0")
+    assert list(curve.get_xdata()) == [10, 20] and list(curve.get_ydata()) == pytest.approx([0.85, 0.85])
+    curve = next(ln for ln in bias.get_lines() if ln.get_label() == "reverse, λ=1")
+    assert list(curve.get_ydata()) == pytest.approx([0.2, 0.2])
+    assert table["estimator/grad_cos"].to_list()[0] == "0.85 ± 0.05"  # seeds 42, 43: 0.9 and 0.8
 
 
 def test_summary_table_and_report(tmp_path: Path) -> None:

@@ -78,3 +78,39 @@ def test_smoke_grid_over_the_divergence(run_locally, tmp_path):
     assert len(first) == 3 and all(v >= 0 for v in first.values())
     # the same OffPD rollouts at step 1 (same seed, same teacher): JSD(0.5) is bounded by log 2 per token
     assert first["jsd"] <= 0.6932 and first["jsd"] != first["forward"] and first["jsd"] != first["reverse"]
+
+
+@pytest.mark.slow
+def test_smoke_grid_over_the_estimators(run_locally, tmp_path):
+    """``loss.estimator: [full, topk, k3]`` (OnPD reverse KL, the cell every estimator applies to)
+    with the oracle at both of 2 steps: three trials complete, named by their estimator; at steps 1
+    and 2 each logs estimator/bias and estimator/grad_cos: 0 and 1 for full, a real gap for the
+    others; figure (h) draws them."""
+    from distillab.plots import fig_estimator, figure_notes
+    from distillab.results import load
+
+    sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
+        "storage_path": str(tmp_path), "models.cache_dir": str(REPO / ".cache" / "models"),
+        "search.grid": {"loss.estimator": ["full", "topk", "k3"]}, "trial.rollout.policy": "onpd",
+        "trial.loss.kind": "reverse", "trial.loss.top_k": 4, "trial.loss.oracle_every": 1,
+        "trial.optimizer.steps": 2, "trial.optimizer.warmup_steps": 1,  # lean (CI): 2 steps, the oracle at both
+        "trial.evaluation.countdown_tasks": ["countdown3"], "trial.evaluation.id_items": 2,
+        "trial.evaluation.pass_items": 1, "trial.evaluation.ood_items": 1, "trial.evaluation.sparsity_touched": False})
+    assert [t.trial_id.split("-lr")[0] for t in sweep.trials] == [
+        "onpd-reverse", "onpd-reverse-topk4-teacher", "onpd-reverse-k3"]
+    res = load(run_locally(sweep))
+    trials = res.trials.collect()
+    assert (trials["status"] == "completed").all(), trials["error"].to_list()
+    by_id = dict(zip(trials["trial_id"], trials["loss.estimator"]))
+    m = res.metrics.filter(pl.col("name").str.starts_with("estimator/")).collect()
+    for name in ("estimator/bias", "estimator/grad_cos"):
+        rows = m.filter(pl.col("name") == name)
+        assert sorted(set(rows["step"].to_list())) == [1, 2] and rows.height == 6
+        vals = {(by_id[t], s): v for t, s, v in zip(rows["trial_id"], rows["step"], rows["value"])}
+        for step in (1, 2):
+            if name == "estimator/bias":
+                assert abs(vals[("full", step)]) < 1e-5 and abs(vals[("topk", step)]) > 1e-5
+            else:
+                assert vals[("full", step)] == pytest.approx(1.0, abs=1e-5)
+                assert -1.0 <= vals[("k3", step)] < 0.999 and vals[("topk", step)] < 0.999999
+    assert figure_notes(fig_estimator(res)) == []

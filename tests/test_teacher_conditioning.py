@@ -116,12 +116,13 @@ def test_conditioning_config_and_cache_keys():
     # a job's cache key hashes the conditioning only when it renders teacher prompts (issue 13: no
     # compatibility branch keeps old keys when the fields are unset)
     plain = TasksConfig().model_dump(mode="json")
-    for k in ("teacher_system_prompt", "teacher_user_template", "mcq"):
+    for k in ("teacher_system_prompt", "teacher_user_template", "mcq", "math"):
         plain.pop(k)
     assert TasksConfig().inputs(teacher=False, mcq=False) == plain == TasksConfig(**COND).inputs(teacher=False, mcq=False)
     assert TasksConfig().inputs(teacher=True, mcq=False)["teacher_system_prompt"] is None
     assert TasksConfig(**COND).inputs(teacher=True, mcq=False)["teacher_system_prompt"] == COND["teacher_system_prompt"]
     assert TasksConfig().inputs(teacher=False, mcq=True)["mcq"]["source"] == "synthetic"
+    assert TasksConfig().inputs(teacher=False, mcq=False, math=True)["math"]["source"] == "synthetic"
 
 
 def test_style_metric_language_and_regex():

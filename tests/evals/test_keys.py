@@ -1,6 +1,6 @@
 """The metric registry against what the platform really emits: the REAL `Evaluator` on a
 smoke-size model in every domain (every Countdown task with the style metric, multiple
-choice, the micro OOD suite, and lm-eval-harness on the local tasks of tests/fixtures/lm_eval),
+choice, long-reasoning math, the micro OOD suite, and lm-eval-harness on the local tasks of tests/fixtures/lm_eval),
 the update-sparsity rows and ``eval/forgetting``: every key validates as a search objective
 (issue 13: ``check_report_metric`` rejected eval/distill/mcq/accuracy, style_share and the
 lm-eval per-task keys). And the readers of the registry: plots, the reporter, the gauges."""
@@ -23,7 +23,7 @@ from test_ood import MC_YAML, QA_YAML, TASKS, FIX
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE_EVAL = dict(id_items=4, pass_items=2, pass_n=2, pass_k=(1, 2), ood_items=2, max_tokens=8,
-                  countdown_tasks=("countdown3", "countdown4e", "countdown4", "countdown2"), mcq_items=4,
+                  countdown_tasks=("countdown3", "countdown4e", "countdown4", "countdown2"), mcq_items=4, math_items=3,
                   style={"kind": "regex", "pattern": r"\d \+ \d"})
 
 
@@ -57,6 +57,7 @@ def test_every_key_of_the_real_evaluator_is_an_objective(tok_model, tmp_path) ->
     for task in SMOKE_EVAL["countdown_tasks"]:
         assert {f"eval/distill/{task}/accuracy", f"eval/distill/{task}/pass@2"} <= keys
     assert {"eval/distill/countdown3/style_share", "eval/distill/mcq/accuracy", "eval/distill/mcq/pass@1",
+            "eval/distill/math/accuracy", "eval/distill/math/pass@2",
             "eval/distill/ood/add/accuracy", "eval/distill/ood/ood_mean", "eval/distill/params/sparsity@1e-06"} <= keys
     per_tensor = {k for k in keys if k.startswith("eval/distill/params/") and k.count("/") == 4}
     assert len(per_tensor) == 2 * len(init)  # two thresholds τ
@@ -109,3 +110,11 @@ def test_readers_of_the_registry() -> None:
     for name in (plots.REWARD, plots.STUDENT_LOGLIK, plots.TEACHER_LOGLIK):
         assert find(name) is not None, name
     assert all(m.producer and m.doc for m in METRICS.values())
+
+
+def test_the_oracle_metrics_are_registered() -> None:
+    from distillab.ops.oracle import ORACLE_METRICS
+
+    for name in ORACLE_METRICS:
+        m = find(f"estimator/{name}")
+        assert m is not None and m.scope == "step" and m.producer == "loss.oracle", name

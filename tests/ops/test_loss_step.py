@@ -215,3 +215,99 @@ def test_importance_weight_in_the_loss(char_models, impl, policy) -> None:
     expected = (2.0 * ls[0] + 0.5 * ls[1] + ls[2] + ls[3]) / 4
     assert float(loss_w.detach()) == pytest.approx(expected, rel=1e-5)
     assert diag["is/weight_mean"] == pytest.approx((2.0 + 0.5 + 1 + 1) / 4, abs=1e-5)
+
+
+# --------------------------------------------------------------------------------------
+# the oracle: every loss.oracle_every steps, the estimator against the exact divergence
+# --------------------------------------------------------------------------------------
+
+ORACLE_CASES = [  # (impl, loss fields, rollout policy)
+    ("chunked", {"kind": "forward"}, "offpd"),
+    ("reference", {"kind": "reverse"}, "offpd"),
+    ("reference", {"kind": "forward", "estimator": "sampled"}, "offpd"),
+    ("chunked", {"kind": "jsd", "beta": 0.3, "estimator": "topk", "top_k": 4, "topk_source": "union",
+                 "topk_tail": True}, "offpd"),
+    ("chunked", {"kind": "reverse", "estimator": "k3"}, "onpd"),
+    ("reference", {"kind": "reverse", "estimator": "k1"}, "onpd"),
+]
+
+
+def _oracle_trial(impl, loss, policy, every=10):
+    return TrialConfig.model_validate({"rollout": {"policy": policy},
+                                       "loss": {"impl": impl, "oracle_every": every, **loss}})
+
+
+def _step(trial, step, seed=0):
+    teacher, student = _models()
+    gen = torch.Generator().manual_seed(seed)
+    loss, diag = loss_step(trial, EngineStandIn(student), teacher, _rollouts(), PAD, gen, step=step)
+    loss.backward()
+    return loss, diag, {n: p.grad.clone() for n, p in student.named_parameters() if p.grad is not None}, gen.get_state()
+
+
+@pytest.mark.parametrize("impl,loss,policy", ORACLE_CASES)
+def test_the_oracle_does_not_change_the_training_step(impl, loss, policy):
+    """At an oracle step (10 of oracle_every 10) the loss, every parameter gradient and the loss
+    generator's state are bitwise those of a step without it; the diagnostics gain estimator/*."""
+    trial = _oracle_trial(impl, loss, policy)
+    plain_loss, plain_diag, plain_grads, plain_gen = _step(trial, 9)
+    loss_v, diag, grads, gen_state = _step(trial, 10)
+    assert torch.equal(loss_v, plain_loss) and torch.equal(gen_state, plain_gen)
+    assert grads.keys() == plain_grads.keys()
+    assert all(torch.equal(grads[n], plain_grads[n]) for n in grads)
+    assert not any(k.startswith("estimator/") for k in plain_diag)
+    assert set(diag) - set(plain_diag) == {"estimator/bias", "estimator/grad_cos", "estimator/grad_norm_ratio",
+                                           "estimator/grad_cos_forward", "estimator/grad_cos_reverse"}
+    assert {k: diag[k] for k in plain_diag} == plain_diag
+    assert _step(_oracle_trial(impl, loss, policy, every=0), 10)[1] == plain_diag  # 0 = off
+
+
+def _peer_oracle(trial, seed=0):
+    """The oracle's numbers computed independently: full (B, T, V) float64 logits, the estimator's
+    loss on them (ops.kl.estimator_loss, the same draws), autograd for both gradients."""
+    from distillab.loss import forward, pack_batch
+    from distillab.ops.kl import estimator_loss
+
+    teacher, student = _models()
+    L = trial.loss
+    batch = pack_batch(_rollouts(), PAD)
+    fwd = forward(EngineStandIn(student), teacher, batch, False)
+    s = (fwd.h_s.detach().double() @ fwd.w_s.detach().double().T).requires_grad_()
+    t = fwd.h_t.double() @ fwd.w_t.double().T
+    kw = dict(tau_s=L.tau_s, tau_t=L.tau_t, beta=L.beta)
+    out = estimator_loss(s, t, batch.cmask, estimator=L.estimator, kind=L.kind, top_k=L.top_k,
+                         topk_source=L.topk_source, topk_tail=L.topk_tail, k_gradient=L.k_gradient,
+                         targets=batch.targets, generator=torch.Generator().manual_seed(seed), compute_dtype=F64, **kw)
+    (g_est,) = torch.autograd.grad(out.loss, s)
+    exact = {}
+    for k in ("forward", "reverse", L.kind):
+        x = s.detach().clone().requires_grad_()
+        val = distill_loss(x, t, batch.cmask, kind=k, compute_dtype=F64, **kw)
+        exact[k] = (val.item(), torch.autograd.grad(val, x)[0])
+    cos = {k: (torch.sum(g_est * g) / (g_est.norm() * g.norm())).item() for k, (_, g) in exact.items()}
+    return {"estimator/bias": out.estimate.item() - exact[L.kind][0], "estimator/grad_cos": cos[L.kind],
+            "estimator/grad_norm_ratio": (g_est.norm() / exact[L.kind][1].norm()).item(),
+            "estimator/grad_cos_forward": cos["forward"], "estimator/grad_cos_reverse": cos["reverse"]}
+
+
+F64 = torch.float64
+
+
+@pytest.mark.parametrize("impl,loss,policy", ORACLE_CASES)
+def test_the_oracle_matches_a_float64_peer(impl, loss, policy):
+    trial = _oracle_trial(impl, loss, policy)
+    _, diag, _, _ = _step(trial, 10)
+    want = _peer_oracle(trial)
+    for k, v in want.items():
+        assert diag[k] == pytest.approx(v, rel=1e-4, abs=1e-5), k
+
+
+def test_grad_cos_is_one_for_full_and_below_one_for_sampled_on_the_same_batch():
+    full = {impl: _step(_oracle_trial(impl, {"kind": "forward"}, "offpd"), 10)[1] for impl in ("chunked", "reference")}
+    sampled = _step(_oracle_trial("reference", {"kind": "forward", "estimator": "sampled"}, "offpd"), 10)[1]
+    for diag in full.values():
+        assert diag["estimator/grad_cos"] == pytest.approx(1.0, abs=1e-6)
+        assert diag["estimator/bias"] == pytest.approx(0.0, abs=1e-6)
+        assert diag["estimator/grad_norm_ratio"] == pytest.approx(1.0, abs=1e-5)
+    assert sampled["estimator/grad_cos"] < 0.9 and sampled["estimator/bias"] != 0.0
+    assert sampled["kl/forward"] == full["reference"]["kl/forward"]  # the same batch, the same exact KL
