@@ -55,25 +55,42 @@ def test_micro_trials_through_tune(smoke_sweep):
                 assert sp["sparsity@1e-08"] <= sp["sparsity@1e-06"] < 0.5
 
 
+@pytest.fixture(scope="module")
+def divergence_and_estimator_sweep(run_locally, tmp_path_factory):
+    """One smoke sweep, a union of two grids (lean for CI: one local Ray, 6 trials):
+    OffPD ``loss.kind: [forward, reverse, jsd]`` with ``loss.beta`` 0.5, 3 steps; and OnPD
+    reverse KL ``loss.estimator: [full, topk, k3]`` (the cell every estimator applies to)
+    with the oracle at both of 2 steps. Returns ``(sweep, results)``."""
+    from distillab.results import load
+
+    tmp_path = tmp_path_factory.mktemp("divergences")
+    sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
+        "storage_path": str(tmp_path), "models.cache_dir": str(REPO / ".cache" / "models"),
+        "search.grid": None, "search.grids": [
+            {"set": {"rollout.policy": "offpd", "loss.beta": 0.5, "optimizer.steps": 3},
+             "grid": {"loss.kind": ["forward", "reverse", "jsd"]}},
+            {"set": {"rollout.policy": "onpd", "loss.kind": "reverse", "loss.top_k": 4, "loss.oracle_every": 1,
+                     "optimizer.steps": 2, "optimizer.warmup_steps": 1},
+             "grid": {"loss.estimator": ["full", "topk", "k3"]}}],
+        "trial.evaluation.countdown_tasks": ["countdown3"], "trial.evaluation.id_items": 2,
+        "trial.evaluation.pass_items": 1, "trial.evaluation.ood_items": 1, "trial.evaluation.sparsity_touched": False})
+    return sweep, load(run_locally(sweep))
+
+
 @pytest.mark.slow
-def test_smoke_grid_over_the_divergence(run_locally, tmp_path):
+def test_smoke_grid_over_the_divergence(divergence_and_estimator_sweep):
     """``loss.kind: [forward, reverse, jsd]`` with one ``loss.beta``: three trials complete,
     the JSD trial is named by its β, and each trains on its own divergence (β is read by
     jsd only, so forward and reverse runs differ from it)."""
-    from distillab.results import load
-
-    sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
-        "storage_path": str(tmp_path), "models.cache_dir": str(REPO / ".cache" / "models"),
-        "search.grid": {"loss.kind": ["forward", "reverse", "jsd"]}, "trial.loss.beta": 0.5,
-        "trial.optimizer.steps": 3})
-    assert [t.trial_id.split("-")[1] for t in sweep.trials] == ["forward", "reverse", "jsd0.5"]
-    res = load(run_locally(sweep))
-    trials = res.trials.collect().sort("loss.kind")
+    sweep, res = divergence_and_estimator_sweep
+    assert [t.trial_id.split("-")[1] for t in sweep.trials[:3]] == ["forward", "reverse", "jsd0.5"]
+    trials = res.trials.collect().filter(pl.col("rollout.policy") == "offpd").sort("loss.kind")
     assert trials["loss.kind"].to_list() == ["forward", "jsd", "reverse"]
     assert (trials["status"] == "completed").all(), trials["error"].to_list()
     assert trials["loss.beta"].to_list() == [0.5] * 3
-    loss = res.metrics.filter((pl.col("name") == "loss") & (pl.col("step") == 1)).collect()
     by_kind = dict(zip(trials["trial_id"], trials["loss.kind"]))
+    loss = res.metrics.filter((pl.col("name") == "loss") & (pl.col("step") == 1)
+                              & pl.col("trial_id").is_in(list(by_kind))).collect()
     first = {by_kind[t]: v for t, v in zip(loss["trial_id"], loss["value"])}
     assert len(first) == 3 and all(v >= 0 for v in first.values())
     # the same OffPD rollouts at step 1 (same seed, same teacher): JSD(0.5) is bounded by log 2 per token
@@ -81,31 +98,22 @@ def test_smoke_grid_over_the_divergence(run_locally, tmp_path):
 
 
 @pytest.mark.slow
-def test_smoke_grid_over_the_estimators(run_locally, tmp_path):
-    """``loss.estimator: [full, topk, k3]`` (OnPD reverse KL, the cell every estimator applies to)
-    with the oracle at both of 2 steps: three trials complete, named by their estimator; at steps 1
-    and 2 each logs estimator/bias and estimator/grad_cos: 0 and 1 for full, a real gap for the
-    others; figure (h) draws them."""
+def test_smoke_grid_over_the_estimators(divergence_and_estimator_sweep):
+    """``loss.estimator: [full, topk, k3]`` (OnPD reverse KL) with the oracle at both of 2 steps:
+    three trials complete, named by their estimator; at steps 1 and 2 each logs estimator/bias
+    and estimator/grad_cos: 0 and 1 for full, a real gap for the others; figure (h) draws them."""
     from distillab.plots import fig_estimator, figure_notes
-    from distillab.results import load
 
-    sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
-        "storage_path": str(tmp_path), "models.cache_dir": str(REPO / ".cache" / "models"),
-        "search.grid": {"loss.estimator": ["full", "topk", "k3"]}, "trial.rollout.policy": "onpd",
-        "trial.loss.kind": "reverse", "trial.loss.top_k": 4, "trial.loss.oracle_every": 1,
-        "trial.optimizer.steps": 2, "trial.optimizer.warmup_steps": 1,  # lean (CI): 2 steps, the oracle at both
-        "trial.evaluation.countdown_tasks": ["countdown3"], "trial.evaluation.id_items": 2,
-        "trial.evaluation.pass_items": 1, "trial.evaluation.ood_items": 1, "trial.evaluation.sparsity_touched": False})
-    assert [t.trial_id.split("-lr")[0] for t in sweep.trials] == [
+    sweep, res = divergence_and_estimator_sweep
+    assert [t.trial_id.split("-lr")[0] for t in sweep.trials[3:]] == [
         "onpd-reverse", "onpd-reverse-topk4-teacher", "onpd-reverse-k3"]
-    res = load(run_locally(sweep))
-    trials = res.trials.collect()
-    assert (trials["status"] == "completed").all(), trials["error"].to_list()
+    trials = res.trials.collect().filter(pl.col("rollout.policy") == "onpd")
+    assert trials.height == 3 and (trials["status"] == "completed").all(), trials["error"].to_list()
     by_id = dict(zip(trials["trial_id"], trials["loss.estimator"]))
     m = res.metrics.filter(pl.col("name").str.starts_with("estimator/")).collect()
     for name in ("estimator/bias", "estimator/grad_cos"):
         rows = m.filter(pl.col("name") == name)
-        assert sorted(set(rows["step"].to_list())) == [1, 2] and rows.height == 6
+        assert sorted(set(rows["step"].to_list())) == [1, 2] and rows.height == 6  # the OnPD trials only
         vals = {(by_id[t], s): v for t, s, v in zip(rows["trial_id"], rows["step"], rows["value"])}
         for step in (1, 2):
             if name == "estimator/bias":
