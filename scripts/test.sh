@@ -5,6 +5,4 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 . scripts/env.sh
 export DISTILLAB_REQUIRE_VLLM=1  # tests/test_vllm.py fails (not skips) without vLLM
-# two pytest-xdist workers: the tests that start Ray or prepare into the shared cache run one at a
-# time in one of them (tests/conftest.py, group "serial"); the rest spread over both
-exec .venv/bin/python -m pytest -q -m "slow or not slow" -p no:cacheprovider -n 2 --dist loadgroup --durations=25 "$@"
+exec .venv/bin/python -m pytest -q -m "slow or not slow" -p no:cacheprovider --durations=25 "$@"

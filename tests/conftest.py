@@ -46,24 +46,6 @@ tempfile.tempdir = None
 import pytest  # noqa: E402
 
 
-#: Modules whose tests start Ray (a local cluster, a head for `ray job submit`, a sweep
-#: through the CLI) or prepare models into the shared cache without a fixture saying so.
-SERIAL_MODULES = {"test_faults.py", "test_console.py", "test_vllm.py", "test_prepare_refine.py"}
-SERIAL_FIXTURES = {"run_locally", "smoke_sweep"}
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    """Under pytest-xdist (``-n 2 --dist loadgroup``, scripts/test.sh) every test that starts
-    Ray, runs a vLLM engine or prepares models into the shared ``.cache/models`` runs in
-    one worker, one at a time (group ``serial``): two local Ray clusters on 2 cores starve
-    each other, and two prepares of one model race on its directory. The other tests
-    (the fast ones, and slow ones in their own processes or directories) spread over
-    the workers."""
-    for item in items:
-        if item.path.name in SERIAL_MODULES or SERIAL_FIXTURES & set(item.fixturenames) or "vllm" in item.name:
-            item.add_marker(pytest.mark.xdist_group("serial"))
-
-
 def _run_locally(sweep) -> Path:
     """``prepare`` (cached, 1 thread) and ``run_sweep`` on a local 2-CPU Ray without the
     dashboard, ended with ``ray.shutdown()``. Returns the sweep directory."""
