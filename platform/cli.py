@@ -26,9 +26,11 @@ The import-order test (tests/test_imports.py) allows them here only.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -153,18 +155,18 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():  # what DeepSpeed picks then, said before it warns "Setting accelerator to CPU"
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from distillab.prepare import prepare
-    from distillab.telemetry import process_start_time
+    from distillab.telemetry import print_time, process_start_time
 
     started = process_start_time()
     if started is not None:
-        print(f"[time] start-up: {time.time() - started:.1f} s", flush=True)  # interpreter, imports, validation
-    t0 = time.perf_counter()
+        print_time("start-up", time.time() - started)  # interpreter, imports, validation
+    t0, started_at = time.perf_counter(), datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     teacher, student = prepare(sweep, threads=args.threads, force=args.force)
-    print(f"[time] prepare: {time.perf_counter() - t0:.1f} s", flush=True)
+    print_time("prepare", time.perf_counter() - t0)
     if args.cmd == "prepare":
         print(f"teacher: {teacher}\nstudent: {student}")
         return 0
-    return _sweep(args, sweep, teacher, student, t0)
+    return _sweep(args, sweep, teacher, student, t0, started_at)
 
 
 def _add_dry_run_args(sw: argparse.ArgumentParser) -> None:
@@ -221,6 +223,7 @@ def _findings(args) -> int:
     """``distillab findings``: the verdicts with their statistics, then findings.md and figures."""
     from distillab.findings import decide, format_verdicts, write_findings  # lazy: see the module docstring
     from distillab.results import load
+    from distillab.telemetry import print_time
 
     t0 = time.perf_counter()
     missing = [p for p in args.path if not Path(p).is_dir()]
@@ -236,23 +239,26 @@ def _findings(args) -> int:
     print(format_verdicts(result))
     written = write_findings(res, args.out or args.path[0], result, args.path, by=args.by)
     print(f"findings: {written['findings']}")
-    print(f"[time] findings: {time.perf_counter() - t0:.0f} s", flush=True)
+    print_time("findings", time.perf_counter() - t0, 0)
     return 0
 
 
-def _sweep(args, sweep, teacher, student, t0: float) -> int:
-    """``distillab sweep``: Ray up, the sweep (or its resume), Ray down, the report. Exit 1
-    when trials failed or the sweep was interrupted."""
+def _sweep(args, sweep, teacher, student, t0: float, started_at: str) -> int:
+    """``distillab sweep``: Ray up, the sweep (or its resume), Ray down, the report, and the
+    run's record in the sweep directory (`results.record_run`: the command, ``started_at``,
+    the code's git commit, the stages' wall seconds). Exit 1 when trials failed or the sweep
+    was interrupted."""
     import ray  # lazy: see the module docstring
 
-    from distillab.results import load
+    from distillab.results import code_version, load, record_run
     from distillab.sweep import completed_trials, expected_trials, init_ray, resume_sweep, run_sweep
+    from distillab.telemetry import STAGE_SECONDS, print_time
 
     verbose = 2 if args.verbose else 1
     t1 = time.perf_counter()
     init_ray(args.address, dashboard=not args.no_dashboard, verbose=verbose,
              cpu_only=sweep.resources.gpus_per_worker == 0)
-    print(f"[time] ray.init: {time.perf_counter() - t1:.1f} s", flush=True)
+    print_time("ray.init", time.perf_counter() - t1)
     try:
         root = resume_sweep(args.resume, teacher, student, verbose=verbose) if args.resume else \
             run_sweep(sweep, teacher, student, verbose=verbose)
@@ -262,11 +268,14 @@ def _sweep(args, sweep, teacher, student, t0: float) -> int:
     finally:
         t2 = time.perf_counter()
         ray.shutdown()
-    print(f"[time] sweep: {t2 - t1:.1f} s", flush=True)
-    print(f"[time] ray.shutdown: {time.perf_counter() - t2:.1f} s", flush=True)
+    print_time("sweep", t2 - t1)
+    print_time("ray.shutdown", time.perf_counter() - t2)
     _print_tables(load(root), full=False)
-    print(f"[time] total: {time.perf_counter() - t0:.1f} s; results: {root}", flush=True)
-    return 0 if completed_trials(root) >= expected_trials(sweep) else 1  # interrupted or failed trials
+    print_time("total", time.perf_counter() - t0, note=f"; results: {root}")
+    done = completed_trials(root)
+    record_run(root, {"command": shlex.join(["distillab", *sys.argv[1:]]), "started": started_at, **code_version(),
+                      "cpus": os.cpu_count(), "trials_completed": done, "seconds": dict(STAGE_SECONDS)})
+    return 0 if done >= expected_trials(sweep) else 1  # interrupted or failed trials
 
 
 def _print_tables(res, full: bool) -> None:

@@ -24,10 +24,12 @@ trial never duplicates rows, and a crash never leaves a half-written file.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import numbers
 import os
 import re
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,6 +280,43 @@ def write_rows(root: str | Path, table: str, rows: list[dict[str, Any]], *, key:
     data = buf.getvalue()
 
     return atomic_write_bytes(Path(root) / table / f"{key}.parquet", data)
+
+
+#: the sweep directory's file of run records (`record_run`)
+RUNS_FILE = "runs.json"
+
+
+def code_version(path: str | Path | None = None) -> dict[str, Any]:
+    """The code that is running: ``{"commit": <git HEAD>, "dirty": <tracked files modified>}``
+    of the git checkout holding ``path`` (default: this package's source, so an editable
+    install in a clone names its commit); both None where that is not a git checkout or
+    git is missing."""
+    where = Path(path) if path is not None else Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        if head.returncode != 0:
+            return {"commit": None, "dirty": None}
+        status = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return {"commit": None, "dirty": None}
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
+
+
+def record_run(root: str | Path, record: dict[str, Any]) -> Path:
+    """Append ``record`` (JSON-able: the command, the code version, the stages' wall seconds)
+    to ``<root>/runs.json``, a list with one record per invocation that wrote into the sweep
+    directory (a resumed sweep adds one); written atomically. Returns the file's path."""
+    path = Path(root) / RUNS_FILE
+    runs = run_records(root)
+    return atomic_write_bytes(path, json.dumps([*runs, record], indent=1).encode())
+
+
+def run_records(root: str | Path) -> list[dict[str, Any]]:
+    """The records of ``<root>/runs.json`` (`record_run`), oldest first; [] when there are none."""
+    path = Path(root) / RUNS_FILE
+    return json.loads(path.read_text()) if path.exists() else []
 
 
 def atomic_write_bytes(target: str | Path, data: bytes) -> Path:

@@ -68,7 +68,7 @@ from tqdm.auto import tqdm
 from distillab.config import RuntimeContext, SweepConfig, TrialConfig, apply_point, point_of
 from distillab.registry import REPORTER_COLUMNS
 from distillab.results import load, pareto_front, report_metrics, trial_metrics, write_rows
-from distillab.telemetry import TrialTimes
+from distillab.telemetry import TrialTimes, print_time
 
 log = logging.getLogger(__name__)
 
@@ -356,7 +356,7 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
                 if not path.exists():
                     todo.setdefault(path, (t, rank))
     if not todo:
-        print("[time] OffPD sets: 0 s (none to generate: cached, or no trial reuses one)", flush=True)
+        print_time("OffPD sets", 0.0, 0, " (none to generate: cached, or no trial reuses one)")
         return 0
     threads = threads or max(1, os.cpu_count() or 1)
     tok = load_tokenizer(teacher_path)
@@ -382,7 +382,7 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
     engines = ", ".join(sorted({k[0] for k in by_engine}))
     print(f"[rollouts] OffPD reuse: {len(todo)} rollout set(s) generated with {engines} under "
           f"{sweep.shared_cache_dir()}", flush=True)
-    print(f"[time] OffPD sets: {time.perf_counter() - t0:.0f} s", flush=True)
+    print_time("OffPD sets", time.perf_counter() - t0, 0)
     return len(todo)
 
 
@@ -583,7 +583,7 @@ def _fit(tuner, sweep: SweepConfig, root: Path) -> Path:
     errors = [res.error for res in grid if res.error]
     done, want = completed_trials(root), expected_trials(sweep)
     print(f"[sweep] {done} of {want} trials completed, {len(errors)} failed", flush=True)
-    print(f"[time] trials: {time.perf_counter() - t0:.0f} s", flush=True)
+    print_time("trials", time.perf_counter() - t0, 0)
     if done < want:
         print(f"[sweep] incomplete; continue with: distillab sweep --resume {root}", flush=True)
     if sweep.search.kind == "optuna":

@@ -2,6 +2,8 @@
 table in windows (`MetricsLog`) and reported to Ray as they close, the last
 values exported as Ray gauges (`RayGauges`) for the dashboard's metrics endpoint,
 and where its fixed cost went (`TrialTimes`). Key names come from `distillab.registry`.
+The driver's stages (prepare, OffPD sets, trials, ...) print their wall time and keep it
+for the sweep's run record (`print_time`, `STAGE_SECONDS`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,18 @@ from ray.util.metrics import Gauge
 from distillab.registry import gauges
 from distillab.results import write_rows
 
-__all__ = ["MetricsLog", "RayGauges", "TrialTimes", "process_start_time", "quiet_report_log"]
+__all__ = ["MetricsLog", "RayGauges", "TrialTimes", "process_start_time", "quiet_report_log", "print_time",
+           "STAGE_SECONDS"]
+
+#: wall seconds of each stage of this process's command, in the order `print_time` saw them
+STAGE_SECONDS: dict[str, float] = {}
+
+
+def print_time(stage: str, seconds: float, digits: int = 1, note: str = "") -> None:
+    """Print the console's ``[time] <stage>: <seconds> s<note>`` line (``digits`` decimals)
+    and keep ``seconds`` in `STAGE_SECONDS` (a stage timed twice keeps the sum)."""
+    STAGE_SECONDS[stage] = STAGE_SECONDS.get(stage, 0.0) + seconds
+    print(f"[time] {stage}: {seconds:.{digits}f} s{note}", flush=True)
 
 
 class MetricsLog:

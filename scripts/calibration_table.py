@@ -7,8 +7,13 @@ Countdown-3 accuracy and pass@10 and Countdown-4E pass@10, before (stage ``pre``
 after distillation.
 
     python scripts/calibration_table.py runs/calib_lr_precision runs/calib_lr_precision_b
+    python scripts/calibration_table.py --rlvr runs/calib_rlvr
 
 Prints a Markdown table (one row per trial, sorted by policy, KL, master weights, LR).
+``--rlvr``: one row per trial with an RLVR stage instead: its λ, KL, distillation and RLVR
+LRs, the mean training reward over the stage's first and last ``--window`` steps
+(`results.rlvr_reward_summary`) and Countdown-3 accuracy, Countdown-4E pass@10 and
+Countdown-4 accuracy after distillation and after RLVR.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import argparse
 
 import polars as pl
 
-from distillab.results import load, trial_metrics
+from distillab.results import load, rlvr_reward_summary, trial_metrics
 
 COLUMNS = {
     "rollout.policy": "policy",
@@ -37,6 +42,35 @@ COLUMNS = {
 }
 
 
+RLVR_COLUMNS = {
+    "rollout.lambda": "λ",
+    "loss.kind": "KL",
+    "optimizer.lr": "LR",
+    "rlvr.lr": "RLVR LR",
+    "first": "reward (first)",
+    "last": "reward (last)",
+    "eval/distill/countdown3/accuracy": "cd3 acc (distill)",
+    "eval/rlvr/countdown3/accuracy": "cd3 acc (rlvr)",
+    "eval/distill/countdown4e/pass@10": "4E pass@10 (distill)",
+    "eval/rlvr/countdown4e/pass@10": "4E pass@10 (rlvr)",
+    "eval/distill/countdown4/accuracy": "cd4 acc (distill)",
+    "eval/rlvr/countdown4/accuracy": "cd4 acc (rlvr)",
+}
+
+
+def rlvr_table(paths: list[str], window: int) -> pl.DataFrame:
+    """One row per completed trial with an RLVR stage of the sweeps at ``paths``: the
+    `RLVR_COLUMNS` (renamed; the rewards are means over the first and last ``window``
+    steps), floats rounded to 3 places."""
+    frames = []
+    for p in paths:
+        res = load(p)
+        frames.append(trial_metrics(res).join(rlvr_reward_summary(res, window), on="trial_id", how="inner"))
+    wide = pl.concat([f.select([c for c in RLVR_COLUMNS if c in f.columns]) for f in frames], how="diagonal_relaxed")
+    wide = wide.rename({k: v for k, v in RLVR_COLUMNS.items() if k in wide.columns})
+    return wide.sort("RLVR LR", "KL", "λ").with_columns(pl.col(pl.Float64).exclude("LR", "RLVR LR").round(3))
+
+
 def table(paths: list[str]) -> pl.DataFrame:
     """One row per completed trial of the sweeps at ``paths``: the `COLUMNS` (renamed),
     floats rounded to 3 places."""
@@ -50,10 +84,12 @@ def table(paths: list[str]) -> pl.DataFrame:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="+", help="sweep directories (<storage_path>/<name>)")
+    ap.add_argument("--rlvr", action="store_true", help="the RLVR table (trials with an RLVR stage)")
+    ap.add_argument("--window", type=int, default=30, help="--rlvr: steps averaged for the first/last reward")
     args = ap.parse_args()
     with pl.Config(tbl_formatting="MARKDOWN", tbl_hide_column_data_types=True, tbl_hide_dataframe_shape=True,
                    tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=40, tbl_width_chars=400):
-        print(table(args.paths))
+        print(rlvr_table(args.paths, args.window) if args.rlvr else table(args.paths))
 
 
 if __name__ == "__main__":

@@ -362,12 +362,15 @@ def test_micro_findings_is_a_union_of_two_grids() -> None:
     assert all("countdown4" in t.evaluation.countdown_tasks for t in spec)
     assert len(trials) == 36 + 30 and len({t.trial_id for t in trials}) == 66
     # the grid trials are micro.yaml's trials at other LRs and seeds in bf16 with bf16 masters; the teacher is
-    # micro.yaml's, the student micro.yaml's with Countdown-4E practice added to its prior skills
+    # micro.yaml's, the student micro.yaml's with four-operand practice added to its prior skills and twice the
+    # SFT steps (docs/calibration.md)
     micro = load_sweep(MICRO)
     assert cfg.models.micro_teacher == micro.models.micro_teacher
     student = cfg.models.micro_student.model_dump()
-    assert student.pop("countdown_examples") == {**micro.models.micro_student.countdown_examples, "countdown4e": 4000}
-    assert student == micro.models.micro_student.model_dump(exclude={"countdown_examples"})
+    assert student.pop("countdown_examples") == {**micro.models.micro_student.countdown_examples,
+                                                 "countdown4e": 15000, "countdown4": 15000}
+    assert student.pop("sft_steps") == 2 * micro.models.micro_student.sft_steps
+    assert student == micro.models.micro_student.model_dump(exclude={"countdown_examples", "sft_steps"})
     assert (grid[0].precision, grid[0].master_weights) == ("bf16", "bf16")
     same = {"optimizer", "seed", "precision", "master_weights"}
     assert grid[0].model_dump(exclude=same) == micro.trials[0].model_dump(exclude=same)

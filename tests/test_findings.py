@@ -370,3 +370,52 @@ def test_cli_findings(tmp_path, capsys) -> None:
     assert main(["findings", str(root), "--by", "nope"]) == 2
     assert "--by 'nope' is not a trials column" in capsys.readouterr().err
     assert main(["findings", str(tmp_path / "absent")]) == 2
+
+
+def test_findings_md_names_the_run_that_produced_the_results(tmp_path) -> None:
+    """A sweep directory's run records (`results.record_run`, one per invocation, a resume adds one)
+    reach findings.md: the command, the commit, the CPUs and each stage's wall seconds."""
+    from distillab.cli import main
+    from distillab.results import record_run, run_records
+
+    root = tmp_path / "micro_findings"
+    _write_micro_findings(root)
+    first = {"command": "distillab sweep search_spaces/micro_findings.yaml --no-dashboard", "started": "2026-12-02T13:00:00+00:00",
+             "commit": "0123abcd" * 5, "dirty": False, "cpus": 2, "trials_completed": 40,
+             "seconds": {"prepare": 612.4, "OffPD sets": 151.0, "trials": 3000.2, "total": 3811.9}}
+    second = {**first, "command": "distillab sweep --resume runs/micro_findings", "dirty": True, "trials_completed": 66,
+              "seconds": {"prepare": 0.1, "trials": 1204.6}}
+    record_run(root, first)
+    record_run(root, second)
+    assert run_records(root) == [first, second]
+    assert main(["findings", str(root), "--only", "F4"]) == 0
+    md = (root / "findings.md").read_text()
+    assert (f"- `{root}`: `distillab sweep search_spaces/micro_findings.yaml --no-dashboard` at commit `{'0123abcd' * 5}`, "
+            "started 2026-12-02T13:00:00+00:00 on 2 CPUs, 40 trials completed; wall time: prepare 612 s, "
+            "OffPD sets 151 s, trials 3000 s, total 3812 s") in md
+    assert f"`distillab sweep --resume runs/micro_findings` at commit `{'0123abcd' * 5}`, with modified tracked files" in md
+    assert md.index("Produced by:") < md.index("## Verdicts")
+
+
+def test_code_version_of_a_git_checkout(tmp_path, monkeypatch) -> None:
+    """`results.code_version`: HEAD of the checkout and whether a tracked file is modified
+    (untracked files do not count); None outside a git checkout."""
+    import subprocess
+
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # tmp_path may lie inside this clone
+
+    from distillab.results import code_version
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True).stdout
+
+    assert code_version(tmp_path) == {"commit": None, "dirty": None}
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = git("rev-parse", "HEAD").strip()
+    (tmp_path / "untracked.py").write_text("")
+    assert code_version(tmp_path) == {"commit": head, "dirty": False}
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert code_version(tmp_path) == {"commit": head, "dirty": True}
