@@ -34,6 +34,7 @@ Two measurements, each in fresh processes:
     python benchmarks/sweep_overhead.py                      # ~6 min on 2 idle cores
     python benchmarks/sweep_overhead.py --trials 2 --steps 40 --trl-seconds 15.2
     python benchmarks/sweep_overhead.py --code /path/to/tree # time another checkout's code (A/B)
+    python benchmarks/sweep_overhead.py --phases runs/calib_lr_low runs/calib_rlvr   # sweeps that ran already
 
 ``--code DIR`` runs every measurement with ``DIR``'s ``platform/``, ``ops/`` and
 ``evals/`` as the ``distillab`` package (a copy of another commit, e.g. ``git archive
@@ -80,7 +81,7 @@ def trial_phases(root: Path) -> list[dict[str, float]]:
         finish = got.get("time/finish_s", nan)
         p["ckpt+report"] = finish - p["eval"]
         p["teardown"] = wall - sum(p[k] for k in ("launch", "init", "setup", "loop")) - finish
-        p["wall"] = wall
+        p["wall"], p["trial_id"] = wall, tid
         p["fixed"] = (0.0 if p["trainable"] != p["trainable"] else p["trainable"]) + wall - p["loop"]
         out.append(p)
     return out
@@ -249,14 +250,31 @@ def report_single(s: dict, steps: int, trl: float | None) -> None:
         print(f"  whole sweep / TRL's whole run ({trl:.1f} s): {s['wall'] / trl:.2f}x")
 
 
+def report_phases(roots: list[Path]) -> None:
+    """``--phases``: per trial of sweeps that already ran, the seconds of each of `PHASES`,
+    its wall time and ``fixed`` (`trial_phases`; ``-`` where a phase was not recorded: a
+    reused Tune actor records no trainable import)."""
+    cols = ("wall", *PHASES, "fixed")
+    print(f"{'sweep':<24} {'trial':<44} " + " ".join(f"{c:>11}" for c in cols))
+    for root in roots:
+        for t in trial_phases(root):
+            cells = " ".join(f"{t[c]:>11.1f}" if t[c] == t[c] else f"{'-':>11}" for c in cols)
+            print(f"{root.name:<24} {t['trial_id'][:44]:<44} {cells}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, nargs="*", default=[2, 8], help="grid sizes of measurement 1 (none: skip)")
     ap.add_argument("--steps", type=int, default=40, help="steps of measurement 2 (0: skip)")
     ap.add_argument("--trl-seconds", type=float, default=None, help="TRL's whole run of measurement 2's setting")
     ap.add_argument("--code", type=Path, default=None, help="time another checkout's platform/ ops/ evals/")
+    ap.add_argument("--phases", type=Path, nargs="+", metavar="DIR",
+                    help="only print the per-trial phases of sweeps that already ran (their directories)")
     ap.add_argument("--grid-one", nargs=3, metavar=("N", "STORAGE", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.phases:
+        report_phases(args.phases)
+        return 0
     if args.grid_one:
         grid(int(args.grid_one[0]), Path(args.grid_one[1]), Path(args.grid_one[2]))
         return 0

@@ -82,13 +82,13 @@ from distillab.plots import (
     figure_notes, save_figure,
 )
 from distillab.results import (
-    Results, aggregate, filter_trials, final_evals, forgetting, format_table, mean_sem_text, run_records,
+    Results, aggregate, filter_trials, final_evals, forgetting, format_table, mean_sem_text, run_records, code_version,
 )
 
 __all__ = [
     "Stat", "mean_of", "Clause", "Verdict", "PAPER", "FINDINGS", "MIN_SEEDS", "SPECTRUM",
     "trial_values", "cell_table", "CellView", "f1", "f2", "f3", "f4", "f5", "decide",
-    "format_verdicts", "findings_markdown", "provenance_lines", "FINDINGS_FIGURES", "write_findings",
+    "format_verdicts", "findings_markdown", "provenance_lines", "not_reproduced_lines", "power_note", "ratio_note", "FINDINGS_FIGURES", "write_findings",
 ]
 
 #: §9: fewer seeds than this make a cell inconclusive
@@ -107,10 +107,12 @@ EVALS = {
     "pass10": ("distill", "countdown3", "pass@10"),
     "hard10": ("distill", "countdown4e", "pass@10"),
     "hard10_rlvr": ("rlvr", "countdown4e", "pass@10"),
+    "hard10_pre": ("pre", "countdown4e", "pass@10"),
 }
-QUANTITIES = ("acc", "f", "S", "gap", "hard10", "hard10_rlvr")
+QUANTITIES = ("acc", "f", "S", "gap", "hard10", "hard10_rlvr", "hard10_pre")
 NAMES = {"acc": "Countdown-3 accuracy", "f": "forgetting (ΔOOD)", "S": "S_1e-6", "gap": "pass@10 − pass@1",
-         "hard10": "Countdown-4E pass@10 (distill)", "hard10_rlvr": "Countdown-4E pass@10 (rlvr)"}
+         "hard10": "Countdown-4E pass@10 (distill)", "hard10_rlvr": "Countdown-4E pass@10 (rlvr)",
+         "hard10_pre": "Countdown-4E pass@10 (pre)"}
 _CELL = ["policy", "lambda", "kind", "lr"]
 
 #: The paper's values (Piskorz, Berthon, van der Schaar 2026, as our sources restate them), one row
@@ -202,6 +204,39 @@ def value_range(stats: Sequence[Stat]) -> Stat:
 def clearly(d: Stat) -> bool | None:
     """§9 "clearly": the difference ``d`` exceeds 2 SEM (None when not finite)."""
     return bool(d.mean > 2 * d.sem) if d.finite else None
+
+
+def power_note(d: Stat, seeds: int) -> str:
+    """Why a "clearly > 0" clause failed, for findings.md's evidence (not part of any rule): a
+    difference ``d`` that is not positive (zero within 1e-12, float rounding of the means) is not
+    a matter of power (more seeds narrow the SEM, they do not change the sign); a positive one
+    within 2 SEM would be clear with about ``seeds · (2 SEM / d)²`` seeds if the spread between
+    seeds stayed the same (SEM ∝ 1/√n; "more than 1,000" beyond that).
+    "" where ``d`` is clear or not finite."""
+    if not d.finite or d.mean > 2 * d.sem:
+        return ""
+    if abs(d.mean) <= 1e-12:  # zero up to float rounding of the means
+        return f"the difference is zero ({d.text()}): no effect in the finding's direction to gain power on"
+    if d.mean < 0:
+        return (f"the difference is negative ({d.text()}): the opposite of the finding's direction, so more "
+                "seeds would narrow its SEM, not make it positive")
+    need = math.ceil(seeds * (2 * d.sem / d.mean) ** 2)
+    more = f"about {need} seeds" if need <= 1000 else "more than 1,000 seeds"
+    return (f"positive but within 2 SEM ({d.text()}); at the spread seen between these {seeds} seeds, {more} "
+            "would make a difference of this size clear (SEM ∝ 1/√n)")
+
+
+def ratio_note(a: Stat, b: Stat, what: str, needed: str) -> str:
+    """Why a magnitude comparison (not "clearly") failed: ``a / b`` with the rule's threshold
+    ``needed`` (text), e.g. "forward's range is 1.57× reverse's; the rule needs ≤ 0.5×"."""
+    if not (a.finite and b.finite) or b.mean == 0:
+        return ""
+    return f"{what} is {a.mean / b.mean:.3g}× (the rule needs {needed})"
+
+
+def _seeds(trials: pl.DataFrame) -> int:
+    """The number of distinct seeds among the completed trials (for `power_note`)."""
+    return trials.filter(pl.col("status") == "completed")["seed"].n_unique()
 
 
 def _holds(condition: bool, *stats: Stat) -> bool | None:
@@ -331,13 +366,15 @@ def _lrs(trials: pl.DataFrame) -> list[float]:
 
 @dataclass(frozen=True)
 class Clause:
-    """One clause of a rule: its name, whether it holds (None: a statistic is NaN) and the
-    statistics it used, as text."""
+    """One clause of a rule: its name, whether it holds (None: a statistic is NaN), the
+    statistics it used, as text, and for a clause that fails a note on why (``note``)."""
 
     name: str
     holds: bool | None
     text: str
     stats: dict[str, Stat] = field(default_factory=dict)
+    #: where the clause fails, what the data say about why (`power_note`, `ratio_note`); "" otherwise
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -389,13 +426,17 @@ def f1(trials: pl.DataFrame) -> Verdict:
         d = v.stat("acc", "onpd", "forward", lr) - v.stat("acc", "offpd", "forward", lr)
         diffs.append(d)
         bound = max(0.05, 2 * d.sem) if d.finite else math.nan
-        clauses.append(Clause(f"(a) η={lr:g}", _holds(abs(d.mean) <= bound, d),
+        holds = _holds(abs(d.mean) <= bound, d)
+        clauses.append(Clause(f"(a) η={lr:g}", holds,
                               f"forward KL: acc(onpd) − acc(offpd) = {d.text()}; |·| ≤ max(0.05, 2 SEM) = {bound:.3g}",
-                              {"difference": d}))
+                              {"difference": d}, ratio_note(abs(d), Stat(bound, 0.0), "|difference| / tolerance",
+                                                            "≤ 1×") if holds is False else ""))
     rng = {k: mean_of([value_range([v.stat("acc", p, k, lr) for lr in lrs]) for p in POLICIES]) for k in KINDS}
-    clauses.append(Clause("(b)", _holds(rng["reverse"].mean >= 2 * rng["forward"].mean, *rng.values()),
-                          f"range of acc over η, mean over ρ: reverse {rng['reverse'].text()} ≥ 2 × forward "
-                          f"{rng['forward'].text()} (= {2 * rng['forward'].mean:.3g})", dict(rng)))
+    holds = _holds(rng["reverse"].mean >= 2 * rng["forward"].mean, *rng.values())
+    clauses.append(Clause("(b)", holds, f"range of acc over η, mean over ρ: reverse {rng['reverse'].text()} ≥ 2 × "
+                          f"forward {rng['forward'].text()} (= {2 * rng['forward'].mean:.3g})", dict(rng),
+                          ratio_note(rng["reverse"], rng["forward"], "reverse KL's range over forward KL's",
+                                     "≥ 2×") if holds is False else ""))
     ours = {"forward KL: acc(onpd) − acc(offpd), mean over η": mean_of(diffs),
             "range of acc over η (mean over ρ), forward KL": rng["forward"],
             "range of acc over η (mean over ρ), reverse KL": rng["reverse"]}
@@ -417,12 +458,15 @@ def f2(trials: pl.DataFrame) -> Verdict:
                 if q == "f":
                     lr_eff.append(abs(d))
                 clauses.append(Clause(f"{tag} {p}, {k}", clearly(d), f"{q}(η1={lo}) − {q}(ηm={hi}) = {d.text()}; "
-                                      f"clearly > 0 iff > 2 SEM = {2 * d.sem:.3g}", {"difference": d}))
+                                      f"clearly > 0 iff > 2 SEM = {2 * d.sem:.3g}", {"difference": d},
+                                      power_note(d, _seeds(grid))))
     pol_eff = [abs(v.stat("f", "onpd", k, lr) - v.stat("f", "offpd", k, lr)) for k in KINDS for lr in lrs]
     L, P = mean_of(lr_eff), mean_of(pol_eff)
-    clauses.insert(4, Clause("(b)", _holds(L.mean > P.mean, L, P),
+    holds = _holds(L.mean > P.mean, L, P)
+    clauses.insert(4, Clause("(b)", holds,
                              f"LR effect mean|f(ηm) − f(η1)| = {L.text()} > policy effect mean|f(onpd) − f(offpd)| "
-                             f"= {P.text()}", {"lr_effect": L, "policy_effect": P}))
+                             f"= {P.text()}", {"lr_effect": L, "policy_effect": P},
+                             ratio_note(L, P, "the LR effect over the policy effect", "> 1×") if holds is False else ""))
     sp = mean_of([v.stat("S", "offpd", k, lr) - v.stat("S", "onpd", k, lr) for k in KINDS for lr in lrs])
     ours = {f"{q} at {name} (mean over ρ, k)": mean_of([v.stat(q, p, k, lr) for p in POLICIES for k in KINDS])
             for q in ("f", "S") for name, lr in ((f"η1={lo:g}" if lrs else "η1", lo), (f"ηm={hi:g}" if lrs else "ηm", hi))}
@@ -448,12 +492,15 @@ def f3(trials: pl.DataFrame) -> Verdict:
     acc = {(lam, k): v.stat("acc", "spectrum", k, lr, lam) for lam in SPECTRUM for k in KINDS}
     rf, rr = (value_range([acc[lam, k] for lam in SPECTRUM]) for k in KINDS)
     d = mean_of([acc[1.0, "reverse"], acc[2.0, "reverse"]]) - mean_of([acc[-2.0, "reverse"], acc[-1.0, "reverse"]])
+    holds = _holds(rf.mean <= 0.5 * rr.mean, rf, rr)
     clauses = [
-        Clause("(a)", _holds(rf.mean <= 0.5 * rr.mean, rf, rr),
+        Clause("(a)", holds,
                f"range of acc over λ: forward {rf.text()} ≤ ½ × reverse {rr.text()} (= {0.5 * rr.mean:.3g})",
-               {"forward": rf, "reverse": rr}),
+               {"forward": rf, "reverse": rr},
+               ratio_note(rf, rr, "forward KL's range over reverse KL's", "≤ 0.5×") if holds is False else ""),
         Clause("(b)", clearly(d), f"reverse KL: mean acc(λ ∈ {{1, 2}}) − mean acc(λ ∈ {{−2, −1}}) = {d.text()}; "
-                                  f"clearly > 0 iff > 2 SEM = {2 * d.sem:.3g}", {"difference": d}),
+                                  f"clearly > 0 iff > 2 SEM = {2 * d.sem:.3g}", {"difference": d},
+               power_note(d, _seeds(spec))),
     ]
     ours = {"range of acc over λ, forward KL": rf, "range of acc over λ, reverse KL": rr,
             "reverse KL: mean acc(λ ∈ {1, 2}) − mean acc(λ ∈ {−2, −1})": d}
@@ -472,7 +519,7 @@ def f4(trials: pl.DataFrame) -> Verdict:
     clauses = [Clause("", clearly(d) if matched else None,
                       f"mean gap over {len(matched)} matched cells: forward {g['forward'].text()} − reverse "
                       f"{g['reverse'].text()} = {d.text()}; clearly > 0 iff > 2 SEM = {2 * d.sem:.3g}",
-                      {**g, "difference": d})]
+                      {**g, "difference": d}, power_note(d, _seeds(pl.concat([grid, spec]))))]
     ours = {"pass@10 − pass@1, forward KL": g["forward"], "pass@10 − pass@1, reverse KL": g["reverse"]}
     extra = {} if matched else {"cells": "no matched cells (no offpd/onpd or spectrum trials with forward/reverse KL)"}
     return _verdict("F4", clauses, [v], ours, extra=extra)
@@ -495,15 +542,19 @@ def f5(trials: pl.DataFrame) -> Verdict:
         ours |= {f"Countdown-4E pass@10 gap λ>0 − λ<0, {k} KL, distill": dist,
                  f"Countdown-4E pass@10 gap λ>0 − λ<0, {k} KL, rlvr": rl}
         clauses.append(Clause(f"(a) {k}", clearly(dist), f"pass@10, mean λ ∈ {{1, 2}} − mean λ ∈ {{−2, −1}}, at distill = {dist.text()}; "
-                              f"clearly > 0 iff > 2 SEM = {2 * dist.sem:.3g}", {"distill": dist}))
+                              f"clearly > 0 iff > 2 SEM = {2 * dist.sem:.3g}", {"distill": dist},
+                              power_note(dist, _seeds(spec))))
         c = clearly(rl)
         holds = None if c is None or not dist.finite else (not c) or rl.mean < dist.mean
         after.append((k, holds, rl, dist))
     known = [h for _, h, _, _ in after if h is not None]
-    clauses.append(Clause("(b)", any(known) if len(known) == len(after) or any(known) else None, "; ".join(
+    holds = any(known) if len(known) == len(after) or any(known) else None
+    clauses.append(Clause("(b)", holds, "; ".join(
         f"{k}: gap at rlvr = {rl.text()} (clearly > 0 iff > {2 * rl.sem:.3g}), at distill {dist.mean:.3g} → "
         f"{'holds' if h else 'does not hold' if h is not None else 'NaN'}" for k, h, rl, dist in after),
-        {f"rlvr {k}": rl for k, _, rl, _ in after}))
+        {f"rlvr {k}": rl for k, _, rl, _ in after},
+        "in both directions the gap after RLVR is clearly positive and not smaller than before it: the advantage "
+        "survived RLVR" if holds is False else ""))
     return _verdict("F5", clauses, [v], ours, extra=extra)
 
 
@@ -551,12 +602,40 @@ def format_verdicts(result: dict[str, list[Verdict]]) -> str:
         for v in verdicts:
             lines.append(f"{v.finding}  {v.verdict.upper()}  — {v.claim}")
             lines.append(f"    rule (§9): {v.rule}")
-            lines += [f"    {_MARK[c.holds]} {c.name + ': ' if c.name else ''}{c.text}" for c in v.clauses]
+            lines += [f"    {_MARK[c.holds]} {c.name + ': ' if c.name else ''}{c.text}{_why(c)}" for c in v.clauses]
             lines += [f"    reported (not required): {r} = {s.text()}" for r, s in v.reported.items()]
             lines += [f"    inconclusive: {p}" for p in v.problems]
             lines.append(f"    ours: {_ours(v)}")
             lines += [f"    paper: {q}: {val} [{src}]" for q, val, src in v.paper]
     return "\n".join(lines)
+
+
+def _why(c: Clause) -> str:
+    return f" — why: {c.note}" if c.note else ""
+
+
+def not_reproduced_lines(result: dict[str, list[Verdict]]) -> list[str]:
+    """findings.md's section on the findings that did not reproduce: per finding (and group),
+    each failed clause with what the data say about why (its `Clause.note`: the sign of the
+    difference or the seeds a difference of its size would need, `power_note`; the ratio a
+    magnitude comparison reached, `ratio_note`). Empty when every finding reproduced or is
+    inconclusive."""
+    lines = []
+    for g, verdicts in result.items():
+        for v in verdicts:
+            if v.verdict != NOT_REPRODUCED:
+                continue
+            lines += [f"### {v.finding}{'' if len(result) == 1 else f' ({g})'}: {v.claim}", ""]
+            lines += [f"- {c.name + ': ' if c.name else ''}{c.note or c.text}" for c in v.clauses if c.holds is False]
+            lines.append("")
+    if not lines:
+        return []
+    return ["## Not reproduced: what the data say", "",
+            "For each clause that fails: a difference that is not positive is not a matter of power (more seeds "
+            "narrow the SEM, they do not change the sign); for a positive one within 2 SEM, the seeds that would "
+            "make it clear at the spread seen between these seeds; for a magnitude comparison, the ratio reached. "
+            "The calibration curves behind the settings (student, LR grid, spectrum LR, RLVR LR) are in "
+            "docs/calibration.md of the repository; the cell tables below hold every value.", "", *lines]
 
 
 def _ours(v: Verdict) -> str:
@@ -565,7 +644,8 @@ def _ours(v: Verdict) -> str:
 
 def _cells_frame(cells: pl.DataFrame, spectrum: bool) -> pl.DataFrame:
     """A cell table for findings.md: the cell, mean ± SEM (n seeds) of each quantity, failed trials."""
-    qs = ("acc", "gap", "hard10", "hard10_rlvr", "f", "S") if spectrum else ("acc", "f", "S", "gap", "hard10")
+    qs = (("acc", "gap", "hard10_pre", "hard10", "hard10_rlvr", "f", "S") if spectrum
+          else ("acc", "f", "S", "gap", "hard10_pre", "hard10"))
     rows = []
     for r in cells.iter_rows(named=True):
         row = {"λ" if spectrum else "policy": f"{r['lambda']:g}" if spectrum else r["policy"], "KL": r["kind"],
@@ -600,13 +680,13 @@ def findings_markdown(res: Results, result: dict[str, list[Verdict]], figures: d
     table = {"finding": names, **{g: [v.verdict for v in vs] for g, vs in result.items()},
              **({"ours": [_ours(v) for v in first]} if len(result) == 1 else {}),
              "paper": ["; ".join(f"{q}: {val}" for q, val, _ in v.paper) for v in first]}
-    lines += [format_table(pl.DataFrame(table)), ""]
+    lines += [format_table(pl.DataFrame(table)), "", *not_reproduced_lines(result)]
     for g, verdicts in result.items():
         lines += [f"## Statistics ({g}: {_counts(groups[g])})", ""]
         for v in verdicts:
             lines += [f"### {v.finding}: {v.verdict}", "", f"Finding (PROTOCOL.md §7): {v.claim}", "",
                       f"Rule (§9): {v.rule}.", "", f"Ours: {_ours(v)}.", ""]
-            lines += [f"- {_MARK[c.holds]} {c.name + ': ' if c.name else ''}{c.text}" for c in v.clauses]
+            lines += [f"- {_MARK[c.holds]} {c.name + ': ' if c.name else ''}{c.text}{_why(c)}" for c in v.clauses]
             lines += [f"- reported (not required): {r} = {s.text()}" for r, s in v.reported.items()]
             lines += [f"- inconclusive: {p}" for p in v.problems]
             lines += [f"- paper: {q}: {val} ({src})" for q, val, src in v.paper] + [""]
@@ -626,7 +706,8 @@ def findings_markdown(res: Results, result: dict[str, list[Verdict]], figures: d
 def provenance_lines(sources: Sequence[str]) -> list[str]:
     """findings.md's account of how each sweep directory in ``sources`` was produced, from its
     run records (`results.run_records`): per run the command, the code's git commit (and whether
-    tracked files were modified), when it started, the CPUs and each stage's wall seconds."""
+    tracked files were modified), when it started, the CPUs and each stage's wall seconds; then
+    the commit of the code deciding the verdicts (`results.code_version`)."""
     lines = []
     for src in sources:
         for r in run_records(src):
@@ -636,7 +717,10 @@ def provenance_lines(sources: Sequence[str]) -> list[str]:
             lines.append(f"- `{src}`: `{r.get('command', '?')}` at commit `{commit}`{state}, started "
                          f"{r.get('started', '?')} on {r.get('cpus', '?')} CPUs, {r.get('trials_completed', '?')} "
                          f"trials completed; wall time: {times}")
-    return ["Produced by:", "", *lines, ""] if lines else []
+    here = code_version()
+    lines.append(f"- these verdicts: `distillab.findings` at commit `{here['commit'] or 'unknown (not a git checkout)'}`"
+                 + (", with modified tracked files" if here["dirty"] else ""))
+    return ["Produced by:", "", *lines, ""]
 
 
 #: findings.md's figures: file stem → (figure function of `distillab.plots`, the trials it draws)

@@ -8,20 +8,28 @@ after distillation.
 
     python scripts/calibration_table.py runs/calib_lr_precision runs/calib_lr_precision_b
     python scripts/calibration_table.py --rlvr runs/calib_rlvr
+    python scripts/calibration_table.py --models search_spaces/micro_findings.yaml search_spaces/calibration/student_a.yaml
 
 Prints a Markdown table (one row per trial, sorted by policy, KL, master weights, LR).
 ``--rlvr``: one row per trial with an RLVR stage instead: its λ, KL, distillation and RLVR
 LRs, the mean training reward over the stage's first and last ``--window`` steps
 (`results.rlvr_reward_summary`) and Countdown-3 accuracy, Countdown-4E pass@10 and
-Countdown-4 accuracy after distillation and after RLVR.
+Countdown-4 accuracy after distillation and after RLVR. ``--models``: the arguments are
+sweep YAMLs; one row per prepared micro model they name (teacher and student, each once), the
+scores `distillab prepare` evaluated it with (its ``prepare.json``: float32, all threads of
+the machine it was prepared on) and its SFT seconds; a model not prepared yet is left out.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import polars as pl
 
+from distillab.config import load_sweep
+from distillab.prepare import prepare_key
 from distillab.results import load, rlvr_reward_summary, trial_metrics
 
 COLUMNS = {
@@ -71,6 +79,32 @@ def rlvr_table(paths: list[str], window: int) -> pl.DataFrame:
     return wide.sort("RLVR LR", "KL", "λ").with_columns(pl.col(pl.Float64).exclude("LR", "RLVR LR").round(3))
 
 
+MODEL_SCORES = {
+    "countdown3:accuracy": "cd3 acc", "countdown3:pass@10": "cd3 pass@10", "countdown4e:accuracy": "4E acc",
+    "countdown4e:pass@10": "4E pass@10", "countdown4:accuracy": "cd4 acc", "countdown4:pass@10": "cd4 pass@10",
+    "ood:ood_mean": "OOD mean",
+}
+
+
+def models_table(configs: list[str]) -> pl.DataFrame:
+    """One row per prepared micro model of the sweep YAMLs ``configs`` (`prepare.prepare_key`;
+    each model once): its config, role, directory, SFT seconds and `MODEL_SCORES` from its
+    ``prepare.json``."""
+    rows, seen = [], set()
+    for cfg in configs:
+        sweep = load_sweep(cfg)
+        for role in ("teacher", "student"):
+            d = Path(sweep.models.cache_dir).expanduser() / f"{role}-{prepare_key(sweep, role)}"
+            if d.name in seen or not (d / "prepare.json").exists():
+                continue
+            seen.add(d.name)
+            info = json.loads((d / "prepare.json").read_text())
+            scores = {r["task"] + ":" + r["metric"]: r["value"] for r in info["evals"]}
+            rows.append({"config": cfg.removeprefix("search_spaces/"), "model": d.name, "SFT s": info["train_seconds"],
+                         **{name: round(scores[k], 3) for k, name in MODEL_SCORES.items() if k in scores}})
+    return pl.DataFrame(rows)
+
+
 def table(paths: list[str]) -> pl.DataFrame:
     """One row per completed trial of the sweeps at ``paths``: the `COLUMNS` (renamed),
     floats rounded to 3 places."""
@@ -85,11 +119,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="+", help="sweep directories (<storage_path>/<name>)")
     ap.add_argument("--rlvr", action="store_true", help="the RLVR table (trials with an RLVR stage)")
+    ap.add_argument("--models", action="store_true", help="PATHS are sweep YAMLs: their prepared models' scores")
     ap.add_argument("--window", type=int, default=30, help="--rlvr: steps averaged for the first/last reward")
     args = ap.parse_args()
     with pl.Config(tbl_formatting="MARKDOWN", tbl_hide_column_data_types=True, tbl_hide_dataframe_shape=True,
                    tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=40, tbl_width_chars=400):
-        print(rlvr_table(args.paths, args.window) if args.rlvr else table(args.paths))
+        if args.models:
+            print(models_table(args.paths))
+        else:
+            print(rlvr_table(args.paths, args.window) if args.rlvr else table(args.paths))
 
 
 if __name__ == "__main__":

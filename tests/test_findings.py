@@ -231,6 +231,39 @@ def test_f3_f4_f5_not_reproduced() -> None:
     assert _clause(v5b, "(b)").stats["rlvr forward"].mean == pytest.approx(0.6)
 
 
+def test_power_and_ratio_notes_by_hand() -> None:
+    """The evidence notes of failed clauses: a non-positive difference is not a matter of power;
+    a positive one within 2 SEM needs ceil(n · (2 SEM / d)²) seeds; a ratio is a / b."""
+    from distillab.findings import Stat, power_note, ratio_note
+
+    assert power_note(Stat(0.05, 0.01), 3) == ""  # clear: 0.05 > 0.02
+    assert "negative" in power_note(Stat(-0.04, 0.036), 3) and "not make it positive" in power_note(Stat(-0.04, 0.036), 3)
+    assert "zero" in power_note(Stat(0.0, 0.01), 3) and "zero" in power_note(Stat(1.39e-17, 0.0058), 3)
+    assert "more than 1,000 seeds" in power_note(Stat(1e-4, 0.01), 3)  # 3 · 200² = 120,000
+    # d = 0.01, SEM = 0.008: 2 SEM / d = 1.6, 3 · 2.56 = 7.68 -> 8 seeds
+    assert "about 8 seeds" in power_note(Stat(0.01, 0.008), 3)
+    assert power_note(Stat(float("nan"), 0.01), 3) == ""
+    # F3 (a) of the study: 0.0367 / 0.0233 = 1.575...
+    assert ratio_note(Stat(0.0367, 0.0073), Stat(0.0233, 0.0078), "forward KL's range over reverse KL's",
+                      "≤ 0.5×") == "forward KL's range over reverse KL's is 1.58× (the rule needs ≤ 0.5×)"
+    assert ratio_note(Stat(1.0, 0.1), Stat(0.0, 0.1), "x", "y") == ""
+
+
+def test_not_reproduced_section_names_the_failed_clauses() -> None:
+    """findings.md's "Not reproduced" section: F3 with a flat reverse KL (its (b) difference is 0:
+    not a matter of power; its (a) ratio), nothing for the reproduced findings."""
+    from distillab.findings import not_reproduced_lines
+
+    flat = _with(base_cells(), lambda c: c[0] == "spectrum" and c[2] == "reverse", acc=0.1)
+    result = decide(study(flat))
+    lines = "\n".join(not_reproduced_lines(result))
+    assert [v.finding for v in result["all"] if v.verdict == NOT_REPRODUCED] == ["F3"]
+    assert "### F3:" in lines and "### F1" not in lines and "### F2" not in lines
+    b = _clause(result["all"][2], "(b)")
+    assert b.note and "zero" in b.note and f"(b): {b.note}" in lines
+    assert not_reproduced_lines(decide(study())) == []
+
+
 # --------------------------------------------------------------------------- inconclusive
 
 
