@@ -312,21 +312,35 @@ def test_trial_ids_name_the_estimator() -> None:
 
 
 def test_ablation_sweep_files() -> None:
-    """The robustness ablations extend micro.yaml: the same prepared student (and, but for the math
-    file, the same teacher), one changed setting each."""
+    """The robustness ablations and the estimator sweeps extend micro_findings.yaml: its prepared
+    teacher and student, one changed setting each; the three robustness ablations on its
+    policy x KL x LR x seed grid (grid 0), so that F1, F2 and F4 can be decided under each. The math
+    file distils its own math teacher into micro.yaml's student."""
     from distillab.prepare import prepare_key
 
-    micro = load_sweep(MICRO)
+    findings, micro = load_sweep(FINDINGS), load_sweep(MICRO)
     files = {name: load_sweep(MICRO.parent / f"{name}.yaml") for name in (
         "micro_noclip", "micro_sampled", "micro_temps", "micro_estimators", "micro_topk", "micro_math")}
     for name, sweep in files.items():
-        assert prepare_key(sweep, "student") == prepare_key(micro, "student"), name
-        same_teacher = prepare_key(sweep, "teacher") == prepare_key(micro, "teacher")
+        base = micro if name == "micro_math" else findings
+        assert prepare_key(sweep, "student") == prepare_key(base, "student"), name
+        same_teacher = prepare_key(sweep, "teacher") == prepare_key(base, "teacher")
         assert same_teacher is (name != "micro_math"), name
-    assert [t.optimizer.clip for t in files["micro_noclip"].trials] == [None] * 4
+    grid0 = {(t.rollout.policy, t.loss.kind, t.optimizer.lr, t.seed) for t in findings.trials
+             if t.rollout.policy != "spectrum"}
+    for name in ("micro_noclip", "micro_sampled", "micro_temps"):
+        trials = files[name].trials
+        assert {(t.rollout.policy, t.loss.kind, t.optimizer.lr, t.seed) for t in trials} == grid0 and len(trials) == 36
+    assert [t.optimizer.clip for t in files["micro_noclip"].trials] == [None] * 36
     assert {t.loss.estimator for t in files["micro_sampled"].trials} == {"sampled"}
     temps = files["micro_temps"].trials[0]
     assert (temps.rollout.tau_t, temps.rollout.tau_s, temps.loss.tau_t, temps.loss.tau_s) == (1.0, 0.5, 1.0, 0.5)
+    # apart from the changed setting, an ablation's trial is the study's trial of the same cell
+    study = {(t.rollout.policy, t.loss.kind, t.optimizer.lr, t.seed): t for t in findings.trials}
+    noclip = files["micro_noclip"].trials[0]
+    twin = study[noclip.rollout.policy, noclip.loss.kind, noclip.optimizer.lr, noclip.seed]
+    assert noclip.model_dump(exclude={"optimizer", "evaluation"}) == twin.model_dump(exclude={"optimizer", "evaluation"})
+    assert noclip.optimizer.model_dump(exclude={"clip"}) == twin.optimizer.model_dump(exclude={"clip"})
     est = files["micro_estimators"].trials
     assert [t.loss.estimator for t in est] == ["full", "sampled", "topk", "k1", "k2", "k3"]
     assert {(t.rollout.policy, t.loss.kind) for t in est} == {("onpd", "reverse")}
