@@ -203,6 +203,7 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
                                         init_state, cache=pre_eval_path(ctx.shared_cache, trial, ctx.student_path))
     engine, _, per_worker = setup_engine(student, trial.optimizer, world, precision=trial.precision,
                                          master_weights=trial.master_weights)
+    teacher.to(engine.device)  # DeepSpeed placed the student (this rank's GPU, or the CPU); the teacher follows
     touched = TouchedParameters(engine.module, None if resume is None else resume.state["touched"]) \
         if trial.evaluation.sparsity_touched else None
     data = TaskData.of(trial)
@@ -211,7 +212,7 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
         if trial.tasks.teacher_conditioned else None
     with gathered_for_generation(engine, trial.rollout.policy == "onpd") as module:  # its first weight sync
         source = RolloutSource(trial, ctx, tok, teacher, module, rank, world, conditioning)
-    gen = torch.Generator().manual_seed(trial.seed * trial.seeds.loss + rank)
+    gen = torch.Generator(device=engine.device).manual_seed(trial.seed * trial.seeds.loss + rank)
     metrics_log = MetricsLog(ctx.results_root, trial_id, "distill", rank)
     if resume is not None:  # a restart from a checkpoint: continue its optimizer and random streams; say so
         load_engine_state(engine, resume.state)

@@ -42,7 +42,7 @@ from distillab.ops.chunked import (
 )
 from distillab.ops.kl import STAT_NAMES, engine_mismatch_weights, estimator_loss, token_stats
 from distillab.ops.oracle import chunked_oracle, logits_oracle
-from distillab.rollout import Rollouts, engine_logprobs, pack_rollouts, position_ids
+from distillab.rollout import Rollouts, engine_logprobs, model_device, pack_rollouts, position_ids
 
 __all__ = ["Batch", "Forward", "LossOutput", "LOSSES", "DIAGNOSTICS", "pack_batch", "forward", "loss_impl",
            "oracle_due", "oracle", "importance_weights", "diagnostics", "loss_step"]
@@ -64,20 +64,22 @@ class Batch:
     targets: torch.Tensor
 
 
-def pack_batch(rollouts: Rollouts, pad_id: int) -> Batch:
-    """`Batch` of ``rollouts``. With teacher conditioning (``rollouts.teacher_prompt_ids``)
-    the teacher sees its own prompts before the same completions; both packs are
-    left-padded to one width, so the completion positions (and ``cmask``) coincide."""
+def pack_batch(rollouts: Rollouts, pad_id: int, device: torch.device | str | None = None) -> Batch:
+    """`Batch` of ``rollouts`` on ``device`` (default CPU; `loss_step` passes the student's).
+    With teacher conditioning (``rollouts.teacher_prompt_ids``) the teacher sees its own
+    prompts before the same completions; both packs are left-padded to one width, so the
+    completion positions (and ``cmask``) coincide."""
     t_prompts = rollouts.teacher_prompt_ids
     width = None
     if t_prompts is not None:  # teacher conditioning: one width, so both packs have the same completion mask
         width = max(len(p) + len(c) for ps in (rollouts.prompt_ids, t_prompts)
                     for p, c in zip(ps, rollouts.completion_ids))
-    ids, attn, cmask = pack_rollouts(rollouts.prompt_ids, rollouts.completion_ids, pad_id, width=width)  # (B, T)
+    ids, attn, cmask = pack_rollouts(rollouts.prompt_ids, rollouts.completion_ids, pad_id, width=width,
+                                     device=device)  # (B, T)
     inputs = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
     t_inputs = inputs
     if t_prompts is not None:
-        t_ids, t_attn, t_cmask = pack_rollouts(t_prompts, rollouts.completion_ids, pad_id, width=width)
+        t_ids, t_attn, t_cmask = pack_rollouts(t_prompts, rollouts.completion_ids, pad_id, width=width, device=device)
         if not torch.equal(t_cmask, cmask):
             raise AssertionError("teacher and student completion masks differ")  # pack_rollouts right-aligns
         t_inputs = dict(input_ids=t_ids, attention_mask=t_attn, position_ids=position_ids(t_attn))
@@ -212,7 +214,7 @@ def oracle(fwd: Forward, L: LossConfig, weights: torch.Tensor | None, out: LossO
     if not b.cmask.any() or not out.loss.requires_grad:
         return {}
     B = b.cmask.shape[0]
-    seq = torch.arange(B).unsqueeze(1).expand_as(b.cmask)[b.cmask]  # (N,)
+    seq = torch.arange(B, device=b.cmask.device).unsqueeze(1).expand_as(b.cmask)[b.cmask]  # (N,)
     coef = row_coefficients(seq, B, reduction=L.reduction, weights=weights)  # (N,) float64
     kw = dict(kind=L.kind, beta=L.beta, tau_s=L.tau_s, tau_t=L.tau_t)
     if out.logits is not None:
@@ -243,7 +245,7 @@ def _policy_logp(trial: TrialConfig, fwd: Forward) -> torch.Tensor:
     r, b = trial.rollout, fwd.batch
     h, w, bias, tau = (fwd.h_t, fwd.w_t, fwd.b_t, r.tau_t) if r.policy == "offpd" else (
         fwd.h_s.detach(), fwd.w_s.detach(), fwd.b_s, r.tau_s)
-    logp = torch.zeros(b.cmask.shape, dtype=torch.float32)
+    logp = torch.zeros(b.cmask.shape, dtype=torch.float32, device=b.cmask.device)
     logp[b.cmask] = token_logprobs_from_hidden(h[b.cmask], w, b.targets[b.cmask], tau,
                                                bias=None if bias is None else bias.detach())
     return logp
@@ -277,7 +279,7 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
             without ``loss.pad_vocab`` (both sizes named).
     """
     L = trial.loss
-    batch = pack_batch(rollouts, pad_id)
+    batch = pack_batch(rollouts, pad_id, model_device(engine.module))
     fwd = forward(engine, teacher, batch, L.pad_vocab)
     weights = None
     if L.importance_weight:

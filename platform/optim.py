@@ -171,6 +171,7 @@ def gathered_for_generation(engine, enabled: bool = True):
     replica = getattr(engine, "distillab_replica", None)
     if replica is None:
         replica = AutoModelForCausalLM.from_config(module.config, dtype=module.dtype).eval().requires_grad_(False)
+        replica.to(engine.device)  # where the engine placed this rank's partitions
         engine.distillab_replica = replica
     params = dict(module.named_parameters())
     with deepspeed.zero.GatheredParameters(list(params.values())), torch.no_grad():

@@ -34,6 +34,7 @@ from distillab.rollout import (  # noqa: F401  (ActorSampler, policy_weights: re
     SamplingParams,
     TransformersEngine,
     engine_logprobs,
+    model_device,
     pack_rollouts,
     policy_weights,
     position_ids,
@@ -147,7 +148,7 @@ def dapo_loss(
     n = mask.sum().clamp_min(1)
     diff = torch.where(mask, logp - old_logp.detach(), 0.0)
     ratio = diff.exp()
-    adv = advantages.detach().to(ratio.dtype)[:, None]
+    adv = advantages.detach().to(device=ratio.device, dtype=ratio.dtype)[:, None]
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     per_token = torch.minimum(ratio * adv, clipped * adv)
     kl = torch.zeros_like(per_token)
@@ -170,7 +171,7 @@ def _token_logprobs(model, rollouts, pad_id: int, tau: float):
     """log softmax(z/τ) of each rollout token under ``model`` (with gradient),
     at the completion positions: ``(logp (B, T), completion mask (B, T))``. Full
     (B, T, V) logits: fine at micro scale, O(B·T·V) memory at full scale."""
-    ids, attn, cmask = pack_rollouts(rollouts.prompt_ids, rollouts.completion_ids, pad_id)
+    ids, attn, cmask = pack_rollouts(rollouts.prompt_ids, rollouts.completion_ids, pad_id, device=model_device(model))
     logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn)).logits
     logp = token_logprobs(logits, torch.roll(ids, shifts=-1, dims=1), tau)  # (B, T)
     return torch.where(cmask, logp, 0.0), cmask

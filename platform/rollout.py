@@ -123,6 +123,15 @@ def left_pad(seqs: Sequence[Sequence[int]], pad_id: int, width: int | None = Non
     return ids, mask
 
 
+def model_device(model) -> torch.device:
+    """The device of ``model``'s parameters (its first one; CPU for a model without
+    parameters), or of its ``module``'s for a wrapper that is not a module itself (a
+    DeepSpeed engine is one; `optim.TorchStepper` is not): where its inputs must live."""
+    if not isinstance(model, torch.nn.Module):
+        model = model.module
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions counting only real tokens, as ``generate`` uses them:
     int64 ``(B, T)``, 0 at each row's first real token (padding gets 0)."""
@@ -131,11 +140,12 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 def pack_rollouts(
     prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]], pad_id: int,
-    width: int | None = None,
+    width: int | None = None, device: torch.device | str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Prompt + completion, left-padded (to ``width`` when given), for a teacher/student
-    forward pass. Completions are right-aligned, so two packs of the same completions
-    under different prompts and one ``width`` share their completion mask.
+    forward pass, on ``device`` (default CPU; the model's, `model_device`, on a GPU).
+    Completions are right-aligned, so two packs of the same completions under different
+    prompts and one ``width`` share their completion mask.
 
     Returns ``(ids, attention_mask, completion_mask)``, each int64/bool ``(B, T)``;
     ``completion_mask[b, t]`` is True where the *logits at position t* predict a
@@ -161,6 +171,8 @@ def pack_rollouts(
     for i, c in enumerate(completion_ids):
         if len(c):
             cmask[i, width - len(c) - 1 : width - 1] = True
+    if device is not None:
+        ids, attn, cmask = ids.to(device), attn.to(device), cmask.to(device)
     return ids, attn, cmask
 
 
@@ -228,7 +240,7 @@ def _sample_chunks(
     procs = []
     for start in range(0, len(expanded), batch_size):
         chunk = expanded[start : start + batch_size]
-        ids, attn = left_pad(chunk, pad_token_id)
+        ids, attn = (t.to(model_device(model)) for t in left_pad(chunk, pad_token_id))
         proc = processor_factory(attn, sampling.max_tokens) if processor_factory is not None else None
         procs.append(proc)
         # The global RNG drives the sampler's multinomial; seed it from our generator
@@ -768,7 +780,7 @@ def loglik_along_lambda(
 def engine_logprobs(rollouts: Rollouts, cmask: torch.Tensor) -> torch.Tensor:
     """The sampling engine's log-probabilities (``Rollouts.logprobs``) placed at the
     completion positions of a packed batch: float32 ``(B, T)``, 0 elsewhere, for the
-    ``(B, T)`` bool completion mask ``cmask`` of `pack_rollouts`.
+    ``(B, T)`` bool completion mask ``cmask`` of `pack_rollouts` (on its device).
 
     Raises:
         ValueError: the rollouts carry a different number of logprobs than ``cmask``
@@ -777,8 +789,8 @@ def engine_logprobs(rollouts: Rollouts, cmask: torch.Tensor) -> torch.Tensor:
     flat = [x for row in rollouts.logprobs for x in row]
     if len(flat) != int(cmask.sum()):
         raise ValueError(f"rollouts carry {len(flat)} logprobs for {int(cmask.sum())} completion tokens")
-    out = torch.zeros(cmask.shape, dtype=torch.float32)
-    out[cmask] = torch.tensor(flat, dtype=torch.float32)
+    out = torch.zeros(cmask.shape, dtype=torch.float32, device=cmask.device)
+    out[cmask] = torch.tensor(flat, dtype=torch.float32, device=cmask.device)
     return out
 
 

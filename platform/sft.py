@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from distillab.optim import lr_lambda
-from distillab.rollout import pack_rollouts, position_ids
+from distillab.rollout import model_device, pack_rollouts, position_ids
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def completion_logits(
     """Forward prompt+completion and return the logits that predict completion
     tokens, flattened: ``(N, V)`` in the model's dtype, and the targets ``(N,)``
     int64, N = total completion tokens in the batch."""
-    ids, attn, cmask = pack_rollouts(prompt_ids, completion_ids, pad_id)
+    ids, attn, cmask = pack_rollouts(prompt_ids, completion_ids, pad_id, device=model_device(model))
     logits = model(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn)).logits  # (B, T, V)
     targets = torch.roll(ids, shifts=-1, dims=1)[cmask]
     return logits[cmask], targets
