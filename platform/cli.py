@@ -57,12 +57,18 @@ HARMLESS_RAY_LINES = (
 )
 
 
+#: files that exist where a GPU driver is loaded (NVIDIA's; ROCm's kernel driver): without them torch sees no GPU
+GPU_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/kfd")
+
+
 def _env_defaults(verbose: bool = False, local_ray: bool = False) -> None:
     cache = Path(os.environ.get("DISTILLAB_CACHE", ".cache")).resolve()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache / "torch_extensions"))
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    if not any(Path(d).exists() for d in GPU_DRIVER_FILES):  # no GPU driver: DeepSpeed's CPU accelerator, said
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")      # before anything imports it (else it warns on each run)
     if local_ray:  # token authentication, Ray's default for a new local cluster, said before ray is imported
         os.environ.setdefault("RAY_AUTH_MODE", "token")  # (so without its "Token authentication is enabled")
     if verbose:  # every line of every worker, undeduplicated
@@ -150,10 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"distillab: {e}", file=sys.stderr)
         return 2
-    import torch  # lazy: see the module docstring
-
-    if not torch.cuda.is_available():  # what DeepSpeed picks then, said before it warns "Setting accelerator to CPU"
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from distillab.prepare import prepare
     from distillab.telemetry import print_time, process_start_time
 

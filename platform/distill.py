@@ -14,9 +14,8 @@
               optional RLVR stage (`rlvr.run_rlvr_stage`) and its evaluation, the
               final report and the final student checkpoint     (`finish`)
 
-The loop talks to Ray Train only through a `Session` (rank, world size, the
-checkpoint to resume from, ``report``): `RaySession` inside a ``TorchTrainer``,
-`LocalSession` in one process (tests/test_golden.py runs 20 real steps that way).
+The loop talks to Ray Train only through a `Session` (rank, world size, checkpoint to resume from,
+``report``): `RaySession` in a ``TorchTrainer``, `LocalSession` in one process (tests/test_golden.py).
 With ``optimizer.checkpoint_every`` a restarted worker group resumes from the latest
 checkpoint exactly: weights, step, AdamW moments and master weights, LR schedule, the
 random streams and the gradient masks (`optim.save_checkpoint`; tests/test_resume.py).
@@ -202,10 +201,10 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
         reports["pre"] = evaluate_stage(evaluator, student, trial, trial_id, "pre", 0, Path(ctx.results_root),
                                         init_state, cache=pre_eval_path(ctx.shared_cache, trial, ctx.student_path))
     engine, _, per_worker = setup_engine(student, trial.optimizer, world, precision=trial.precision,
-                                         master_weights=trial.master_weights)
-    teacher.to(engine.device)  # DeepSpeed placed the student (this rank's GPU, or the CPU); the teacher follows
-    touched = TouchedParameters(engine.module, None if resume is None else resume.state["touched"]) \
-        if trial.evaluation.sparsity_touched else None
+                                         master_weights=trial.master_weights)  # the teacher follows the student:
+    teacher.to(engine.device)  # DeepSpeed placed it on this rank's GPU, or the CPU
+    touched = (TouchedParameters(engine.module, None if resume is None else resume.state["touched"])
+               if trial.evaluation.sparsity_touched else None)
     data = TaskData.of(trial)
     prompts = data.train_prompts(tok, rank)
     conditioning = TeacherPrompts(prompts, data.train_prompts(tok, rank, role="teacher")) \

@@ -110,6 +110,8 @@ EVALS = {
     "hard10_pre": ("pre", "countdown4e", "pass@10"),
 }
 QUANTITIES = ("acc", "f", "S", "gap", "hard10", "hard10_rlvr", "hard10_pre")
+#: the derived quantities' evals (stage, task, metric), for messages
+DERIVED = {"f": ("pre and distill", "ood", "ood_mean"), "gap": ("distill", "countdown3", "pass@10 and pass@1")}
 NAMES = {"acc": "Countdown-3 accuracy", "f": "forgetting (ΔOOD)", "S": "S_1e-6", "gap": "pass@10 − pass@1",
          "hard10": "Countdown-4E pass@10 (distill)", "hard10_rlvr": "Countdown-4E pass@10 (rlvr)",
          "hard10_pre": "Countdown-4E pass@10 (pre)"}
@@ -120,9 +122,9 @@ _CELL = ["policy", "lambda", "kind", "lr"]
 PAPER: tuple[tuple[str, str, str, str], ...] = (
     ("F1", "final in-distribution accuracy", "no consistent advantage of either rollout policy; forward KL "
      "stable across policies and LRs, reverse KL sensitive to LR", "PROTOCOL.md §7.1"),
-    ("F2", "ΔOOD (forgetting)", "within ~1.3 points at LR 1e-5; −11 to −14 points at LR 5e-5", "issue 17 (the paper)"),
+    ("F2", "ΔOOD (forgetting)", "within ~1.3 points at LR 1e-5; −11 to −14 points at LR 5e-5", "the paper, as distillab issue 17 quotes it"),
     ("F2", "update sparsity S_1e-6", "85–90 % at LR 1e-5; 52–60 % at LR 5e-5 (falls roughly linearly with LR; "
-     "OffPD at least as sparse)", "issue 17 (the paper); PROTOCOL.md §7.2"),
+     "OffPD at least as sparse)", "the paper, as distillab issue 17 quotes it; PROTOCOL.md §7.2"),
     ("F3", "accuracy along λ", "forward KL robust along the spectrum; reverse KL needs λ > 0 and can collapse "
      "at high LR", "PROTOCOL.md §7.3"),
     ("F4", "coverage pass@k at similar pass@1", "higher for forward KL than for reverse KL", "PROTOCOL.md §7.4"),
@@ -207,23 +209,30 @@ def clearly(d: Stat) -> bool | None:
 
 
 def power_note(d: Stat, seeds: int) -> str:
-    """Why a "clearly > 0" clause failed, for findings.md's evidence (not part of any rule): a
-    difference ``d`` that is not positive (zero within 1e-12, float rounding of the means) is not
-    a matter of power (more seeds narrow the SEM, they do not change the sign); a positive one
-    within 2 SEM would be clear with about ``seeds · (2 SEM / d)²`` seeds if the spread between
-    seeds stayed the same (SEM ∝ 1/√n; "more than 1,000" beyond that).
-    "" where ``d`` is clear or not finite."""
+    """Why a "clearly > 0" clause failed, for findings.md's evidence (not part of any rule), from
+    the difference ``d`` (mean ± SEM over ``seeds`` seeds) and its z = mean / SEM:
+
+    - not positive: no evidence for the finding's direction; the estimate points the other way
+      (or is zero), clearly so when z < −2, else within the noise of these seeds;
+    - positive but within 2 SEM: the smallest effect these seeds show clearly is 2 SEM; if the
+      mean and the spread between seeds stayed as measured, about ``seeds · (2 SEM / d)²``
+      seeds would show this one (SEM ∝ 1/√n; "more than 1,000" beyond that).
+
+    "" where ``d`` is clear or not finite. Zero means |mean| ≤ 1e-12 (float rounding)."""
     if not d.finite or d.mean > 2 * d.sem:
         return ""
-    if abs(d.mean) <= 1e-12:  # zero up to float rounding of the means
-        return f"the difference is zero ({d.text()}): no effect in the finding's direction to gain power on"
+    z = d.mean / d.sem if d.sem > 0 else math.copysign(math.inf, d.mean)
+    if abs(d.mean) <= 1e-12:
+        return f"the difference is zero ({d.text()}): no evidence for the finding's direction"
     if d.mean < 0:
-        return (f"the difference is negative ({d.text()}): the opposite of the finding's direction, so more "
-                "seeds would narrow its SEM, not make it positive")
+        how = ("clearly so (z < −2)" if z < -2 else
+               f"but not clearly (z = {z:.2g}: within 2 SEM of zero, so these seeds tell neither direction apart)")
+        return (f"the estimate points the other way ({d.text()}), {how}; an effect in the finding's direction "
+                f"would need to exceed 2 SEM = {2 * d.sem:.3g} to show with these seeds")
     need = math.ceil(seeds * (2 * d.sem / d.mean) ** 2)
     more = f"about {need} seeds" if need <= 1000 else "more than 1,000 seeds"
-    return (f"positive but within 2 SEM ({d.text()}); at the spread seen between these {seeds} seeds, {more} "
-            "would make a difference of this size clear (SEM ∝ 1/√n)")
+    return (f"positive but within 2 SEM ({d.text()}, z = {z:.2g}); if the mean and the spread between seeds "
+            f"stayed as measured, {more} would show a difference of this size clearly (SEM ∝ 1/√n)")
 
 
 def ratio_note(a: Stat, b: Stat, what: str, needed: str) -> str:
@@ -341,7 +350,11 @@ class CellView:
         if row["mixed"]:
             why.append(f"its trials differ in {', '.join(row['mixed'])}, not only in seed (split with --by)")
         n = row[f"{q}_n"]
-        if n < MIN_SEEDS:
+        if n == 0 and row["n_trials"] > row["n_failed"]:  # completed trials without the value: never evaluated
+            stage, task, metric = EVALS.get(q) or DERIVED[q]
+            why.append(f"its completed trials have no {NAMES[q]} (not evaluated: e.g. {task} {metric} at stage "
+                       f"{stage}, or the evaluation.pass_k / countdown_tasks that give it)")
+        elif n < MIN_SEEDS:
             why.append(f"{n} seed(s) with {NAMES[q]} (< {MIN_SEEDS})")
         if why:
             self.problems[f"{label} {NAMES[q]}"] = "; ".join(why)
@@ -631,9 +644,10 @@ def not_reproduced_lines(result: dict[str, list[Verdict]]) -> list[str]:
     if not lines:
         return []
     return ["## Not reproduced: what the data say", "",
-            "For each clause that fails: a difference that is not positive is not a matter of power (more seeds "
-            "narrow the SEM, they do not change the sign); for a positive one within 2 SEM, the seeds that would "
-            "make it clear at the spread seen between these seeds; for a magnitude comparison, the ratio reached. "
+            "For each clause that fails: where the estimate of a difference points the other way, whether it does "
+            "so clearly (z = mean / SEM below −2) or within the noise of these seeds, and the smallest effect they "
+            "could show (2 SEM); for a positive difference within 2 SEM, the seeds that would show it if its mean "
+            "and spread stayed as measured; for a magnitude comparison, the ratio reached. "
             "The calibration curves behind the settings (student, LR grid, spectrum LR, RLVR LR) are in "
             "docs/calibration.md of the repository; the cell tables below hold every value.", "", *lines]
 
@@ -674,7 +688,10 @@ def findings_markdown(res: Results, result: dict[str, list[Verdict]], figures: d
                     *([f"--only {','.join(names)}"] if names != list(FINDINGS) else [])])
     lines = ["# Findings: the verdicts of PROTOCOL.md §9", "",
              f"Generated by `{cmd}` from {_counts(trials)}. Every number below is computed by that command "
-             "(`distillab.findings`); values are means over seeds ± SEM, n = seeds.", "",
+             "(`distillab.findings`); values are means over seeds ± SEM, n = seeds. Cells: ρ the rollout policy "
+             "(OffPD: teacher samples, OnPD: student samples), k the token-level KL (forward KL(π_T‖π_S), reverse "
+             "KL(π_S‖π_T)), η the learning rate, λ the rollout-policy spectrum (−1 = the teacher's samples, +1 = "
+             "the student's, 0 their normalised geometric midpoint, beyond ±1 amplified; PROTOCOL.md §3).", "",
              *provenance_lines(sources), "## Verdicts", ""]
     first = next(iter(result.values()))
     table = {"finding": names, **{g: [v.verdict for v in vs] for g, vs in result.items()},

@@ -120,13 +120,19 @@ def check_checkpoints(sweep: SweepConfig) -> dict[str, Role]:
     tokenizers only.
 
     Raises:
-        CheckpointError: a missing path or one that is not a checkpoint directory (the
-            field and the path named), tokenizers that differ, or lm_heads that do not
+        CheckpointError: a missing path or one that is not a checkpoint directory (every
+            such field and its path named, teacher and student), tokenizers that differ, or lm_heads that do not
             fit the tokenizer or differ without ``trial.loss.pad_vocab`` (both sizes named).
     """
     m = sweep.models
-    roles = {r: (_checkpoint_role(r, p) if p is not None else _micro_role(sweep, r))
-             for r, p in (("teacher", m.teacher_path), ("student", m.student_path))}
+    roles, errors = {}, []
+    for r, p in (("teacher", m.teacher_path), ("student", m.student_path)):
+        try:
+            roles[r] = _checkpoint_role(r, p) if p is not None else _micro_role(sweep, r)
+        except CheckpointError as e:  # check both, so that one run names every bad path
+            errors.append(str(e))
+    if errors:
+        raise CheckpointError("; ".join(errors))
     t, s = roles["teacher"], roles["student"]
     where = ", ".join(f"{r.role} {r.path or 'micro (prepared)'}" for r in (t, s))
     try:
@@ -289,7 +295,7 @@ def _models_lines(roles: dict[str, Role], sweep: SweepConfig) -> list[str]:
 
 
 def _trial_lines(sweep: SweepConfig) -> list[str]:
-    keys = list(sweep.search.grid)
+    keys = sweep.search.grid_keys
     kind = (f"grid over {', '.join(keys)}" if sweep.search.kind == "grid"
             else f"optuna: {sweep.search.num_samples} samples over {', '.join(sweep.search.space)}; the base trial")
     lines = [f"trials: {len(sweep.trials)} ({kind})"]

@@ -250,7 +250,7 @@ def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = Fal
             t0 = time.perf_counter()
             info = _train_one(role, sweep, mcfg, out, threads)
             summary = _summary(info["evals"])
-            log.info("prepared %s in %.0f s: %s", role, time.perf_counter() - t0, summary)
+            log.debug("prepared %s in %.0f s: %s", role, time.perf_counter() - t0, summary)  # the [prepare] line says it
             print(f"[prepare] {role}: {info['params']/1e6:.2f}M params, {info['train_seconds']:.0f} s SFT, {summary}", flush=True)
         else:  # the scores it was prepared with (prepare.json), so a calibration reads them here
             evals = json.loads((out / "prepare.json").read_text()).get("evals", [])

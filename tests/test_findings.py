@@ -237,11 +237,16 @@ def test_power_and_ratio_notes_by_hand() -> None:
     from distillab.findings import Stat, power_note, ratio_note
 
     assert power_note(Stat(0.05, 0.01), 3) == ""  # clear: 0.05 > 0.02
-    assert "negative" in power_note(Stat(-0.04, 0.036), 3) and "not make it positive" in power_note(Stat(-0.04, 0.036), 3)
+    # F5 forward of the study: z = -0.04 / 0.036 = -1.1: the other way, not clearly; 2 SEM = 0.072
+    assert power_note(Stat(-0.04, 0.036), 3) == (
+        "the estimate points the other way (-0.04 ± 0.036), but not clearly (z = -1.1: within 2 SEM of zero, so "
+        "these seeds tell neither direction apart); an effect in the finding's direction would need to exceed "
+        "2 SEM = 0.072 to show with these seeds")
+    assert "clearly so (z < −2)" in power_note(Stat(-0.05, 0.01), 3)
     assert "zero" in power_note(Stat(0.0, 0.01), 3) and "zero" in power_note(Stat(1.39e-17, 0.0058), 3)
     assert "more than 1,000 seeds" in power_note(Stat(1e-4, 0.01), 3)  # 3 · 200² = 120,000
-    # d = 0.01, SEM = 0.008: 2 SEM / d = 1.6, 3 · 2.56 = 7.68 -> 8 seeds
-    assert "about 8 seeds" in power_note(Stat(0.01, 0.008), 3)
+    # d = 0.01, SEM = 0.008: 2 SEM / d = 1.6, 3 · 2.56 = 7.68 -> 8 seeds; z = 1.25
+    assert "z = 1.2" in power_note(Stat(0.01, 0.008), 3) and "about 8 seeds" in power_note(Stat(0.01, 0.008), 3)
     assert power_note(Stat(float("nan"), 0.01), 3) == ""
     # F3 (a) of the study: 0.0367 / 0.0233 = 1.575...
     assert ratio_note(Stat(0.0367, 0.0073), Stat(0.0233, 0.0078), "forward KL's range over reverse KL's",

@@ -114,6 +114,11 @@ def test_a_missing_checkpoint_is_one_line_and_exit_2(standins, capsys, tmp_path,
     rc, _, err = _cli(capsys, "sweep", PAPER["paper_llama"], "--dry-run", "--set", f"models.teacher_path={tmp_path}",
                       "--set", f"models.student_path={teacher}")
     assert rc == 2 and f"models.teacher_path: {tmp_path} is not a checkpoint directory (no config.json" in err
+    # both bad: one line names both (the paper files' own placeholder paths)
+    rc, out, err = _cli(capsys, "sweep", PAPER["paper_llama"], "--dry-run", "--set", f"models.teacher_path={tmp_path}")
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"models.teacher_path: {tmp_path} is not a checkpoint directory" in err
+    assert "; models.student_path: " in err and "does not exist (give a checkpoint directory" in err
 
 
 def test_mismatched_pairs_are_named(standins, capsys) -> None:
@@ -140,6 +145,11 @@ def test_micro_dry_run_says_the_models_would_be_prepared(capsys, tmp_path) -> No
     rc, out, _ = _cli(capsys, "sweep", REPO / "search_spaces" / "smoke_optuna.yaml", "--dry-run", "--node-cpus", 2,
                       "--node-gpus", 0)
     assert rc == 0 and "6 trials in 3 wave(s)" in out and "for the sweep's 6 trials" in out  # num_samples
+    # a union of grids names the keys of every grid (and the searchable keys a grid's `set` fixes)
+    rc, out, _ = _cli(capsys, "sweep", REPO / "search_spaces" / "micro_findings.yaml", "--dry-run",
+                      "--set", f"models.cache_dir={cache}", "--node-cpus", 2, "--node-gpus", 0)
+    assert rc == 0 and ("trials: 66 (grid over rollout.policy, loss.kind, optimizer.lr, seed, rollout.lambda)"
+                        in out), out[:2000]
 
 
 def test_estimate_by_hand() -> None:
