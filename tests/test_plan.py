@@ -13,7 +13,8 @@ from distillab.cli import main
 from distillab.config import SweepConfig, TrialConfig, load_sweep
 from distillab.countdown import countdown_user_text
 from distillab.models import build_char_tokenizer
-from distillab.plan import Cluster, check_checkpoints, estimate, placement
+import distillab.plan as plan
+from distillab.plan import Cluster, bf16_cpu_warning, check_checkpoints, estimate, placement
 from distillab.tasks import countdown_test_split
 
 REPO = Path(__file__).resolve().parents[1]
@@ -150,6 +151,26 @@ def test_micro_dry_run_says_the_models_would_be_prepared(capsys, tmp_path) -> No
                       "--set", f"models.cache_dir={cache}", "--node-cpus", 2, "--node-gpus", 0)
     assert rc == 0 and ("trials: 66 (grid over rollout.policy, loss.kind, optimizer.lr, seed, rollout.lambda)"
                         in out), out[:2000]
+
+
+def test_bf16_on_a_cpu_without_native_bf16_is_warned_about(monkeypatch, capsys, tmp_path) -> None:
+    """A bf16 sweep on CPU workers is warned about where the CPU lacks native bf16 matrix
+    products (the dry-run's last line; `distillab sweep` prints the same line before `prepare`);
+    fp32 sweeps, GPU workers and CPUs with them get no warning."""
+    findings = load_sweep(REPO / "search_spaces" / "micro_findings.yaml")  # bf16, bf16 masters, CPU workers
+    monkeypatch.setattr(plan, "cpu_has_native_bf16", lambda: False)
+    warning = bf16_cpu_warning(findings)
+    assert warning is not None and "trial.precision 'bf16' on CPU workers" in warning
+    assert "--set trial.precision=fp32 --set trial.master_weights=fp32" in warning
+    assert bf16_cpu_warning(load_sweep(SMOKE)) is None  # fp32
+    assert bf16_cpu_warning(load_sweep(REPO / "search_spaces" / "micro_findings.yaml",
+                                       {"resources.gpus_per_worker": 1})) is None
+    cache = tmp_path / "models"
+    rc, out, _ = _cli(capsys, "sweep", REPO / "search_spaces" / "micro_findings.yaml", "--dry-run",
+                      "--set", f"models.cache_dir={cache}", "--node-cpus", 2, "--node-gpus", 0)
+    assert rc == 0 and out.rstrip().endswith(warning)
+    monkeypatch.setattr(plan, "cpu_has_native_bf16", lambda: True)
+    assert bf16_cpu_warning(findings) is None
 
 
 def test_estimate_by_hand() -> None:
