@@ -292,7 +292,9 @@ def whole(args) -> tuple[float, float]:
     """(distillab sweep wall s, TRL run wall s), one after the other."""
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as d:
         sets = {**overrides(args, "onpd", WHOLE_STEPS), "name": "peer_trl_whole", "storage_path": d,
-                "models.cache_dir": str(Path(args.cache).resolve()), "search.grid": {"rollout.policy": ["onpd"]}}
+                "models.cache_dir": str(Path(args.cache).resolve()), "search.grids": None,  # one trial, also
+                # where the config is a union of grids (micro_findings.yaml)
+                "search.grid": {"rollout.policy": ["onpd"]}}
         cmd = ["distillab", "sweep", args.config, "--no-dashboard"]
         for k, v in sets.items():
             cmd += ["--set", f"{k}={json.dumps(v)}"]
