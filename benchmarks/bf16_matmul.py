@@ -36,15 +36,11 @@ from distillab.plan import cpu_has_native_bf16
 REPO = Path(__file__).resolve().parents[1]
 
 
-def time_call(fn, repeats: int) -> float:
-    """Median wall seconds of ``fn()`` over ``repeats`` calls after one warm-up call."""
+def seconds(fn) -> float:
+    """Wall seconds of one call of ``fn()``."""
+    t = time.perf_counter()
     fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return time.perf_counter() - t
 
 
 def linear_call(shapes: list[tuple[int, int]], tokens: int, dtype: torch.dtype):
@@ -87,10 +83,12 @@ def main() -> None:
             "model": lambda d: model_call(config, args.tokens, d)}
     for name, build in rows.items():
         calls = {d: build(d) for d in (torch.float32, torch.bfloat16)}
+        for call in calls.values():
+            call()  # warm-up, not timed
         t = {d: [] for d in calls}
         for _ in range(args.repeats):  # interleaved: each round times both dtypes
             for d, call in calls.items():
-                t[d].append(time_call(call, 1))
+                t[d].append(seconds(call))
         f32, b16 = statistics.median(t[torch.float32]), statistics.median(t[torch.bfloat16])
         print(f"{name:8s} {f32:11.5f} {b16:11.5f} {b16 / f32:9.1f}x", flush=True)
 

@@ -374,7 +374,7 @@ def bf16_cpu_warning(sweep: SweepConfig) -> str | None:
     on CPU workers (``resources.gpus_per_worker: 0``) and this machine's CPU has no native bf16
     matrix products (`cpu_has_native_bf16`). Measured on a 2-core AVX2 EPYC (2026-12-03,
     ``python benchmarks/bf16_matmul.py``): the micro student's forward + backward in bf16 takes
-    8.8x its float32 time, and a ``micro_findings.yaml`` trial's 200-step loop took 548 s there
+    8.2-8.8x its float32 time (two runs), and a ``micro_findings.yaml`` trial's 200-step loop took 548 s there
     against 25-49 s on the machine that ran the study (docs/calibration.md, "Trial cost").
     The warning says what to do; it changes nothing in the run (a float32 trial would not be
     the configured trial: bf16 master weights are the study's sparsity mechanism).
@@ -386,7 +386,7 @@ def bf16_cpu_warning(sweep: SweepConfig) -> str | None:
     return (f"warning: trial.precision 'bf16' on CPU workers, and this CPU ({torch.backends.cpu.get_cpu_capability()}) "
             "has no native bf16 matrix products (oneDNN's bf16 kernels need AVX-512 or AMX): torch falls back to a "
             "generic kernel, several times slower than float32 (python benchmarks/bf16_matmul.py measures it; "
-            "8.8x for the micro student's forward and backward on an AVX2 EPYC), so its trials take many times "
+            "8.2-8.8x for the micro student's forward and backward on an AVX2 EPYC), so its trials take many times "
             "the times the docs give. Run it on a CPU with AVX-512 BF16/AMX or on GPUs, or set "
             "--set trial.precision=fp32 --set trial.master_weights=fp32 knowing that it is another study "
             "(no bf16 update loss: update sparsity will not move)")
