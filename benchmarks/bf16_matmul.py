@@ -6,16 +6,17 @@
 
 torch multiplies bf16 matrices on the CPU with oneDNN's bf16 kernels where the CPU has
 AVX-512 (BF16 or BW) or AMX, and with a generic kernel otherwise
-(`distillab.plan.cpu_has_native_bf16`; `distillab sweep` warns before such a sweep starts).
-Two rows, each timed in float32 and in bf16 in the same run, interleaved, median of
-``--repeats``:
+(`distillab.models.cpu_has_native_bf16`). On such a CPU a trial computes its bf16 products
+on float32 copies of the operands and rounds them to bf16 (`distillab.models.Bf16MatmulsInFloat32`).
+Two rows, each timed in float32, in bf16 with torch's kernels (native) and in bf16 under
+the mode, in the same run, interleaved, median of ``--repeats``:
 
 - ``linear``: the student's four ``F.linear`` shapes on ``--tokens`` rows (attention
   projection H → H, MLP up H → I, down I → H, lm_head H → V), forward only;
 - ``model``: forward + backward of the whole micro student (a Llama of ``--config``'s
   ``models.micro_student`` shape, random weights) on a ``(8, tokens / 8)`` batch.
 
-It prints the seconds of each and bf16 / float32, and the CPU capability torch reports.
+It prints the seconds of each, each bf16 column / float32, and the CPU capability torch reports.
 """
 
 from __future__ import annotations
@@ -30,8 +31,7 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
 from distillab.config import load_sweep
-from distillab.models import build_char_tokenizer, micro_llama_config
-from distillab.plan import cpu_has_native_bf16
+from distillab.models import Bf16MatmulsInFloat32, build_char_tokenizer, cpu_has_native_bf16, micro_llama_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,20 +78,27 @@ def main() -> None:
     h, i, v = m.hidden_size, m.intermediate_size, len(tok)
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, native bf16 matrix products: "
           f"{cpu_has_native_bf16()}; {args.threads} thread(s), {args.tokens} tokens, H={h} I={i} V={v}")
-    print(f"{'row':8s} {'float32 s':>11s} {'bf16 s':>11s} {'bf16/fp32':>10s}")
+    print(f"{'row':8s} {'float32 s':>11s} {'bf16 s':>11s} {'bf16 mode s':>12s} {'bf16/fp32':>10s} {'mode/fp32':>10s}")
     rows = {"linear": lambda d: linear_call([(h, h), (h, i), (i, h), (h, v)], args.tokens, d),
             "model": lambda d: model_call(config, args.tokens, d)}
     for name, build in rows.items():
-        calls = {d: build(d) for d in (torch.float32, torch.bfloat16)}
+        calls = {"fp32": build(torch.float32), "bf16": build(torch.bfloat16), "mode": in_mode(build(torch.bfloat16))}
         for call in calls.values():
             call()  # warm-up, not timed
-        t = {d: [] for d in calls}
-        for _ in range(args.repeats):  # interleaved: each round times both dtypes
-            for d, call in calls.items():
-                t[d].append(seconds(call))
-        f32, b16 = statistics.median(t[torch.float32]), statistics.median(t[torch.bfloat16])
-        print(f"{name:8s} {f32:11.5f} {b16:11.5f} {b16 / f32:9.1f}x", flush=True)
+        t = {k: [] for k in calls}
+        for _ in range(args.repeats):  # interleaved: each round times all three
+            for k, call in calls.items():
+                t[k].append(seconds(call))
+        f32, b16, mode = (statistics.median(t[k]) for k in ("fp32", "bf16", "mode"))
+        print(f"{name:8s} {f32:11.5f} {b16:11.5f} {mode:12.5f} {b16 / f32:9.1f}x {mode / f32:9.2f}x", flush=True)
 
+
+def in_mode(call):
+    """``call`` run under `Bf16MatmulsInFloat32` (bf16 products in float32, rounded to bf16)."""
+    def run():
+        with Bf16MatmulsInFloat32():
+            call()
+    return run
 
 if __name__ == "__main__":
     main()

@@ -149,15 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "dry_run", False):
         return _dry_run(args, sweep)
-    from distillab.plan import bf16_cpu_warning, check_checkpoints  # lazy: see the module docstring
+    from distillab.plan import bf16_cpu_note, check_checkpoints  # lazy: see the module docstring
 
     try:
         check_checkpoints(sweep)  # before anything starts: configs and tokenizers only
     except ConfigError as e:
         print(f"distillab: {e}", file=sys.stderr)
         return 2
-    if args.cmd != "prepare" and (warning := bf16_cpu_warning(sweep)) is not None:
-        print(f"distillab: {warning}", file=sys.stderr)
+    if args.cmd != "prepare" and (note := bf16_cpu_note(sweep)) is not None:
+        print(f"distillab: {note}", file=sys.stderr)
     from distillab.prepare import prepare
     from distillab.telemetry import print_time, process_start_time
 

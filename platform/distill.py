@@ -39,7 +39,7 @@ import torch
 from distillab.config import RuntimeContext, TrialConfig
 from distillab.evals.suite import Evaluator, evaluate_stage, pre_eval_path
 from distillab.loss import loss_step
-from distillab.models import DTYPES, check_lm_heads, check_same_vocab, load_model, load_tokenizer
+from distillab.models import DTYPES, bf16_matmuls, check_lm_heads, check_same_vocab, load_model, load_tokenizer
 from distillab.optim import (Resume, TouchedParameters, engine_state, gathered_for_generation, load_checkpoint,
                              load_engine_state, optimizer_step, rng_state, save_checkpoint, set_rng_state, setup_engine)
 from distillab.results import report_metrics, with_forgetting
@@ -321,23 +321,26 @@ def finish(w: WorkerState) -> dict[str, float]:
 def run_worker(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: Session,
                times: TrialTimes | None = None) -> dict[str, float]:
     """One worker's trial, the recipe of the module docstring (``times``: its
-    `telemetry.TrialTimes`, started at the train function's first line). Returns the final report."""
-    w = setup_trial(trial, ctx, trial_id, session, times)
-    o = trial.optimizer
-    samples = trial.rollout.policy != "offpd"  # the student samples (ZeRO 3: gathered whole for it)
-    for step in range(w.start_step, o.steps):
-        t0 = time.perf_counter()
-        prompts = step_prompts(w.prompts, step, w.per_worker, o.rollouts_per_prompt)
-        with gathered_for_generation(w.engine, samples) as student:
-            rollouts = w.source.get(step, prompts, student)
-        t_gen = time.perf_counter() - t0
-        w.engine.module.train()
-        loss, diag = loss_step(trial, w.engine, w.teacher, rollouts, w.tok.pad_token_id, w.gen, step=step + 1)
-        grad_norm, lr = optimizer_step(w.engine, loss, o)
-        with gathered_for_generation(w.engine, samples and w.source.syncs) as student:
-            t_sync = w.source.sync(student, step + 1)
-        log_step(w, step + 1, step_metrics(w, rollouts, loss, diag, grad_norm, lr, t0, t_gen, t_sync))
-    return finish(w)
+    `telemetry.TrialTimes`, started at the train function's first line). Returns the final report.
+    A bf16 trial on a CPU without native bf16 matrix products computes them in float32 and
+    rounds them to bf16, as the native kernels do (`models.Bf16MatmulsInFloat32`)."""
+    with bf16_matmuls(trial.precision, "cuda" if torch.cuda.is_available() else "cpu"):
+        w = setup_trial(trial, ctx, trial_id, session, times)
+        o = trial.optimizer
+        samples = trial.rollout.policy != "offpd"  # the student samples (ZeRO 3: gathered whole for it)
+        for step in range(w.start_step, o.steps):
+            t0 = time.perf_counter()
+            prompts = step_prompts(w.prompts, step, w.per_worker, o.rollouts_per_prompt)
+            with gathered_for_generation(w.engine, samples) as student:
+                rollouts = w.source.get(step, prompts, student)
+            t_gen = time.perf_counter() - t0
+            w.engine.module.train()
+            loss, diag = loss_step(trial, w.engine, w.teacher, rollouts, w.tok.pad_token_id, w.gen, step=step + 1)
+            grad_norm, lr = optimizer_step(w.engine, loss, o)
+            with gathered_for_generation(w.engine, samples and w.source.syncs) as student:
+                t_sync = w.source.sync(student, step + 1)
+            log_step(w, step + 1, step_metrics(w, rollouts, loss, diag, grad_norm, lr, t0, t_gen, t_sync))
+        return finish(w)
 
 
 def train_loop_per_worker(config: dict) -> None:

@@ -8,9 +8,12 @@ directory (micro or a Llama/Qwen checkpoint) through ``from_pretrained``.
 from __future__ import annotations
 
 import string
+from contextlib import nullcontext
 from pathlib import Path
+from typing import ContextManager
 
 import torch
+import torch.nn.functional as F
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
@@ -103,6 +106,61 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
 #: The precision names of the config (``trial.precision``, ``trial.master_weights``,
 #: ``evaluation.sparsity_dtype``) as torch dtypes.
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this machine's CPU multiplies bf16 matrices natively: oneDNN's bf16 kernels,
+    which torch uses for CPU bf16 matrix products where the CPU has AVX-512 (BF16 or BW) or
+    AMX (`torch.ops.mkldnn._is_mkldnn_bf16_supported`). Without them torch falls back to a
+    generic kernel, 8.2-8.8x slower than float32 for the micro student's forward and
+    backward on a 2-core AVX2 EPYC (``python benchmarks/bf16_matmul.py``, 2026-12-03)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+#: The matrix products `Bf16MatmulsInFloat32` computes on float32 copies of bf16 operands.
+BF16_MATMULS = frozenset({F.linear, torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.mm,
+                          torch.Tensor.mm, torch.bmm, torch.Tensor.bmm, torch.addmm, torch.Tensor.addmm,
+                          torch.baddbmm, torch.Tensor.baddbmm, F.scaled_dot_product_attention})
+
+
+class Bf16MatmulsInFloat32(torch.overrides.TorchFunctionMode):
+    """A torch function mode: every matrix product of `BF16_MATMULS` whose floating-point
+    operands are all bf16 CPU tensors runs on float32 copies of them, and its result is
+    rounded to bf16 (round to nearest even). Other calls run unchanged.
+
+    This is the arithmetic of a bf16 GEMM as oneDNN and torch's generic CPU kernel do it
+    (bf16 operands; their products are exact in float32, 8 + 8 significand bits; float32
+    accumulation; the output rounded to bf16), so results equal the native kernel's up to
+    the order of the float32 summation (``tests/test_bf16_matmuls.py``: equal elements or one
+    bf16 ulp apart). Attention is softmax(QKᵀ/√d)V in float32 rounded once; torch's native
+    bf16 attention also rounds the probabilities to bf16 before the product with V, so there
+    the mode is the closer of the two to float64. Backward: autograd differentiates the float32 product and the casts,
+    so the gradients are float32 products rounded to the operands' bf16, as natively.
+    Why: on CPUs without native bf16 products (`cpu_has_native_bf16`) the float32 kernels
+    are ~10x faster (micro student forward + backward: ``python benchmarks/bf16_matmul.py``).
+    Calls with ``out=`` or mixed dtypes run natively (and raise where torch raises).
+    Shapes and dtypes: as the wrapped function's; the result's dtype is bf16."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in BF16_MATMULS and "out" not in kwargs:
+            floats = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            if floats and all(t.dtype == torch.bfloat16 and t.device.type == "cpu" for t in floats):
+                up = [a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+                kw = {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                      for k, v in kwargs.items()}
+                return func(*up, **kw).to(torch.bfloat16)
+        return func(*args, **kwargs)
+
+
+def bf16_matmuls(precision: str, device: torch.device | str = "cpu") -> ContextManager:
+    """The context a trial's compute runs in: `Bf16MatmulsInFloat32` where it trains in bf16
+    (``precision`` ``"bf16"``, `DTYPES`) on a CPU ``device`` without native bf16 matrix
+    products (`cpu_has_native_bf16`); a no-op context otherwise (float32, GPUs, CPUs with
+    AVX-512/AMX)."""
+    if precision == "bf16" and torch.device(device).type == "cpu" and not cpu_has_native_bf16():
+        return Bf16MatmulsInFloat32()
+    return nullcontext()
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32,

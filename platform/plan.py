@@ -41,13 +41,14 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from distillab.config import ConfigError, SweepConfig, TrialConfig
 from distillab.mcq import mcq_prompt_ids, mcq_test_split
-from distillab.models import build_char_tokenizer, check_lm_heads, check_same_vocab, load_tokenizer, micro_llama_config
+from distillab.models import (build_char_tokenizer, check_lm_heads, check_same_vocab, cpu_has_native_bf16,
+                              load_tokenizer, micro_llama_config)
 from distillab.prepare import prepare_key
 from distillab.sweep import expected_trials
 from distillab.tasks import countdown_prompt_ids, countdown_test_split, generate_skill_items, render_prompt
 
 __all__ = ["ASSUMED_TFLOPS", "LM_EVAL_TOKENS_PER_ITEM", "CheckpointError", "Role", "Cluster", "Placement",
-           "Estimate", "check_checkpoints", "placement", "estimate", "bf16_cpu_warning", "dry_run"]
+           "Estimate", "check_checkpoints", "placement", "estimate", "bf16_cpu_note", "dry_run"]
 
 #: Effective training-loop throughput per GPU assumed by `estimate`, TFLOP/s (bf16). ASSUMED, not
 #: measured: one tenth of the dense bf16 peak of an H100 SXM or H200, 989 TFLOP/s (NVIDIA's H100 and
@@ -361,35 +362,22 @@ def _estimate_lines(sweep: SweepConfig, roles: dict[str, Role], p: Placement, tf
     return lines
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether this machine's CPU multiplies bf16 matrices natively: oneDNN's bf16 kernels,
-    which torch uses for CPU bf16 matrix products where the CPU has AVX-512 (BF16 or BW) or
-    AMX (`torch.ops.mkldnn._is_mkldnn_bf16_supported`). Without them torch falls back to a
-    generic kernel (measured: ``python benchmarks/bf16_matmul.py``)."""
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-def bf16_cpu_warning(sweep: SweepConfig) -> str | None:
-    """A warning, or None: the sweep trains in bf16 (``trial.precision: bf16`` in some trial)
-    on CPU workers (``resources.gpus_per_worker: 0``) and this machine's CPU has no native bf16
-    matrix products (`cpu_has_native_bf16`). Measured on a 2-core AVX2 EPYC (2026-12-03,
-    ``python benchmarks/bf16_matmul.py``): the micro student's forward + backward in bf16 takes
-    8.2-8.8x its float32 time (two runs), and a ``micro_findings.yaml`` trial's 200-step loop took 548 s there
-    against 25-49 s on the machine that ran the study (docs/calibration.md, "Trial cost").
-    The warning says what to do; it changes nothing in the run (a float32 trial would not be
-    the configured trial: bf16 master weights are the study's sparsity mechanism).
-    """
+def bf16_cpu_note(sweep: SweepConfig) -> str | None:
+    """A note, or None: the sweep trains in bf16 (``trial.precision: bf16`` in some trial) on
+    CPU workers (``resources.gpus_per_worker: 0``) and this machine's CPU has no native bf16
+    matrix products (`models.cpu_has_native_bf16`). Its trials then compute those products on
+    float32 copies of the bf16 operands and round them to bf16 (`models.Bf16MatmulsInFloat32`):
+    the native kernels' arithmetic up to the order of the float32 sums, at float32 speed
+    (the generic bf16 kernel is 8.2-8.8x slower: ``python benchmarks/bf16_matmul.py``), and
+    not bitwise the numbers of a CPU with AVX-512/AMX. The note changes nothing in the run."""
     if sweep.resources.gpus_per_worker or not any(t.precision == "bf16" for t in sweep.trials):
         return None
     if cpu_has_native_bf16():
         return None
-    return (f"warning: trial.precision 'bf16' on CPU workers, and this CPU ({torch.backends.cpu.get_cpu_capability()}) "
-            "has no native bf16 matrix products (oneDNN's bf16 kernels need AVX-512 or AMX): torch falls back to a "
-            "generic kernel, several times slower than float32 (python benchmarks/bf16_matmul.py measures it; "
-            "8.2-8.8x for the micro student's forward and backward on an AVX2 EPYC), so its trials take many times "
-            "the times the docs give. Run it on a CPU with AVX-512 BF16/AMX or on GPUs, or set "
-            "--set trial.precision=fp32 --set trial.master_weights=fp32 knowing that it is another study "
-            "(no bf16 update loss: update sparsity will not move)")
+    return (f"note: trial.precision 'bf16' on CPU workers, and this CPU ({torch.backends.cpu.get_cpu_capability()}) "
+            "has no native bf16 matrix products (oneDNN's bf16 kernels need AVX-512 or AMX): the trials compute them "
+            "on float32 copies of the bf16 operands and round the results to bf16 (the native kernels' arithmetic; "
+            "python benchmarks/bf16_matmul.py times the three), so they are not bitwise a native-bf16 CPU's numbers")
 
 
 def dry_run(sweep: SweepConfig, cluster: Cluster | None = None, tflops: float | None = None) -> tuple[str, bool]:
@@ -405,5 +393,5 @@ def dry_run(sweep: SweepConfig, cluster: Cluster | None = None, tflops: float | 
     lines = [f"[dry-run] {sweep.name}: nothing started (no Ray, no prepare); results would go to {sweep.sweep_dir()}"]
     lines += _models_lines(roles, sweep) + _trial_lines(sweep) + _placement_lines(sweep, p, cluster)
     lines += _estimate_lines(sweep, roles, p, tflops)
-    warning = bf16_cpu_warning(sweep)
-    return "\n".join(lines + ([warning] if warning else [])), p.concurrent > 0
+    note = bf16_cpu_note(sweep)
+    return "\n".join(lines + ([note] if note else [])), p.concurrent > 0

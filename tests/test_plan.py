@@ -14,7 +14,7 @@ from distillab.config import SweepConfig, TrialConfig, load_sweep
 from distillab.countdown import countdown_user_text
 from distillab.models import build_char_tokenizer
 import distillab.plan as plan
-from distillab.plan import Cluster, bf16_cpu_warning, check_checkpoints, estimate, placement
+from distillab.plan import Cluster, bf16_cpu_note, check_checkpoints, estimate, placement
 from distillab.tasks import countdown_test_split
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,24 +153,25 @@ def test_micro_dry_run_says_the_models_would_be_prepared(capsys, tmp_path) -> No
                         in out), out[:2000]
 
 
-def test_bf16_on_a_cpu_without_native_bf16_is_warned_about(monkeypatch, capsys, tmp_path) -> None:
-    """A bf16 sweep on CPU workers is warned about where the CPU lacks native bf16 matrix
-    products (the dry-run's last line; `distillab sweep` prints the same line before `prepare`);
-    fp32 sweeps, GPU workers and CPUs with them get no warning."""
+def test_bf16_on_a_cpu_without_native_bf16_gets_a_note(monkeypatch, capsys, tmp_path) -> None:
+    """A bf16 sweep on CPU workers gets a note where the CPU lacks native bf16 matrix products
+    (the dry-run's last line; `distillab sweep` prints the same line before `prepare`): its
+    trials compute them in float32 (`models.Bf16MatmulsInFloat32`); fp32 sweeps, GPU workers
+    and CPUs with them get none."""
     findings = load_sweep(REPO / "search_spaces" / "micro_findings.yaml")  # bf16, bf16 masters, CPU workers
     monkeypatch.setattr(plan, "cpu_has_native_bf16", lambda: False)
-    warning = bf16_cpu_warning(findings)
-    assert warning is not None and "trial.precision 'bf16' on CPU workers" in warning
-    assert "--set trial.precision=fp32 --set trial.master_weights=fp32" in warning
-    assert bf16_cpu_warning(load_sweep(SMOKE)) is None  # fp32
-    assert bf16_cpu_warning(load_sweep(REPO / "search_spaces" / "micro_findings.yaml",
-                                       {"resources.gpus_per_worker": 1})) is None
+    note = bf16_cpu_note(findings)
+    assert note is not None and note.startswith("note: trial.precision 'bf16' on CPU workers")
+    assert "float32 copies of the bf16 operands" in note
+    assert bf16_cpu_note(load_sweep(SMOKE)) is None  # fp32
+    assert bf16_cpu_note(load_sweep(REPO / "search_spaces" / "micro_findings.yaml",
+                                    {"resources.gpus_per_worker": 1})) is None
     cache = tmp_path / "models"
     rc, out, _ = _cli(capsys, "sweep", REPO / "search_spaces" / "micro_findings.yaml", "--dry-run",
                       "--set", f"models.cache_dir={cache}", "--node-cpus", 2, "--node-gpus", 0)
-    assert rc == 0 and out.rstrip().endswith(warning)
+    assert rc == 0 and out.rstrip().endswith(note)
     monkeypatch.setattr(plan, "cpu_has_native_bf16", lambda: True)
-    assert bf16_cpu_warning(findings) is None
+    assert bf16_cpu_note(findings) is None
 
 
 def test_estimate_by_hand() -> None:

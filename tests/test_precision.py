@@ -10,6 +10,7 @@ import pytest
 import torch
 from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
+from distillab import models as models_module
 from distillab.config import OptimizerConfig, RuntimeContext, TrialConfig
 from distillab.distill import LocalSession, run_worker, setup_trial
 from distillab.optim import optimizer_step, setup_engine
@@ -78,6 +79,33 @@ def test_bf16_trial_first_step_loss_matches_fp32(models, fp32_run, tmp_path, mas
         assert 0 <= final[f"eval/{stage}/countdown3/accuracy"] <= 1
     assert 0 <= final["eval/distill/params/sparsity@1e-06"] < 1  # the weights moved
     assert len(got["rlvr/loss"]) == 2 and all(torch.isfinite(torch.tensor(got["rlvr/loss"])))
+
+
+def test_bf16_trial_in_float32_products_matches_the_native_bf16_trial(models, tmp_path, monkeypatch) -> None:
+    """The same bf16 trial (bf16 masters) with its matrix products in float32 rounded to bf16
+    (`models.Bf16MatmulsInFloat32`, as on a CPU without native bf16) and with torch's native
+    bf16 kernels: the mode really ran (it saw the products), the rollouts are the same, and
+    each step's loss and grad norm agree within 2^-7 relative (the two differ by the order of
+    float32 sums inside each product, and by the native attention's bf16 probabilities)."""
+    calls = []
+
+    class Counting(models_module.Bf16MatmulsInFloat32):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func in models_module.BF16_MATMULS:
+                calls.append(func)
+            return super().__torch_function__(func, types, args, kwargs)
+
+    trial = _trial(precision="bf16", master_weights="bf16")
+    monkeypatch.setattr(models_module, "cpu_has_native_bf16", lambda: True)
+    _, native = _run(models, tmp_path, "native", trial)
+    assert not calls
+    monkeypatch.setattr(models_module, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(models_module, "Bf16MatmulsInFloat32", Counting)
+    _, got = _run(models, tmp_path, "float32-products", trial)
+    assert len(calls) > 100
+    assert got["rollout/length"] == native["rollout/length"]
+    for key in ("loss", "grad_norm"):
+        assert got[key] == pytest.approx(native[key], rel=2.0**-7), key
 
 
 @pytest.mark.parametrize("master", ["fp32", "bf16"])
