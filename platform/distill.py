@@ -320,10 +320,8 @@ def finish(w: WorkerState) -> dict[str, float]:
 
 def run_worker(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: Session,
                times: TrialTimes | None = None) -> dict[str, float]:
-    """One worker's trial, the recipe of the module docstring (``times``: its
-    `telemetry.TrialTimes`, started at the train function's first line). Returns the final report.
-    A bf16 trial on a CPU without native bf16 matrix products computes them in float32 and
-    rounds them to bf16, as the native kernels do (`models.Bf16MatmulsInFloat32`)."""
+    """One worker's trial, the recipe of the module docstring (``times``: its `telemetry.TrialTimes`, started at
+    the train function's first line; bf16 on a CPU: `models.bf16_matmuls`). Returns the final report."""
     with bf16_matmuls(trial.precision, "cuda" if torch.cuda.is_available() else "cpu"):
         w = setup_trial(trial, ctx, trial_id, session, times)
         o = trial.optimizer
@@ -344,9 +342,8 @@ def run_worker(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: 
 
 
 def train_loop_per_worker(config: dict) -> None:
-    """Ray Train worker function. ``config``: ``trial`` (`TrialConfig` as a JSON dict),
-    ``trial_id``, ``ctx`` (`config.RuntimeContext` as a JSON dict) and ``launch``
-    (`telemetry.TrialTimes.launch_info` of the Tune trainable, optional)."""
+    """Ray Train worker function. ``config``: ``trial`` (`TrialConfig` as a JSON dict), ``trial_id``, ``ctx``
+    (`config.RuntimeContext` as a JSON dict), ``launch`` (`telemetry.TrialTimes.launch_info`, optional)."""
     times = TrialTimes(config.get("launch"))
     run_worker(TrialConfig.model_validate(config["trial"]), RuntimeContext.model_validate(config["ctx"]),
                config["trial_id"], RaySession(), times)
