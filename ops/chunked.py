@@ -425,6 +425,97 @@ def _check_2d(name: str, t: Tensor, rows: int | None = None) -> None:
         raise ValueError(f"{name} has {t.shape[0]} rows, expected {rows}")
 
 
+def _check_inputs(student_hidden: Tensor, student_weight: Tensor, teacher_hidden: Tensor, teacher_weight: Tensor,
+                  student_bias: Tensor | None, teacher_bias: Tensor | None, reduction: str, backend: str) -> None:
+    """`chunked_distill_loss`'s argument checks (its Raises), before any compute."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; allowed values: {', '.join(map(repr, REDUCTIONS))}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; allowed values: {', '.join(map(repr, BACKENDS))}")
+    for name, t in (("student_hidden", student_hidden), ("teacher_hidden", teacher_hidden)):
+        if not isinstance(t, Tensor) or not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point torch.Tensor")
+    _check_2d("student_weight", student_weight)
+    _check_2d("teacher_weight", teacher_weight)
+    check_vocab_sizes(student_weight.shape[0], teacher_weight.shape[0])
+    V = student_weight.shape[0]
+    for who, h, w in (("student", student_hidden, student_weight), ("teacher", teacher_hidden, teacher_weight)):
+        if h.shape[-1] != w.shape[1]:
+            raise ValueError(f"{who}_hidden width {h.shape[-1]} != {who}_weight width {w.shape[1]}")
+    if student_hidden.shape[:-1] != teacher_hidden.shape[:-1]:
+        raise ValueError(
+            f"student_hidden rows {tuple(student_hidden.shape[:-1])} != teacher_hidden rows "
+            f"{tuple(teacher_hidden.shape[:-1])}"
+        )
+    for name, b in (("student_bias", student_bias), ("teacher_bias", teacher_bias)):
+        if b is not None and tuple(b.shape) != (V,):
+            raise ValueError(f"{name} must have shape (V,) = ({V},), got {tuple(b.shape)}")
+
+
+def _select_rows(student_hidden: Tensor, teacher_hidden: Tensor, mask: Tensor | None, seq_index: Tensor | None,
+                 num_seqs: int | None) -> tuple[Tensor, Tensor, Tensor, int]:
+    """The rows the loss reads: ``(h_S, h_T)`` (N, H) each, the (N,) int64 sequence of each
+    row and the number of sequences B; from (B, T, H) states and a (B, T) bool ``mask``, or
+    from (N, H) rows with ``seq_index`` / ``num_seqs`` (default: one sequence)."""
+    if mask is not None:
+        if student_hidden.dim() != 3:
+            raise ValueError(f"with mask, hidden states must be (B, T, H), got {tuple(student_hidden.shape)}")
+        _check_mask(mask, tuple(student_hidden.shape[:2]), "student_hidden (B, T)")
+        if seq_index is not None:
+            raise ValueError("give either mask (with (B, T, H) hidden states) or seq_index, not both")
+        seq = torch.arange(mask.shape[0], device=mask.device).unsqueeze(1).expand_as(mask)[mask]  # (N,)
+        return student_hidden[mask], teacher_hidden[mask], seq, mask.shape[0]
+    if student_hidden.dim() != 2:
+        raise ValueError(
+            f"without mask, hidden states must be pre-selected rows (N, H), got {tuple(student_hidden.shape)}"
+        )
+    N = student_hidden.shape[0]
+    if seq_index is None:
+        return student_hidden, teacher_hidden, torch.zeros(N, dtype=torch.int64, device=student_hidden.device), 1
+    if tuple(seq_index.shape) != (N,):
+        raise ValueError(f"seq_index must have shape (N,) = ({N},), got {tuple(seq_index.shape)}")
+    seq = seq_index.to(torch.int64)
+    return student_hidden, teacher_hidden, seq, int(num_seqs) if num_seqs is not None else (int(seq.max()) + 1 if N else 1)
+
+
+def _rows_targets(targets: Tensor | None, mask: Tensor | None, rows: int) -> Tensor | None:
+    """The rollout token of each selected row (k1/k2/k3), or None; checks the shape."""
+    if targets is None:
+        return None
+    want = tuple(mask.shape) if mask is not None else (rows,)
+    if not isinstance(targets, Tensor) or tuple(targets.shape) != want:
+        got = tuple(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
+        raise ValueError(f"targets must have shape {want} (one rollout token per position), got {got}")
+    return targets[mask] if mask is not None else targets
+
+
+def _chunk_rows(chunk_size: int | None, N: int, V: int, H: int) -> int:
+    """Rows per chunk: ``chunk_size``, or Liger's rule (the next power of two of
+    ceil(N / ceil(V / H)), at least `MIN_CHUNK`). Raises ValueError below 1."""
+    if chunk_size is None:
+        inc = max(1, math.ceil(V / max(H, 1)))
+        chunk_size = max(MIN_CHUNK, 1 << max(0, math.ceil(math.log2(max(1, math.ceil(N / inc))))))
+    if int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    return int(chunk_size)
+
+
+def _pick_backend(backend: str, triton_fits: bool, device: torch.device) -> str:
+    """``"auto"``: Triton where it fits (``triton_fits``: estimator full, CUDA, float32) and
+    imports, torch otherwise; ``"triton"`` is checked usable on ``device`` (RuntimeError)."""
+    if backend == "auto":
+        if triton_fits:
+            from distillab.ops.triton_kl import triton_available
+
+            return "triton" if triton_available() else "torch"
+        return "torch"
+    if backend == "triton":
+        from distillab.ops.triton_kl import check_triton_usable
+
+        check_triton_usable(device)
+    return backend
+
+
 def chunked_distill_loss(
     student_hidden: Tensor,
     student_weight: Tensor,
@@ -506,90 +597,19 @@ def chunked_distill_loss(
     _check_kind(kind, KINDS)
     tau_s, tau_t, beta = _check_tau("tau_s", tau_s), _check_tau("tau_t", tau_t), _check_beta(beta)
     _check_compute_dtype(compute_dtype)
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduction!r}; allowed values: {', '.join(map(repr, REDUCTIONS))}")
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; allowed values: {', '.join(map(repr, BACKENDS))}")
-    for name, t in (("student_hidden", student_hidden), ("teacher_hidden", teacher_hidden)):
-        if not isinstance(t, Tensor) or not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point torch.Tensor")
-    _check_2d("student_weight", student_weight)
-    _check_2d("teacher_weight", teacher_weight)
-    check_vocab_sizes(student_weight.shape[0], teacher_weight.shape[0])
-    V = student_weight.shape[0]
-    if student_hidden.shape[-1] != student_weight.shape[1]:
-        raise ValueError(
-            f"student_hidden width {student_hidden.shape[-1]} != student_weight width {student_weight.shape[1]}"
-        )
-    if teacher_hidden.shape[-1] != teacher_weight.shape[1]:
-        raise ValueError(
-            f"teacher_hidden width {teacher_hidden.shape[-1]} != teacher_weight width {teacher_weight.shape[1]}"
-        )
-    if student_hidden.shape[:-1] != teacher_hidden.shape[:-1]:
-        raise ValueError(
-            f"student_hidden rows {tuple(student_hidden.shape[:-1])} != teacher_hidden rows "
-            f"{tuple(teacher_hidden.shape[:-1])}"
-        )
-    for name, b in (("student_bias", student_bias), ("teacher_bias", teacher_bias)):
-        if b is not None and tuple(b.shape) != (V,):
-            raise ValueError(f"{name} must have shape (V,) = ({V},), got {tuple(b.shape)}")
-
-    if mask is not None:
-        if student_hidden.dim() != 3:
-            raise ValueError(f"with mask, hidden states must be (B, T, H), got {tuple(student_hidden.shape)}")
-        _check_mask(mask, tuple(student_hidden.shape[:2]), "student_hidden (B, T)")
-        if seq_index is not None:
-            raise ValueError("give either mask (with (B, T, H) hidden states) or seq_index, not both")
-        B = mask.shape[0]
-        seq = torch.arange(B, device=mask.device).unsqueeze(1).expand_as(mask)[mask]  # (N,)
-        h_s, h_t = student_hidden[mask], teacher_hidden[mask]  # (N, H)
-    else:
-        if student_hidden.dim() != 2:
-            raise ValueError(
-                f"without mask, hidden states must be pre-selected rows (N, H), got {tuple(student_hidden.shape)}"
-            )
-        h_s, h_t = student_hidden, teacher_hidden
-        N = h_s.shape[0]
-        if seq_index is None:
-            seq, B = torch.zeros(N, dtype=torch.int64, device=h_s.device), 1
-        else:
-            if tuple(seq_index.shape) != (N,):
-                raise ValueError(f"seq_index must have shape (N,) = ({N},), got {tuple(seq_index.shape)}")
-            seq = seq_index.to(torch.int64)
-            B = int(num_seqs) if num_seqs is not None else (int(seq.max()) + 1 if N else 1)
+    _check_inputs(student_hidden, student_weight, teacher_hidden, teacher_weight, student_bias, teacher_bias,
+                  reduction, backend)
+    h_s, h_t, seq, B = _select_rows(student_hidden, teacher_hidden, mask, seq_index, num_seqs)
     coef = row_coefficients(seq, B, reduction=reduction, weights=weights, dtype=torch.float64)
-    rows_targets = None
-    if targets is not None:
-        want = tuple(mask.shape) if mask is not None else (h_s.shape[0],)
-        if not isinstance(targets, Tensor) or tuple(targets.shape) != want:
-            got = tuple(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
-            raise ValueError(f"targets must have shape {want} (one rollout token per position), got {got}")
-        rows_targets = targets[mask] if mask is not None else targets
     if estimator in ROLLOUT_ESTIMATORS and kind != "reverse":
         raise ValueError(f"estimator {estimator!r} estimates the reverse KL; kind must be 'reverse', got {kind!r}")
     est = estimator_rows(estimator, top_k=top_k, topk_source=topk_source, topk_tail=topk_tail, k_gradient=k_gradient,
-                         targets=rows_targets)
+                         targets=_rows_targets(targets, mask, h_s.shape[0]))
     if est is not None and backend == "triton":
         raise ValueError(f"backend 'triton' has kernels for estimator 'full' only; estimator {estimator!r} "
                          "runs its rows with backend 'torch' (or 'auto')")
-
-    N, H = h_s.shape
-    if chunk_size is None:
-        inc = max(1, math.ceil(V / max(H, 1)))
-        chunk_size = max(MIN_CHUNK, 1 << max(0, math.ceil(math.log2(max(1, math.ceil(N / inc))))))
-    if int(chunk_size) < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    if backend == "auto":
-        backend = "torch"
-        if est is None and h_s.is_cuda and compute_dtype == torch.float32:
-            from distillab.ops.triton_kl import triton_available
-
-            backend = "triton" if triton_available() else "torch"
-    elif backend == "triton":
-        from distillab.ops.triton_kl import check_triton_usable
-
-        check_triton_usable(h_s.device)
-
+    chunk_size = _chunk_rows(chunk_size, h_s.shape[0], student_weight.shape[0], h_s.shape[1])
+    backend = _pick_backend(backend, est is None and h_s.is_cuda and compute_dtype == torch.float32, h_s.device)
     grad_on = torch.is_grad_enabled()
     need = (
         grad_on and h_s.requires_grad,

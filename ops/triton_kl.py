@@ -120,27 +120,7 @@ if triton is not None:
             row = pid
         zs_row = zs_ptr + row * zs_stride
         zt_row = zt_ptr + row * zt_stride
-
-        # pass 1: online log-sum-exp of a_S = z_S/τ_S and a_T = z_T/τ_T
-        m_s = -float("inf")
-        d_s = 0.0
-        m_t = -float("inf")
-        d_t = 0.0
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            valid = offs < V
-            a_s = tl.load(zs_row + offs, mask=valid, other=-float("inf")).to(tl.float32) / tau_s
-            a_t = tl.load(zt_row + offs, mask=valid, other=-float("inf")).to(tl.float32) / tau_t
-            ms_new = tl.maximum(m_s, tl.max(a_s, 0))
-            mt_new = tl.maximum(m_t, tl.max(a_t, 0))
-            ref_s = tl.where(ms_new == -float("inf"), 0.0, ms_new)  # all -inf so far: no NaN from -inf - -inf
-            ref_t = tl.where(mt_new == -float("inf"), 0.0, mt_new)
-            d_s = d_s * tl.exp(m_s - ref_s) + tl.sum(tl.exp(a_s - ref_s), 0)
-            d_t = d_t * tl.exp(m_t - ref_t) + tl.sum(tl.exp(a_t - ref_t), 0)
-            m_s = ms_new
-            m_t = mt_new
-        lse_s = m_s + tl.log(d_s)
-        lse_t = m_t + tl.log(d_t)
+        lse_s, lse_t = _row_lse(zs_row, zt_row, V, tau_s, tau_t, BLOCK)  # pass 1
 
         # pass 2: the divergences and the sums the gradient needs
         fw = 0.0
@@ -191,28 +171,58 @@ if triton is not None:
             tl.store(stats_ptr + pid * 4 + 2, ent)
             tl.store(stats_ptr + pid * 4 + 3, ce)
 
-        # pass 3: c_row · ∂D/∂z_S
-        if NEED_GRAD:
+        if NEED_GRAD:  # pass 3: c_row · ∂D/∂z_S
             if HAS_COEF:
                 scale = tl.load(coef_ptr + pid).to(tl.float32) / tau_s
             else:
                 scale = 1.0 / tau_s
-            grad_row = grad_ptr + row * grad_stride
-            for start in range(0, V, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                valid = offs < V
-                ls = tl.load(zs_row + offs, mask=valid, other=-float("inf")).to(tl.float32) / tau_s - lse_s
-                lt = tl.load(zt_row + offs, mask=valid, other=-float("inf")).to(tl.float32) / tau_t - lse_t
-                ps = tl.exp(ls)
-                lsc = tl.maximum(ls, FLOOR)
-                ltc = tl.maximum(lt, FLOOR)
-                if KIND == 0:
-                    g = ps * keep_t - tl.where(ls > FLOOR, tl.exp(lt), 0.0)
-                elif KIND == 1:
-                    g = ps * ((lsc - ltc) - div)
-                else:  # (1 − β) π_S (h − Σ π_S h): ops.kl, "Precision of the JSD gradient"
-                    g = (1.0 - beta) * ps * (_jsd_h(ltc - lsc + log_c) - h_s)
-                tl.store(grad_row + offs, (g * scale).to(grad_ptr.dtype.element_ty), mask=valid)
+            _store_grad_row(zs_row, zt_row, grad_ptr + row * grad_stride, V, tau_s, tau_t, lse_s, lse_t, scale,
+                            keep_t, div, beta, h_s, log_c, KIND, FLOOR, BLOCK)
+
+    @triton.jit
+    def _row_lse(zs_row, zt_row, V, tau_s, tau_t, BLOCK: tl.constexpr):
+        """Pass 1 of `_divergence_rows_kernel`: the online log-sum-exp of a_S = z_S/τ_S and
+        a_T = z_T/τ_T over one row of V logits (float32 scalars ``(lse_S, lse_T)``)."""
+        m_s = -float("inf")
+        d_s = 0.0
+        m_t = -float("inf")
+        d_t = 0.0
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            valid = offs < V
+            a_s = tl.load(zs_row + offs, mask=valid, other=-float("inf")).to(tl.float32) / tau_s
+            a_t = tl.load(zt_row + offs, mask=valid, other=-float("inf")).to(tl.float32) / tau_t
+            ms_new = tl.maximum(m_s, tl.max(a_s, 0))
+            mt_new = tl.maximum(m_t, tl.max(a_t, 0))
+            ref_s = tl.where(ms_new == -float("inf"), 0.0, ms_new)  # all -inf so far: no NaN from -inf - -inf
+            ref_t = tl.where(mt_new == -float("inf"), 0.0, mt_new)
+            d_s = d_s * tl.exp(m_s - ref_s) + tl.sum(tl.exp(a_s - ref_s), 0)
+            d_t = d_t * tl.exp(m_t - ref_t) + tl.sum(tl.exp(a_t - ref_t), 0)
+            m_s = ms_new
+            m_t = mt_new
+        return m_s + tl.log(d_s), m_t + tl.log(d_t)
+
+    @triton.jit
+    def _store_grad_row(zs_row, zt_row, grad_row, V, tau_s, tau_t, lse_s, lse_t, scale, keep_t, div, beta, h_s,
+                        log_c, KIND: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr):
+        """Pass 3 of `_divergence_rows_kernel`: ``scale`` · ∂D/∂z_S of one row, stored in
+        ``grad_row``'s dtype, from pass 1's log-sum-exps and pass 2's sums (``keep_t``
+        forward, ``div`` reverse, ``h_s`` JSD)."""
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            valid = offs < V
+            ls = tl.load(zs_row + offs, mask=valid, other=-float("inf")).to(tl.float32) / tau_s - lse_s
+            lt = tl.load(zt_row + offs, mask=valid, other=-float("inf")).to(tl.float32) / tau_t - lse_t
+            ps = tl.exp(ls)
+            lsc = tl.maximum(ls, FLOOR)
+            ltc = tl.maximum(lt, FLOOR)
+            if KIND == 0:
+                g = ps * keep_t - tl.where(ls > FLOOR, tl.exp(lt), 0.0)
+            elif KIND == 1:
+                g = ps * ((lsc - ltc) - div)
+            else:  # (1 − β) π_S (h − Σ π_S h): ops.kl, "Precision of the JSD gradient"
+                g = (1.0 - beta) * ps * (_jsd_h(ltc - lsc + log_c) - h_s)
+            tl.store(grad_row + offs, (g * scale).to(grad_row.dtype.element_ty), mask=valid)
 
 
 def _launch_config(V: int, device: torch.device, block_size: int | None) -> tuple[int, int]:

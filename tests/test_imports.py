@@ -6,8 +6,8 @@
 - ``from distillab…`` imports sit at module top, except the documented ``ops.chunked`` ↔
   ``ops.triton_kl`` cycle and the lazy imports of ``cli`` and ``sweep`` (documented, with
   the measured import time, in each module docstring);
-- no function in ``platform/`` is over 80 lines, its docstring not counted (the count of
-  the repository's before-stop hook).
+- no function in ``platform/``, ``ops/`` or ``evals/`` is over 80 lines, its docstring not
+  counted (the count of the repository's before-stop hook).
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ def _function_lengths(path: Path):
             yield node.name, node.lineno, n
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "platform").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(p for d in ("platform", "ops", "evals") for p in (REPO / d).glob("*.py")),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_no_function_over_80_lines(path: Path) -> None:
     long = [f"{name} (line {line}): {n} lines" for name, line, n in _function_lengths(path) if n > 80]
     assert not long, long
