@@ -153,10 +153,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         check_checkpoints(sweep)  # before anything starts: configs and tokenizers only
+        note = bf16_cpu_note(sweep) if args.cmd != "prepare" else None
     except ConfigError as e:
         print(f"distillab: {e}", file=sys.stderr)
         return 2
-    if args.cmd != "prepare" and (note := bf16_cpu_note(sweep)) is not None:
+    if note is not None:
         print(f"distillab: {note}", file=sys.stderr)
     from distillab.prepare import prepare
     from distillab.telemetry import print_time, process_start_time

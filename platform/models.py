@@ -7,6 +7,7 @@ directory (micro or a Llama/Qwen checkpoint) through ``from_pretrained``.
 
 from __future__ import annotations
 
+import os
 import string
 from contextlib import nullcontext
 from pathlib import Path
@@ -153,12 +154,35 @@ class Bf16MatmulsInFloat32(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+#: ``DISTILLAB_BF16_MATMULS``: where a bf16 trial's CPU matrix products run (`bf16_matmuls`).
+BF16_MATMULS_ENV, BF16_MATMULS_CHOICES = "DISTILLAB_BF16_MATMULS", ("auto", "native", "float32")
+
+
+def bf16_matmuls_choice() -> str:
+    """``$DISTILLAB_BF16_MATMULS`` (default ``auto``): ``auto`` (float32 products where the CPU
+    lacks native bf16 ones), ``native`` (torch's bf16 kernels always: the peer the mode is
+    checked against), ``float32`` (`Bf16MatmulsInFloat32` on any CPU, e.g. to compare a
+    native-bf16 machine's run with an AVX2 machine's).
+
+    Raises:
+        ValueError: another value (names the variable and the allowed values)."""
+    choice = os.environ.get(BF16_MATMULS_ENV, "auto")
+    if choice not in BF16_MATMULS_CHOICES:
+        raise ValueError(f"{BF16_MATMULS_ENV}={choice!r}; allowed values: {', '.join(BF16_MATMULS_CHOICES)}")
+    return choice
+
+
 def bf16_matmuls(precision: str, device: torch.device | str = "cpu") -> ContextManager:
     """The context a trial's compute runs in: `Bf16MatmulsInFloat32` where it trains in bf16
     (``precision`` ``"bf16"``, `DTYPES`) on a CPU ``device`` without native bf16 matrix
-    products (`cpu_has_native_bf16`); a no-op context otherwise (float32, GPUs, CPUs with
-    AVX-512/AMX)."""
-    if precision == "bf16" and torch.device(device).type == "cpu" and not cpu_has_native_bf16():
+    products (`cpu_has_native_bf16`), or on any CPU with ``DISTILLAB_BF16_MATMULS=float32``;
+    a no-op context otherwise (float32, GPUs, CPUs with AVX-512/AMX, ``native``).
+
+    Raises:
+        ValueError: a bad ``DISTILLAB_BF16_MATMULS`` (`bf16_matmuls_choice`)."""
+    choice = bf16_matmuls_choice()
+    if precision == "bf16" and torch.device(device).type == "cpu" and choice != "native" \
+            and (choice == "float32" or not cpu_has_native_bf16()):
         return Bf16MatmulsInFloat32()
     return nullcontext()
 

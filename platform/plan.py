@@ -41,8 +41,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from distillab.config import ConfigError, SweepConfig, TrialConfig
 from distillab.mcq import mcq_prompt_ids, mcq_test_split
-from distillab.models import (build_char_tokenizer, check_lm_heads, check_same_vocab, cpu_has_native_bf16,
-                              load_tokenizer, micro_llama_config)
+from distillab.models import (bf16_matmuls_choice, build_char_tokenizer, check_lm_heads, check_same_vocab,
+                              cpu_has_native_bf16, load_tokenizer, micro_llama_config)
 from distillab.prepare import prepare_key
 from distillab.sweep import expected_trials
 from distillab.tasks import countdown_prompt_ids, countdown_test_split, generate_skill_items, render_prompt
@@ -364,18 +364,27 @@ def _estimate_lines(sweep: SweepConfig, roles: dict[str, Role], p: Placement, tf
 
 def bf16_cpu_note(sweep: SweepConfig) -> str | None:
     """A note, or None: the sweep trains in bf16 (``trial.precision: bf16`` in some trial) on
-    CPU workers (``resources.gpus_per_worker: 0``) and this machine's CPU has no native bf16
-    matrix products (`models.cpu_has_native_bf16`). Its trials then compute those products on
-    float32 copies of the bf16 operands and round them to bf16 (`models.Bf16MatmulsInFloat32`):
-    the native kernels' arithmetic up to the order of the float32 sums, at float32 speed
-    (the generic bf16 kernel is 8.2-8.8x slower: ``python benchmarks/bf16_matmul.py``), and
-    not bitwise the numbers of a CPU with AVX-512/AMX. The note changes nothing in the run."""
+    CPU workers (``resources.gpus_per_worker: 0``) and its trials will compute their bf16
+    matrix products on float32 copies of the bf16 operands, rounded to bf16
+    (`models.Bf16MatmulsInFloat32`): this CPU has no native bf16 products
+    (`models.cpu_has_native_bf16`) or ``DISTILLAB_BF16_MATMULS=float32`` asks for it. That is
+    the native kernels' arithmetic up to the order of the float32 sums, at float32 speed (the
+    generic bf16 kernel is 9.8x slower: ``python benchmarks/bf16_matmul.py``), and not bitwise
+    the numbers of a CPU with AVX-512/AMX. The note changes nothing in the run.
+
+    Raises:
+        ConfigError: a bad ``DISTILLAB_BF16_MATMULS`` (`models.bf16_matmuls_choice`), before anything starts."""
+    try:
+        choice = bf16_matmuls_choice()
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     if sweep.resources.gpus_per_worker or not any(t.precision == "bf16" for t in sweep.trials):
         return None
-    if cpu_has_native_bf16():
+    if choice == "native" or (choice == "auto" and cpu_has_native_bf16()):
         return None
-    return (f"note: trial.precision 'bf16' on CPU workers, and this CPU ({torch.backends.cpu.get_cpu_capability()}) "
-            "has no native bf16 matrix products (oneDNN's bf16 kernels need AVX-512 or AMX): the trials compute them "
+    why = (f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native bf16 matrix products (oneDNN's bf16 "
+           "kernels need AVX-512 or AMX)") if choice == "auto" else "DISTILLAB_BF16_MATMULS=float32"
+    return (f"note: trial.precision 'bf16' on CPU workers, and {why}: the trials compute them "
             "on float32 copies of the bf16 operands and round the results to bf16 (the native kernels' arithmetic; "
             "python benchmarks/bf16_matmul.py times the three), so they are not bitwise a native-bf16 CPU's numbers")
 

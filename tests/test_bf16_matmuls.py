@@ -128,10 +128,23 @@ def test_other_calls_run_natively() -> None:
 
 def test_the_mode_is_on_only_for_bf16_on_a_cpu_without_native_bf16(monkeypatch) -> None:
     """`bf16_matmuls`: the mode for ``bf16`` on a CPU that lacks native bf16 products; a no-op
-    context for ``fp32``, for a GPU device, and on a CPU that has them."""
+    context for ``fp32``, for a GPU device, and on a CPU that has them. ``DISTILLAB_BF16_MATMULS``
+    overrides the CPU check: ``native`` never enters the mode, ``float32`` always does (bf16 on
+    CPU only); another value is refused, naming the variable and the allowed values."""
+    monkeypatch.delenv("DISTILLAB_BF16_MATMULS", raising=False)
     monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: False)
     assert isinstance(bf16_matmuls("bf16", "cpu"), Bf16MatmulsInFloat32)
     assert not isinstance(bf16_matmuls("fp32", "cpu"), Bf16MatmulsInFloat32)
     assert not isinstance(bf16_matmuls("bf16", "cuda"), Bf16MatmulsInFloat32)
-    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setenv("DISTILLAB_BF16_MATMULS", "native")
     assert not isinstance(bf16_matmuls("bf16", "cpu"), Bf16MatmulsInFloat32)
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setenv("DISTILLAB_BF16_MATMULS", "auto")
+    assert not isinstance(bf16_matmuls("bf16", "cpu"), Bf16MatmulsInFloat32)
+    monkeypatch.setenv("DISTILLAB_BF16_MATMULS", "float32")
+    assert isinstance(bf16_matmuls("bf16", "cpu"), Bf16MatmulsInFloat32)
+    assert not isinstance(bf16_matmuls("fp32", "cpu"), Bf16MatmulsInFloat32)
+    assert not isinstance(bf16_matmuls("bf16", "cuda"), Bf16MatmulsInFloat32)
+    monkeypatch.setenv("DISTILLAB_BF16_MATMULS", "fp32")
+    with pytest.raises(ValueError, match=r"DISTILLAB_BF16_MATMULS='fp32'; allowed values: auto, native, float32"):
+        bf16_matmuls("bf16", "cpu")

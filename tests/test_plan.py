@@ -159,6 +159,7 @@ def test_bf16_on_a_cpu_without_native_bf16_gets_a_note(monkeypatch, capsys, tmp_
     trials compute them in float32 (`models.Bf16MatmulsInFloat32`); fp32 sweeps, GPU workers
     and CPUs with them get none."""
     findings = load_sweep(REPO / "search_spaces" / "micro_findings.yaml")  # bf16, bf16 masters, CPU workers
+    monkeypatch.delenv("DISTILLAB_BF16_MATMULS", raising=False)
     monkeypatch.setattr(plan, "cpu_has_native_bf16", lambda: False)
     note = bf16_cpu_note(findings)
     assert note is not None and note.startswith("note: trial.precision 'bf16' on CPU workers")
@@ -172,6 +173,13 @@ def test_bf16_on_a_cpu_without_native_bf16_gets_a_note(monkeypatch, capsys, tmp_
     assert rc == 0 and out.rstrip().endswith(note)
     monkeypatch.setattr(plan, "cpu_has_native_bf16", lambda: True)
     assert bf16_cpu_note(findings) is None
+    monkeypatch.setenv("DISTILLAB_BF16_MATMULS", "float32")  # asked for on a CPU that has native bf16
+    assert "and DISTILLAB_BF16_MATMULS=float32: the trials compute them" in bf16_cpu_note(findings)
+    monkeypatch.setenv("DISTILLAB_BF16_MATMULS", "bf16")  # refused before anything starts, exit 2
+    rc, out, err = _cli(capsys, "sweep", REPO / "search_spaces" / "micro_findings.yaml",
+                        "--set", f"models.cache_dir={cache}")
+    assert rc == 2 and "DISTILLAB_BF16_MATMULS='bf16'; allowed values: auto, native, float32" in err
+    assert not cache.exists()  # nothing prepared
 
 
 def test_estimate_by_hand() -> None:
