@@ -113,8 +113,8 @@ def cpu_has_native_bf16() -> bool:
     """Whether this machine's CPU multiplies bf16 matrices natively: oneDNN's bf16 kernels,
     which torch uses for CPU bf16 matrix products where the CPU has AVX-512 (BF16 or BW) or
     AMX (`torch.ops.mkldnn._is_mkldnn_bf16_supported`). Without them torch falls back to a
-    generic kernel, 8.2-8.8x slower than float32 for the micro student's forward and
-    backward on a 2-core AVX2 EPYC (``python benchmarks/bf16_matmul.py``, 2026-12-03)."""
+    generic kernel, 8.2-9.8x slower than float32 for the micro student's forward and
+    backward on a 2-core AVX2 EPYC (``python benchmarks/bf16_matmul.py``, three runs, 2026-12-03)."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
@@ -135,8 +135,9 @@ class Bf16MatmulsInFloat32(torch.overrides.TorchFunctionMode):
     the order of the float32 summation (``tests/test_bf16_matmuls.py``: equal elements or one
     bf16 ulp apart). Attention is softmax(QKᵀ/√d)V in float32 rounded once; torch's native
     bf16 attention also rounds the probabilities to bf16 before the product with V, so there
-    the mode is the closer of the two to float64. Backward: autograd differentiates the float32 product and the casts,
-    so the gradients are float32 products rounded to the operands' bf16, as natively.
+    the mode is the closer of the two to float64. Backward: autograd differentiates the
+    float32 product and the casts, so the gradients are float32 products rounded to the
+    operands' bf16, as natively.
     Why: on CPUs without native bf16 products (`cpu_has_native_bf16`) the float32 kernels
     are ~10x faster (micro student forward + backward: ``python benchmarks/bf16_matmul.py``).
     Calls with ``out=`` or mixed dtypes run natively (and raise where torch raises).

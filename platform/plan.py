@@ -369,7 +369,7 @@ def bf16_cpu_note(sweep: SweepConfig) -> str | None:
     (`models.Bf16MatmulsInFloat32`): this CPU has no native bf16 products
     (`models.cpu_has_native_bf16`) or ``DISTILLAB_BF16_MATMULS=float32`` asks for it. That is
     the native kernels' arithmetic up to the order of the float32 sums, at float32 speed (the
-    generic bf16 kernel is 9.8x slower: ``python benchmarks/bf16_matmul.py``), and not bitwise
+    generic bf16 kernel is 8.2-9.8x slower: ``python benchmarks/bf16_matmul.py``), and not bitwise
     the numbers of a CPU with AVX-512/AMX. The note changes nothing in the run.
 
     Raises:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
 from distillab import models
-from distillab.models import Bf16MatmulsInFloat32, bf16_matmuls, build_char_tokenizer, micro_llama_config
+from distillab.models import BF16_MATMULS, Bf16MatmulsInFloat32, bf16_matmuls, build_char_tokenizer, micro_llama_config
 
 B = torch.bfloat16
 
@@ -52,8 +52,18 @@ def test_each_product_equals_the_native_bf16_kernel_and_float64(name) -> None:
     product."""
     fn, args, kwargs, ref = _calls()[name]
     native = fn(*args, **kwargs)
-    with Bf16MatmulsInFloat32():
+    seen = []
+
+    class Spy(Bf16MatmulsInFloat32):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return super().__torch_function__(func, types, args, kwargs)
+
+    with Spy():
         got = fn(*args, **kwargs)
+    assert seen[0] in BF16_MATMULS  # the mode saw the product (a @ b as Tensor.matmul), and computed it on
+    # float32 copies, rounded once:
+    assert torch.equal(got, fn(*[a.float() for a in args], **kwargs).to(B))
     assert got.dtype == B and got.shape == native.shape
     assert _ulps(got, native).max().item() <= 1
     assert (got == native).float().mean().item() >= 0.95
