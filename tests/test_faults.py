@@ -298,11 +298,16 @@ def test_ray_job_submit(tmp_path: Path) -> None:
         entry = [sys.executable, "-m", "distillab.cli", "sweep", "search_spaces/smoke.yaml",
                  "--set", f"storage_path={tmp_path}", "--set", f"models.cache_dir={CACHE / 'models'}",
                  "--set", "search.grid={rollout.policy: [onpd]}"]  # one trial: it samples, so every gauge is set
-        sub = subprocess.run(
-            [ray_bin, "job", "submit", "--address", address, "--working-dir", str(REPO),
-             "--submission-id", "distillab-smoke", "--", *entry],
-            env=env, capture_output=True, text=True, timeout=900, cwd=REPO,
-        )
+        deadline = time.time() + 180
+        while True:  # the dashboard answers before its job agent is up (measured on a loaded 2-core machine):
+            sub = subprocess.run(  # Ray's own message asks to try again later
+                [ray_bin, "job", "submit", "--address", address, "--working-dir", str(REPO),
+                 "--submission-id", "distillab-smoke", "--", *entry],
+                env=env, capture_output=True, text=True, timeout=900, cwd=REPO,
+            )
+            if "No available agent to submit job" not in sub.stderr + sub.stdout or time.time() > deadline:
+                break
+            time.sleep(3)
         assert sub.returncode == 0, sub.stdout[-3000:] + sub.stderr[-3000:]
         status = subprocess.run([ray_bin, "job", "status", "--address", address, "distillab-smoke"],
                                 env=env, capture_output=True, text=True, timeout=60)
