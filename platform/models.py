@@ -173,19 +173,28 @@ def bf16_matmuls_choice() -> str:
     return choice
 
 
-def bf16_matmuls(precision: str, device: torch.device | str = "cpu") -> ContextManager:
-    """The context a trial's compute runs in: `Bf16MatmulsInFloat32` where it trains in bf16
-    (``precision`` ``"bf16"``, `DTYPES`) on a CPU ``device`` without native bf16 matrix
-    products (`cpu_has_native_bf16`), or on any CPU with ``DISTILLAB_BF16_MATMULS=float32``;
-    a no-op context otherwise (float32, GPUs, CPUs with AVX-512/AMX, ``native``).
+def bf16_in_float32(precision: str, device: torch.device | str = "cpu") -> str | None:
+    """Why a trial of ``precision`` on ``device`` computes its bf16 products in float32
+    (`Bf16MatmulsInFloat32`), or None where it does not: ``"auto"`` (bf16 on a CPU without
+    native bf16 products, `cpu_has_native_bf16`) or ``"float32"`` (bf16 on any CPU, asked by
+    ``DISTILLAB_BF16_MATMULS=float32``). None for float32, GPUs, CPUs with AVX-512/AMX under
+    ``auto``, and ``native``.
 
     Raises:
         ValueError: a bad ``DISTILLAB_BF16_MATMULS`` (`bf16_matmuls_choice`)."""
     choice = bf16_matmuls_choice()
-    if precision == "bf16" and torch.device(device).type == "cpu" and choice != "native" \
-            and (choice == "float32" or not cpu_has_native_bf16()):
-        return Bf16MatmulsInFloat32()
-    return nullcontext()
+    if precision != "bf16" or torch.device(device).type != "cpu" or choice == "native":
+        return None
+    return choice if choice == "float32" or not cpu_has_native_bf16() else None
+
+
+def bf16_matmuls(precision: str, device: torch.device | str = "cpu") -> ContextManager:
+    """The context a trial's compute runs in: `Bf16MatmulsInFloat32` where `bf16_in_float32`
+    gives a reason, a no-op context otherwise.
+
+    Raises:
+        ValueError: a bad ``DISTILLAB_BF16_MATMULS`` (`bf16_matmuls_choice`)."""
+    return Bf16MatmulsInFloat32() if bf16_in_float32(precision, device) else nullcontext()
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32,

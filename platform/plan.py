@@ -41,8 +41,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from distillab.config import ConfigError, SweepConfig, TrialConfig
 from distillab.mcq import mcq_prompt_ids, mcq_test_split
-from distillab.models import (bf16_matmuls_choice, build_char_tokenizer, check_lm_heads, check_same_vocab,
-                              cpu_has_native_bf16, load_tokenizer, micro_llama_config)
+from distillab.models import (bf16_in_float32, build_char_tokenizer, check_lm_heads, check_same_vocab,
+                              load_tokenizer, micro_llama_config)
 from distillab.prepare import prepare_key
 from distillab.sweep import expected_trials
 from distillab.tasks import countdown_prompt_ids, countdown_test_split, generate_skill_items, render_prompt
@@ -375,12 +375,11 @@ def bf16_cpu_note(sweep: SweepConfig) -> str | None:
     Raises:
         ConfigError: a bad ``DISTILLAB_BF16_MATMULS`` (`models.bf16_matmuls_choice`), before anything starts."""
     try:
-        choice = bf16_matmuls_choice()
+        choice = bf16_in_float32("bf16" if any(t.precision == "bf16" for t in sweep.trials) else "fp32",
+                                 "cuda" if sweep.resources.gpus_per_worker else "cpu")
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if sweep.resources.gpus_per_worker or not any(t.precision == "bf16" for t in sweep.trials):
-        return None
-    if choice == "native" or (choice == "auto" and cpu_has_native_bf16()):
+    if choice is None:
         return None
     why = (f"this CPU ({torch.backends.cpu.get_cpu_capability()}) has no native bf16 matrix products (oneDNN's bf16 "
            "kernels need AVX-512 or AMX)") if choice == "auto" else "DISTILLAB_BF16_MATMULS=float32"

@@ -13,6 +13,7 @@ from distillab.cli import main
 from distillab.config import SweepConfig, TrialConfig, load_sweep
 from distillab.countdown import countdown_user_text
 from distillab.models import build_char_tokenizer
+import distillab.models as models
 import distillab.plan as plan
 from distillab.plan import Cluster, bf16_cpu_note, check_checkpoints, estimate, placement
 from distillab.tasks import countdown_test_split
@@ -160,7 +161,7 @@ def test_bf16_on_a_cpu_without_native_bf16_gets_a_note(monkeypatch, capsys, tmp_
     and CPUs with them get none."""
     findings = load_sweep(REPO / "search_spaces" / "micro_findings.yaml")  # bf16, bf16 masters, CPU workers
     monkeypatch.delenv("DISTILLAB_BF16_MATMULS", raising=False)
-    monkeypatch.setattr(plan, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: False)
     note = bf16_cpu_note(findings)
     assert note is not None and note.startswith("note: trial.precision 'bf16' on CPU workers")
     assert "float32 copies of the bf16 operands" in note
@@ -171,7 +172,7 @@ def test_bf16_on_a_cpu_without_native_bf16_gets_a_note(monkeypatch, capsys, tmp_
     rc, out, _ = _cli(capsys, "sweep", REPO / "search_spaces" / "micro_findings.yaml", "--dry-run",
                       "--set", f"models.cache_dir={cache}", "--node-cpus", 2, "--node-gpus", 0)
     assert rc == 0 and out.rstrip().endswith(note)
-    monkeypatch.setattr(plan, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: True)
     assert bf16_cpu_note(findings) is None
     monkeypatch.setenv("DISTILLAB_BF16_MATMULS", "float32")  # asked for on a CPU that has native bf16
     assert "and DISTILLAB_BF16_MATMULS=float32: the trials compute them" in bf16_cpu_note(findings)
