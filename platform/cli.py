@@ -118,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
                     "(default: the first sweep directory)")
     fd.add_argument("--by", metavar="COLUMN", default=None, help="decide per value of a trials column: sweep "
                     "(one group per directory) or a config column such as loss.estimator (ablations)")
+    fd.add_argument("--task", metavar="NAME", default="countdown3",
+                    help="the task acc, pass@1 and pass@10 are read on (default countdown3, as PROTOCOL.md §9; "
+                         "math for search_spaces/micro_math.yaml)")
     fd.add_argument("--only", metavar="F1,F4", default=None, help="decide only these findings")
     return parser
 
@@ -237,12 +240,12 @@ def _findings(args) -> int:
         return 2
     res = load(args.path if len(args.path) > 1 else args.path[0])
     try:
-        result = decide(res, by=args.by, only=args.only.split(",") if args.only else None)
-    except ValueError as e:  # an unknown --by column or finding
+        result = decide(res, by=args.by, only=args.only.split(",") if args.only else None, task=args.task)
+    except ValueError as e:  # an unknown --by column, finding or task
         print(f"distillab: findings: {e}", file=sys.stderr)
         return 2
     print(format_verdicts(result))
-    written = write_findings(res, args.out or args.path[0], result, args.path, by=args.by)
+    written = write_findings(res, args.out or args.path[0], result, args.path, by=args.by, task=args.task)
     print(f"findings: {written['findings']}")
     print_time("findings", time.perf_counter() - t0, 0)
     return 0

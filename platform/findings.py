@@ -61,6 +61,10 @@ findings run, never tuned to a result):
 - **Verdicts.** Inconclusive when a needed cell is missing, failed, mixed, has fewer than 3
   seeds with the value, or a statistic is NaN (the cells are listed); otherwise reproduced
   when every clause holds, else not reproduced.
+- **Task.** ``acc``, pass@1 and pass@10 are read on Countdown-3 (§9). ``--task NAME`` reads them on
+  another scored task instead, with the rules unchanged: the long-reasoning ablation
+  (``search_spaces/micro_math.yaml``, ``trial.domain: math``) distils on task ``math``, so its F1
+  and F4 are decided on ``--task math``; findings.md then says so above the verdicts.
 - **Ablations.** ``--by KEY`` partitions the trials by the value of a trials column (``sweep``
   when several directories are loaded, or a config column such as ``loss.estimator``,
   ``optimizer.clip``) and decides each group on its own; ``--only F1,F4`` restricts the
@@ -88,7 +92,7 @@ from distillab.results import (
 __all__ = [
     "Stat", "mean_of", "Clause", "Verdict", "PAPER", "FINDINGS", "MIN_SEEDS", "SPECTRUM",
     "trial_values", "cell_table", "CellView", "f1", "f2", "f3", "f4", "f5", "decide",
-    "format_verdicts", "findings_markdown", "provenance_lines", "not_reproduced_lines", "power_note", "ratio_note", "FINDINGS_FIGURES", "write_findings",
+    "format_verdicts", "findings_markdown", "TASK", "evals_of", "name_of", "provenance_lines", "not_reproduced_lines", "power_note", "ratio_note", "FINDINGS_FIGURES", "write_findings",
 ]
 
 #: §9: fewer seeds than this make a cell inconclusive
@@ -99,6 +103,8 @@ POLICIES = ("offpd", "onpd")
 KINDS = ("forward", "reverse")
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 
+#: the task §9's acc, pass@1 and pass@10 are read on (``--task`` names another; see the module docstring)
+TASK = "countdown3"
 #: quantity → (stage, task, metric) of the final eval it is (f and gap are derived: see `trial_values`)
 EVALS = {
     "acc": ("distill", "countdown3", "accuracy"),
@@ -115,6 +121,21 @@ DERIVED = {"f": ("pre and distill", "ood", "ood_mean"), "gap": ("distill", "coun
 NAMES = {"acc": "Countdown-3 accuracy", "f": "forgetting (ΔOOD)", "S": "S_1e-6", "gap": "pass@10 − pass@1",
          "hard10": "Countdown-4E pass@10 (distill)", "hard10_rlvr": "Countdown-4E pass@10 (rlvr)",
          "hard10_pre": "Countdown-4E pass@10 (pre)"}
+#: the quantities read on the task of ``--task`` (`TASK` by default)
+ON_TASK = ("acc", "pass1", "pass10", "gap")
+
+
+def evals_of(task: str = TASK) -> dict[str, tuple[str, str, str]]:
+    """`EVALS` with ``acc``, ``pass1`` and ``pass10`` read on ``task`` (a task name of the
+    evals frame, e.g. ``math``) in place of Countdown-3."""
+    return {**EVALS, **{q: (stage, task, metric) for q, (stage, t, metric) in EVALS.items() if q in ON_TASK}}
+
+
+def name_of(q: str, task: str = TASK) -> str:
+    """`NAMES` of quantity ``q``, naming ``task`` where ``q`` is read on it and it is not Countdown-3."""
+    if task == TASK or q not in ON_TASK:
+        return NAMES[q]
+    return {"acc": f"{task} accuracy", "gap": f"pass@10 − pass@1 on {task}"}.get(q, f"{task} {q}")
 _CELL = ["policy", "lambda", "kind", "lr"]
 
 #: The paper's values (Piskorz, Berthon, van der Schaar 2026, as our sources restate them), one row
@@ -259,12 +280,13 @@ def _keys(res: Results) -> list[str]:
     return ["sweep", "trial_id"] if "sweep" in res.trials.collect_schema().names() else ["trial_id"]
 
 
-def trial_values(res: Results) -> pl.DataFrame:
+def trial_values(res: Results, task: str = TASK) -> pl.DataFrame:
     """One row per trial (every status): its keys, ``status``, ``seed``, the cell columns
     ``policy``, ``lambda``, ``kind``, ``lr``, ``has_rlvr`` (its config has an RLVR stage),
-    every config column, and the quantities of `QUANTITIES` (null where a completed trial
+    every config column, the quantities of `QUANTITIES` (null where a completed trial
     lacks the eval, and for trials that are not completed): ``acc``, ``S``, ``hard10`` and
-    ``hard10_rlvr`` as in `EVALS`, ``f`` = `results.forgetting`, ``gap`` = pass@10 − pass@1."""
+    ``hard10_rlvr`` as in `evals_of` ``(task)``, ``f`` = `results.forgetting`, ``gap`` =
+    pass@10 − pass@1, and ``on_task`` = ``task`` (the task acc and gap are read on)."""
     keys = _keys(res)
     trials = res.trials.collect()
     have = set(trials.columns)
@@ -277,12 +299,12 @@ def trial_values(res: Results) -> pl.DataFrame:
         col(LAMBDA, pl.Float64).alias("lambda"), col(KL, pl.String).alias("kind"), col(LR, pl.Float64).alias("lr"),
         col("rlvr.task", pl.String).is_not_null().alias("has_rlvr"))
     fe = final_evals(res).collect()
-    for name, (stage, task, metric) in EVALS.items():
-        v = fe.filter((pl.col("stage") == stage) & (pl.col("task") == task) & (pl.col("metric") == metric))
+    for name, (stage, on, metric) in evals_of(task).items():
+        v = fe.filter((pl.col("stage") == stage) & (pl.col("task") == on) & (pl.col("metric") == metric))
         out = out.join(v.select(*keys, pl.col("value").alias(name)), on=keys, how="left", validate="1:1")
     f = forgetting(res).select(*keys, pl.col("value").alias("f")).collect()
     out = out.join(f, on=keys, how="left", validate="1:1")
-    return out.with_columns((pl.col("pass10") - pl.col("pass1")).alias("gap"))
+    return out.with_columns((pl.col("pass10") - pl.col("pass1")).alias("gap"), pl.lit(task).alias("on_task"))
 
 
 def cell_table(trials: pl.DataFrame) -> pl.DataFrame:
@@ -310,7 +332,7 @@ def cell_table(trials: pl.DataFrame) -> pl.DataFrame:
 
 
 _TRIAL_COLUMNS = {"trial_id", "sweep", "status", "error", "start_time", "end_time", "checkpoint", "seed", "policy",
-                  "lambda", "kind", "lr", "has_rlvr", *EVALS, *QUANTITIES}
+                  "lambda", "kind", "lr", "has_rlvr", "on_task", *EVALS, *QUANTITIES}
 
 
 def _config(trials: pl.DataFrame) -> set[str]:
@@ -334,6 +356,7 @@ class CellView:
         self._rows = {tuple(r[c] for c in _CELL): r for r in self.cells.iter_rows(named=True)}
         self.problems: dict[str, str] = {}
         self.note = note
+        self.task = trials["on_task"][0] if "on_task" in trials.columns and trials.height else TASK
 
     def stat(self, q: str, policy: str, kind: str, lr: float | None, lam: float | None = None) -> Stat:
         """The `Stat` of quantity ``q`` (`QUANTITIES`) in cell (``policy``, ``lam``, ``kind``,
@@ -349,15 +372,16 @@ class CellView:
             why.append(f"{row['n_failed']} of {row['n_trials']} trials not completed ({', '.join(row['failed'])})")
         if row["mixed"]:
             why.append(f"its trials differ in {', '.join(row['mixed'])}, not only in seed (split with --by)")
-        n = row[f"{q}_n"]
+        n, name = row[f"{q}_n"], name_of(q, self.task)
         if n == 0 and row["n_trials"] > row["n_failed"]:  # completed trials without the value: never evaluated
-            stage, task, metric = EVALS.get(q) or DERIVED[q]
-            why.append(f"its completed trials have no {NAMES[q]} (not evaluated: e.g. {task} {metric} at stage "
+            stage, task, metric = evals_of(self.task).get(q) or DERIVED[q]
+            task = self.task if q == "gap" else task
+            why.append(f"its completed trials have no {name} (not evaluated: e.g. {task} {metric} at stage "
                        f"{stage}, or the evaluation.pass_k / countdown_tasks that give it)")
         elif n < MIN_SEEDS:
-            why.append(f"{n} seed(s) with {NAMES[q]} (< {MIN_SEEDS})")
+            why.append(f"{n} seed(s) with {name} (< {MIN_SEEDS})")
         if why:
-            self.problems[f"{label} {NAMES[q]}"] = "; ".join(why)
+            self.problems[f"{label} {name}"] = "; ".join(why)
         mean, sem = row[f"{q}_mean"], row[f"{q}_sem"]
         return Stat(math.nan if mean is None else mean, math.nan if sem is None else sem, n)
 
@@ -575,18 +599,24 @@ def f5(trials: pl.DataFrame) -> Verdict:
 FINDINGS: dict[str, Callable[[pl.DataFrame], Verdict]] = {"F1": f1, "F2": f2, "F3": f3, "F4": f4, "F5": f5}
 
 
-def decide(res: Results, by: str | None = None, only: Sequence[str] | None = None) -> dict[str, list[Verdict]]:
+def decide(res: Results, by: str | None = None, only: Sequence[str] | None = None,
+           task: str = TASK) -> dict[str, list[Verdict]]:
     """The verdicts of the findings ``only`` (default all of `FINDINGS`) on the trials of
     ``res``: ``{"all": [...]}``, or with ``by`` one entry per value of that trials column
-    (``"<by>=<value>"``), each group decided on its own.
+    (``"<by>=<value>"``), each group decided on its own; acc, pass@1 and pass@10 read on
+    ``task`` (default Countdown-3, as §9 says).
 
     Raises:
-        ValueError: an unknown finding, or ``by`` not a trials column (names the columns)."""
+        ValueError: an unknown finding, ``by`` not a trials column (names the columns), or
+            ``task`` not a task of the evals (names the tasks)."""
     names = list(only) if only else list(FINDINGS)
     bad = [n for n in names if n not in FINDINGS]
     if bad:
         raise ValueError(f"unknown finding(s) {bad}; allowed: {list(FINDINGS)}")
-    trials = trial_values(res)
+    tasks = set(res.evals.select(pl.col("task").unique()).collect()["task"].to_list())
+    if task != TASK and task not in tasks:
+        raise ValueError(f"--task {task!r} is not a task of these sweeps' evals; allowed: {sorted(tasks)}")
+    trials = trial_values(res, task)
     return {g: [FINDINGS[n](t) for n in names] for g, t in _groups(trials, by).items()}
 
 
@@ -656,7 +686,7 @@ def _ours(v: Verdict) -> str:
     return "; ".join(f"{name} {s.text()}" for name, s in v.ours.items())
 
 
-def _cells_frame(cells: pl.DataFrame, spectrum: bool) -> pl.DataFrame:
+def _cells_frame(cells: pl.DataFrame, spectrum: bool, task: str = TASK) -> pl.DataFrame:
     """A cell table for findings.md: the cell, mean ± SEM (n seeds) of each quantity, failed trials."""
     qs = (("acc", "gap", "hard10_pre", "hard10", "hard10_rlvr", "f", "S") if spectrum
           else ("acc", "f", "S", "gap", "hard10_pre", "hard10"))
@@ -665,7 +695,7 @@ def _cells_frame(cells: pl.DataFrame, spectrum: bool) -> pl.DataFrame:
         row = {"λ" if spectrum else "policy": f"{r['lambda']:g}" if spectrum else r["policy"], "KL": r["kind"],
                "LR": "–" if r["lr"] is None else f"{r['lr']:g}"}
         for q in qs:
-            row[NAMES[q]] = (f"{mean_sem_text(r[f'{q}_mean'], r[f'{q}_sem'], 3)} (n={r[f'{q}_n']})"
+            row[name_of(q, task)] = (f"{mean_sem_text(r[f'{q}_mean'], r[f'{q}_sem'], 3)} (n={r[f'{q}_n']})"
                              if r[f"{q}_n"] else "–")
         row["not completed"] = ", ".join(r["failed"]) or "–"
         rows.append(row)
@@ -678,21 +708,26 @@ def _counts(trials: pl.DataFrame) -> str:
 
 
 def findings_markdown(res: Results, result: dict[str, list[Verdict]], figures: dict[str, tuple[Path, list[str]]],
-                      sources: Sequence[str], by: str | None = None) -> str:
+                      sources: Sequence[str], by: str | None = None, task: str = TASK) -> str:
     """findings.md: the verdict table (one column per group), each finding's clauses with their
-    statistics, the cell tables (mean ± SEM over seeds), the figures and the paper's values."""
-    trials = trial_values(res)
+    statistics, the cell tables (mean ± SEM over seeds), the figures and the paper's values;
+    ``task``: the task acc, pass@1 and pass@10 were read on (`decide`)."""
+    trials = trial_values(res, task)
     groups = _groups(trials, by)
     names = [v.finding for v in next(iter(result.values()))]
     cmd = " ".join(["distillab findings", *sources, *([f"--by {by}"] if by else []),
-                    *([f"--only {','.join(names)}"] if names != list(FINDINGS) else [])])
+                    *([f"--only {','.join(names)}"] if names != list(FINDINGS) else []),
+                    *([f"--task {task}"] if task != TASK else [])])
+    on_task = ([f"Task: acc, pass@1 and pass@10 are read on task `{task}` in place of Countdown-3 (`--task "
+                f"{task}`); every rule of §9 is otherwise as written, including where its text says Countdown-3.", ""]
+               if task != TASK else [])
     lines = ["# Findings: the verdicts of PROTOCOL.md §9", "",
              f"Generated by `{cmd}` from {_counts(trials)}. Every number below is computed by that command "
              "(`distillab.findings`); values are means over seeds ± SEM, n = seeds. Cells: ρ the rollout policy "
              "(OffPD: teacher samples, OnPD: student samples), k the token-level KL (forward KL(π_T‖π_S), reverse "
              "KL(π_S‖π_T)), η the learning rate, λ the rollout-policy spectrum (−1 = the teacher's samples, +1 = "
              "the student's, 0 their normalised geometric midpoint, beyond ±1 amplified; PROTOCOL.md §3).", "",
-             *provenance_lines(sources), "## Verdicts", ""]
+             *on_task, *provenance_lines(sources), "## Verdicts", ""]
     first = next(iter(result.values()))
     table = {"finding": names, **{g: [v.verdict for v in vs] for g, vs in result.items()},
              **({"ours": [_ours(v) for v in first]} if len(result) == 1 else {}),
@@ -710,7 +745,7 @@ def findings_markdown(res: Results, result: dict[str, list[Verdict]], figures: d
         for title, part, spectrum in (("grid cells (ρ, k, η)", _grid(groups[g]), False),
                                       ("spectrum cells (λ, k, η)", _spectrum(groups[g]), True)):
             if part.height:
-                lines += [f"### {title}, {g}", "", format_table(_cells_frame(cell_table(part), spectrum)), ""]
+                lines += [f"### {title}, {g}", "", format_table(_cells_frame(cell_table(part), spectrum, task)), ""]
     if figures:
         lines += ["## Figures", ""]
         for stem, (path, notes) in figures.items():
@@ -740,28 +775,30 @@ def provenance_lines(sources: Sequence[str]) -> list[str]:
     return ["Produced by:", "", *lines, ""]
 
 
-#: findings.md's figures: file stem → (figure function of `distillab.plots`, the trials it draws)
-FINDINGS_FIGURES: dict[str, tuple[Callable, Sequence[str]]] = {
-    "findings_f1_accuracy_lr": (fig_accuracy_lr, POLICIES),
-    "findings_f2_forgetting_sparsity_lr": (fig_lr, POLICIES),
-    "findings_f3_lambda": (fig_lambda, ("spectrum",)),
-    "findings_f4_coverage_gap": (fig_coverage_gap, (*POLICIES, "spectrum")),
-    "findings_f5_countdown4e_lambda": (fig_hard_pass_lambda, ("spectrum",)),
+#: findings.md's figures: file stem → (figure function of `distillab.plots`, the trials it draws,
+#: whether it draws a quantity read on ``--task`` (the function then takes ``task=``))
+FINDINGS_FIGURES: dict[str, tuple[Callable, Sequence[str], bool]] = {
+    "findings_f1_accuracy_lr": (fig_accuracy_lr, POLICIES, True),
+    "findings_f2_forgetting_sparsity_lr": (fig_lr, POLICIES, False),
+    "findings_f3_lambda": (fig_lambda, ("spectrum",), False),
+    "findings_f4_coverage_gap": (fig_coverage_gap, (*POLICIES, "spectrum"), True),
+    "findings_f5_countdown4e_lambda": (fig_hard_pass_lambda, ("spectrum",), False),
 }
 
 
 def write_findings(res: Results, out_dir: str | os.PathLike[str], result: dict[str, list[Verdict]],
-                   sources: Sequence[str], by: str | None = None, dpi: int = 120) -> dict[str, Path]:
+                   sources: Sequence[str], by: str | None = None, dpi: int = 120,
+                   task: str = TASK) -> dict[str, Path]:
     """Draw `FINDINGS_FIGURES` (each over the trials of its policies, all groups together: a ``--by``
-    column that varies becomes part of the legend) into ``out_dir`` and write
-    ``<out_dir>/findings.md``. Returns ``{stem: png path, ..., "findings": md path}``."""
+    column that varies becomes part of the legend; accuracy and coverage on ``task``) into
+    ``out_dir`` and write ``<out_dir>/findings.md``. Returns ``{stem: png path, ..., "findings": md path}``."""
     out = Path(out_dir)
     figures: dict[str, tuple[Path, list[str]]] = {}
     have_policy = POLICY in res.trials.collect_schema().names()
-    for stem, (draw, policies) in FINDINGS_FIGURES.items():
+    for stem, (draw, policies, on_task) in FINDINGS_FIGURES.items():
         part = filter_trials(res, **{POLICY: list(policies)}) if have_policy else res
-        fig = draw(part)
+        fig = draw(part, task=task) if on_task else draw(part)
         figures[stem] = (save_figure(fig, out, stem, dpi=dpi), figure_notes(fig))
     md = out / "findings.md"
-    md.write_text(findings_markdown(res, result, figures, sources, by), encoding="utf-8")
+    md.write_text(findings_markdown(res, result, figures, sources, by, task), encoding="utf-8")
     return {**{k: p for k, (p, _) in figures.items()}, "findings": md}

@@ -302,11 +302,11 @@ def _extra(res: Results, used: Sequence[str]) -> list[str]:
     return [c for c in swept_columns(res) if c not in used]
 
 
-def _quantity(res: Results, name: str) -> tuple[pl.DataFrame | None, str, str]:
-    """Per-trial frame (with ``value``), axis label and why it is absent."""
+def _quantity(res: Results, name: str, task: str = ID_TASK) -> tuple[pl.DataFrame | None, str, str]:
+    """Per-trial frame (with ``value``), axis label and why it is absent (``id_accuracy``: on ``task``)."""
     if name == "id_accuracy":
-        df = _final(res, "distill", ID_TASK, "accuracy")
-        return df, f"{ID_TASK} accuracy", f"no {ID_TASK} accuracy at stage distill"
+        df = _final(res, "distill", task, "accuracy")
+        return df, f"{task} accuracy", f"no {task} accuracy at stage distill"
     if name == "hard_accuracy":
         df = _final(res, "distill", HARD_TASK, "accuracy")
         return df, f"{HARD_TASK} accuracy", f"no {HARD_TASK} accuracy at stage distill"
@@ -331,8 +331,9 @@ def _panel_bars(fig, ax, res: Results, name: str, cats: list[str], bar: str | No
     _bars(ax, agg, cats, bar, ylabel, ylabel)
 
 
-def _panel_lines(fig, ax, res: Results, name: str, x: str, series: list[str], why_x: str | None = None) -> None:
-    df, ylabel, why = _quantity(res, name)
+def _panel_lines(fig, ax, res: Results, name: str, x: str, series: list[str], why_x: str | None = None,
+                 task: str = ID_TASK) -> None:
+    df, ylabel, why = _quantity(res, name, task)
     if why_x is not None:
         _no_data(fig, ax, ylabel, why_x)
         return
@@ -543,12 +544,12 @@ def fig_estimator(res: Results) -> Figure:
     return fig
 
 
-def fig_accuracy_lr(res: Results) -> Figure:
-    """Countdown-3 accuracy against learning rate, one line per rollout policy × KL direction,
-    mean ± SEM over seeds (finding 1: policy gives no consistent advantage; reverse KL is the
-    more LR-sensitive direction). `distillab.findings` draws it over the policy × KL grid."""
+def fig_accuracy_lr(res: Results, task: str = ID_TASK) -> Figure:
+    """Countdown-3 (or ``task``'s) accuracy against learning rate, one line per rollout policy × KL
+    direction, mean ± SEM over seeds (finding 1: policy gives no consistent advantage; reverse KL
+    is the more LR-sensitive direction). `distillab.findings` draws it over the policy × KL grid."""
     fig, axes = _new_figure(1, "accuracy against learning rate", width=6.0)
-    _panel_lines(fig, axes[0], res, "id_accuracy", LR, [POLICY, KL, *_extra(res, (POLICY, KL, LR))])
+    _panel_lines(fig, axes[0], res, "id_accuracy", LR, [POLICY, KL, *_extra(res, (POLICY, KL, LR))], task=task)
     return fig
 
 
@@ -566,19 +567,19 @@ def _coverage_gap(res: Results, task: str = ID_TASK) -> pl.DataFrame:
     return gap.join(res.trials.collect(), on=keys, how="left").filter(pl.col("value").is_not_null())
 
 
-def fig_coverage_gap(res: Results) -> Figure:
-    """The coverage gap pass@k − pass@1 on Countdown-3 after distillation (finding 4: larger for
-    forward KL), computed per trial: against LR per rollout policy × KL direction, and along λ
-    per KL direction, mean ± SEM over seeds."""
-    fig, axes = _new_figure(2, f"coverage gap on {ID_TASK}: pass@k − pass@1", width=6.0)
+def fig_coverage_gap(res: Results, task: str = ID_TASK) -> Figure:
+    """The coverage gap pass@k − pass@1 on Countdown-3 (or ``task``) after distillation (finding 4:
+    larger for forward KL), computed per trial: against LR per rollout policy × KL direction, and
+    along λ per KL direction, mean ± SEM over seeds."""
+    fig, axes = _new_figure(2, f"coverage gap on {task}: pass@k − pass@1", width=6.0)
     label = "pass@k − pass@1"
     has_policy = POLICY in res.trials.collect_schema().names()
     for ax, x, policies in ((axes[0], LR, ["offpd", "onpd"]), (axes[1], LAMBDA, ["spectrum"])):
         title = f"{label} along λ" if x == LAMBDA else f"{label} against LR"
         part = filter_trials(res, **{POLICY: policies}) if has_policy else res
-        df = _coverage_gap(part)
+        df = _coverage_gap(part, task)
         if not df.height:
-            _no_data(fig, ax, title, f"no {'/'.join(policies)} trials with pass@1 and pass@k on {ID_TASK}")
+            _no_data(fig, ax, title, f"no {'/'.join(policies)} trials with pass@1 and pass@k on {task}")
             continue
         series = [KL] if x == LAMBDA else [POLICY, KL]
         series += _extra(part, (*series, x, POLICY))  # what else varies among these trials

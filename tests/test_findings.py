@@ -366,6 +366,46 @@ def test_write_findings_markdown_and_figures(tmp_path) -> None:
     assert "F1  INCONCLUSIVE" in text and "F3  REPRODUCED" in text and "paper:" in text
 
 
+def _with_math_task(base: Results) -> Results:
+    """``base`` plus a task ``math`` whose accuracy and pass@1 are Countdown-3's and whose
+    pass@10 is 0.2 lower for forward KL trials and 0.2 higher for reverse KL trials: its coverage
+    gap is forward 0.30 − 0.2 = 0.10 and reverse 0.10 + 0.2 = 0.30 in every cell (F4 reversed)."""
+    ev = base.evals.collect()
+    shift = pl.when(pl.col("loss.kind") == "forward").then(-0.2).otherwise(0.2)
+    math_ev = (ev.filter(pl.col("task") == "countdown3").join(base.trials.select("trial_id", "loss.kind").collect(),
+                                                               on="trial_id")
+               .with_columns(pl.lit("math").alias("task"),
+                             pl.when(pl.col("metric") == "pass@10").then(pl.col("value") + shift)
+                             .otherwise(pl.col("value")).alias("value"))
+               .drop("loss.kind"))
+    return Results(base.trials, base.metrics, pl.concat([ev, math_ev]).lazy(), base.samples)
+
+
+def test_task_reads_accuracy_and_coverage_on_another_task(tmp_path) -> None:
+    res = _with_math_task(study())
+    assert [v.verdict for v in decide(res, only=["F1", "F4"])["all"]] == [REPRODUCED, REPRODUCED]
+    f1m, f4m = decide(res, only=["F1", "F4"], task="math")["all"]
+    assert f1m.verdict == REPRODUCED  # math accuracy = Countdown-3's
+    assert f4m.verdict == NOT_REPRODUCED
+    d = f4m.clauses[0].stats["difference"]  # mean over 6 matched grid cells + 5 λ cells of (0.10 − 0.30)
+    assert d.mean == pytest.approx(-0.2) and d.sem == pytest.approx(math.sqrt(2 * 11 * S0**2) / 11)
+    assert trial_values(res, "math")["on_task"].unique().to_list() == ["math"]
+    paths = write_findings(res, tmp_path, {"all": [f1m, f4m]}, ["runs/micro_math"], task="math")
+    md = paths["findings"].read_text()
+    assert "`distillab findings runs/micro_math --only F1,F4 --task math`" in md
+    assert "read on task `math` in place of Countdown-3" in md and "pass@10 − pass@1 on math" in md
+    assert "math accuracy" in md and "0.1 ± 0.0058 (n=3)" in md  # a cell's math gap: 0.10 ± S0
+    with pytest.raises(ValueError, match=r"--task 'nosuch' is not a task .*allowed: \['countdown3', 'countdown4e', "
+                                         r"'math', 'ood', 'params'\]"):
+        decide(res, task="nosuch")
+    # a cell without the math evals is inconclusive, and says which quantity it lacks
+    drop_one = Results(res.trials, res.metrics, res.evals.filter(
+        ~((pl.col("task") == "math") & (pl.col("trial_id") == "offpd-forward-lr0.0001-s42"))), res.samples)
+    v = decide(drop_one, only=["F4"], task="math")["all"][0]
+    assert v.verdict == INCONCLUSIVE
+    assert any("(offpd, forward, η=0.0001) pass@10 − pass@1 on math" in p and "2 seed(s)" in p for p in v.problems)
+
+
 def _write_micro_findings(root) -> None:
     """The trials rows `sweep.run_trial` writes for search_spaces/micro_findings.yaml (every config
     column), with the evals of the base study, as Parquet under ``root``."""
@@ -408,6 +448,8 @@ def test_cli_findings(tmp_path, capsys) -> None:
     assert main(["findings", str(root), "--by", "nope"]) == 2
     assert "--by 'nope' is not a trials column" in capsys.readouterr().err
     assert main(["findings", str(tmp_path / "absent")]) == 2
+    assert main(["findings", str(root), "--task", "math"]) == 2
+    assert "--task 'math' is not a task of these sweeps' evals; allowed: ['countdown3'" in capsys.readouterr().err
 
 
 def test_findings_md_names_the_run_that_produced_the_results(tmp_path) -> None:
