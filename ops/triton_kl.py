@@ -133,10 +133,7 @@ if triton is not None:
         h_s = 0.0
         log_c = log_beta - log_1mbeta
         for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            valid = offs < V
-            ls = tl.load(zs_row + offs, mask=valid, other=-float("inf")).to(tl.float32) / tau_s - lse_s
-            lt = tl.load(zt_row + offs, mask=valid, other=-float("inf")).to(tl.float32) / tau_t - lse_t
+            offs, valid, ls, lt = _block_log_probs(zs_row, zt_row, start, V, tau_s, tau_t, lse_s, lse_t, BLOCK)
             ps = tl.exp(ls)
             pt = tl.exp(lt)
             lsc = tl.maximum(ls, FLOOR)
@@ -203,16 +200,24 @@ if triton is not None:
         return m_s + tl.log(d_s), m_t + tl.log(d_t)
 
     @triton.jit
+    def _block_log_probs(zs_row, zt_row, start, V, tau_s, tau_t, lse_s, lse_t, BLOCK: tl.constexpr):
+        """One block of a row for passes 2 and 3: its offsets ``start + [0, BLOCK)``, their mask
+        (< V), and the log-probabilities log π_S = z_S/τ_S − lse_S and log π_T = z_T/τ_T − lse_T
+        (float32; −inf past V)."""
+        offs = start + tl.arange(0, BLOCK)
+        valid = offs < V
+        ls = tl.load(zs_row + offs, mask=valid, other=-float("inf")).to(tl.float32) / tau_s - lse_s
+        lt = tl.load(zt_row + offs, mask=valid, other=-float("inf")).to(tl.float32) / tau_t - lse_t
+        return offs, valid, ls, lt
+
+    @triton.jit
     def _store_grad_row(zs_row, zt_row, grad_row, V, tau_s, tau_t, lse_s, lse_t, scale, keep_t, div, beta, h_s,
                         log_c, KIND: tl.constexpr, FLOOR: tl.constexpr, BLOCK: tl.constexpr):
         """Pass 3 of `_divergence_rows_kernel`: ``scale`` · ∂D/∂z_S of one row, stored in
         ``grad_row``'s dtype, from pass 1's log-sum-exps and pass 2's sums (``keep_t``
         forward, ``div`` reverse, ``h_s`` JSD)."""
         for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            valid = offs < V
-            ls = tl.load(zs_row + offs, mask=valid, other=-float("inf")).to(tl.float32) / tau_s - lse_s
-            lt = tl.load(zt_row + offs, mask=valid, other=-float("inf")).to(tl.float32) / tau_t - lse_t
+            offs, valid, ls, lt = _block_log_probs(zs_row, zt_row, start, V, tau_s, tau_t, lse_s, lse_t, BLOCK)
             ps = tl.exp(ls)
             lsc = tl.maximum(ls, FLOOR)
             ltc = tl.maximum(lt, FLOOR)
