@@ -42,6 +42,7 @@ jobs), on the critical path of a trial's start.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -54,6 +55,7 @@ from typing import Any
 
 import optuna
 import polars as pl
+import psutil
 import ray
 import ray.train
 from ray import tune
@@ -240,17 +242,57 @@ def init_ray(address: str | None, dashboard: bool, num_cpus: int | None = None, 
     if address or os.environ.get("RAY_ADDRESS"):
         ray.init(address=address, **kw)
         return
-    # A local Ray on a known GCS port, told to its workers: Ray Train's PlacementGroupCleaner finds
-    # its cluster through RAY_ADDRESS, and without it, beside another Ray on the same host, it dies
-    # at its first check ("Found multiple active Ray instances") and frees no placement group.
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        before = {c.pid for c in psutil.Process().children(recursive=True)}
+        try:
+            _start_local_ray(num_cpus, dashboard, kw)
+            return
+        except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if RAY_START_TIMEOUT not in str(e) or attempt == RAY_START_ATTEMPTS:
+                raise
+            killed = _end_new_children(before)
+            log.warning("Ray's node did not register within Ray's fixed 30 s (a loaded machine); ended the "
+                           "%d process(es) it had started and starting it again (attempt %d of %d)",
+                           killed, attempt + 1, RAY_START_ATTEMPTS)
+
+
+#: Ray's message when the local node does not register with its GCS within a fixed 30 s
+#: (ray/_private/node.py; seen on a 2-core machine shared with other runs), and how often
+#: `init_ray` starts a local Ray before it gives up
+RAY_START_TIMEOUT = "timed out during startup"
+RAY_START_ATTEMPTS = 3
+
+
+def _start_local_ray(num_cpus: int | None, dashboard: bool, kw: dict) -> None:
+    """``ray.init`` of a local Ray on a known GCS port, told to its workers: Ray Train's
+    PlacementGroupCleaner finds its cluster through RAY_ADDRESS, and without it, beside another
+    Ray on the same host, it dies at its first check ("Found multiple active Ray instances") and
+    frees no placement group."""
     port = os.environ.get("RAY_GCS_SERVER_PORT") or str(_free_port())
+    env_vars = dict(kw["runtime_env"]["env_vars"])
     env_vars.setdefault("RAY_ADDRESS", f"{ray.util.get_node_ip_address()}:{port}")
     saved, os.environ["RAY_GCS_SERVER_PORT"] = os.environ.get("RAY_GCS_SERVER_PORT"), port
     try:
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1", **kw)
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
+                 **{**kw, "runtime_env": {**kw["runtime_env"], "env_vars": env_vars}})
     finally:
         if saved is None:
             del os.environ["RAY_GCS_SERVER_PORT"]
+
+
+def _end_new_children(before: set[int], grace_s: float = 5.0) -> int:
+    """End this process's descendants whose PIDs are not in ``before`` (the GCS, raylet and
+    agents a failed ``ray.init`` left running): SIGTERM, then SIGKILL after ``grace_s``.
+    Returns how many there were."""
+    new = [c for c in psutil.Process().children(recursive=True) if c.pid not in before]
+    for c in new:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            c.terminate()
+    _, alive = psutil.wait_procs(new, timeout=grace_s)
+    for c in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            c.kill()
+    return len(new)
 
 
 def _free_port() -> int:

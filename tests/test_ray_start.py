@@ -1,0 +1,70 @@
+"""`sweep.init_ray` on a loaded machine: when Ray's local node does not register within Ray's
+fixed 30 s (``ray/_private/node.py``: "The current node timed out during startup"), the
+processes that attempt started are ended and Ray is started again, up to
+`sweep.RAY_START_ATTEMPTS` times; any other failure is raised at once. No Ray is started here:
+`sweep._start_local_ray` is replaced by a stand-in that starts a real child process (as
+``ray.init`` starts the GCS and raylet) and then fails."""
+
+from __future__ import annotations
+
+import subprocess
+
+import psutil
+import pytest
+
+from distillab import sweep
+
+TIMEOUT = Exception("The current node timed out during startup. This could happen because some of the raylet "
+                    "failed to startup or the GCS has become overloaded.")
+
+
+class FlakyStart:
+    """Fails its first ``fails`` calls with ``error`` after starting a child process; then succeeds."""
+
+    def __init__(self, fails: int, error: Exception):
+        self.fails, self.error, self.calls, self.children = fails, error, 0, []
+
+    def __call__(self, num_cpus, dashboard, kw) -> None:
+        self.calls += 1
+        if self.calls <= self.fails:
+            self.children.append(subprocess.Popen(["sleep", "120"]))
+            raise self.error
+
+
+def test_a_start_up_timeout_ends_the_attempts_processes_and_starts_again(monkeypatch, caplog) -> None:
+    start = FlakyStart(fails=2, error=TIMEOUT)
+    monkeypatch.setattr(sweep, "_start_local_ray", start)
+    bystander = subprocess.Popen(["sleep", "120"])  # started before init_ray: not its to end
+    try:
+        with caplog.at_level("WARNING", logger="distillab.sweep"):
+            sweep.init_ray(None, dashboard=False, num_cpus=1)
+        assert start.calls == 3
+        # ended (and reaped) by init_ray: a `sleep 120` left alone would still be running
+        assert all(c.poll() is not None and not psutil.pid_exists(c.pid) for c in start.children)
+        assert bystander.poll() is None and psutil.pid_exists(bystander.pid)
+        assert "ended the 1 process(es) it had started and starting it again (attempt 2 of 3)" in caplog.text
+        assert "(attempt 3 of 3)" in caplog.text
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_the_last_timeout_and_any_other_failure_are_raised(monkeypatch) -> None:
+    start = FlakyStart(fails=sweep.RAY_START_ATTEMPTS, error=TIMEOUT)
+    monkeypatch.setattr(sweep, "_start_local_ray", start)
+    with pytest.raises(Exception, match="timed out during startup"):
+        sweep.init_ray(None, dashboard=False, num_cpus=1)
+    assert start.calls == sweep.RAY_START_ATTEMPTS
+    # the last attempt's processes are Ray's to report on, not ended by init_ray
+    assert start.children[-1].poll() is None
+    for c in start.children:
+        c.kill()
+        c.wait()
+
+    other = FlakyStart(fails=1, error=ValueError("Invalid value for num_cpus"))
+    monkeypatch.setattr(sweep, "_start_local_ray", other)
+    with pytest.raises(ValueError, match="num_cpus"):
+        sweep.init_ray(None, dashboard=False, num_cpus=1)
+    assert other.calls == 1
+    other.children[0].kill()
+    other.children[0].wait()
