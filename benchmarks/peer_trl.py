@@ -4,6 +4,7 @@ per second and their ratio, in-loop and for a whole 40-step run.
 
     python benchmarks/peer_trl.py                 # both parts (~15 min on 2 shared cores)
     python benchmarks/peer_trl.py --no-whole      # in-loop steps only
+    python benchmarks/peer_trl.py --rounds 0      # the whole-run comparison only
     python benchmarks/peer_trl.py --config search_spaces/smoke.yaml --rounds 2 --steps 4 --no-whole   # plumbing
 
 Setting (both frameworks): the prepared micro teacher and student of ``--config``
@@ -333,7 +334,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--max-tokens", dest="max_tokens", type=int, default=32)
     p.add_argument("--steps", type=int, default=8, help="steps per round and framework (the first is a warm-up)")
-    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=4, help="interleaved in-loop rounds (0: whole run only)")
     p.add_argument("--policies", default="onpd,offpd")
     p.add_argument("--no-whole", action="store_true", help="skip the whole-run comparison")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -347,8 +348,8 @@ def main(argv=None) -> int:
         return 0
     print(f"{args.config}: batch {args.batch}, <= {args.max_tokens} new tokens, tau 1, 1 torch thread, "
           f"{args.rounds} interleaved rounds x {args.steps} steps (first of each round not counted)", flush=True)
-    results = {pol: in_loop(args, pol) for pol in args.policies.split(",")}
-    print("\npolicy  framework   s/step  completion tok/s  tok/step")
+    results = {pol: in_loop(args, pol) for pol in args.policies.split(",")} if args.rounds else {}
+    print("\npolicy  framework   s/step  completion tok/s  tok/step" if results else "(--rounds 0: no in-loop part)")
     for pol, res in results.items():
         for kind, r in res.items():
             print(f"{pol:6s}  {kind:9s} {r['s_per_step']:8.4f} {r['tokens_per_s']:17.1f} {r['tokens_per_step']:9.1f}")
