@@ -80,10 +80,12 @@ def _env_defaults(verbose: bool = False, local_ray: bool = False) -> None:
 
 
 def _overrides(pairs: list[str]) -> dict:
+    from distillab.config import ConfigError  # lazy: see the module docstring
+
     out = {}
     for p in pairs:
         if "=" not in p:
-            raise SystemExit(f"--set expects KEY=VALUE, got {p!r}")
+            raise ConfigError(f"--set expects KEY=VALUE (e.g. --set trial.loss.kind=reverse), got {p!r}")
         k, v = p.split("=", 1)
         out[k] = yaml.safe_load(v)
     return out
@@ -208,15 +210,29 @@ def _dry_run(args, sweep) -> int:
     return 0 if placeable else 1
 
 
+def _not_sweeps(cmd: str, paths: list[str]) -> str | None:
+    """Why ``paths`` cannot be read as sweep directories (missing, or no sweep.json and no
+    trials table), or None."""
+    from distillab.results import is_sweep_dir  # lazy: see the module docstring
+
+    missing = [p for p in paths if not Path(p).is_dir()]
+    if missing:
+        return f"distillab: {cmd}: no such sweep directory: {', '.join(missing)}"
+    other = [p for p in paths if not is_sweep_dir(p)]
+    if other:
+        return (f"distillab: {cmd}: not a sweep directory (no sweep.json, no trials table): {', '.join(other)}; "
+                f"a sweep writes its results to <storage_path>/<name>/, e.g. runs/micro")
+    return None
+
+
 def _report(args) -> int:
     """``distillab report``: the headline table (``--full``: every final metric), RLVR
     rewards, and with ``--plots`` the figures."""
     from distillab.plots import write_report  # lazy: see the module docstring
     from distillab.results import load
 
-    missing = [p for p in args.path if not Path(p).is_dir()]
-    if missing:
-        print(f"distillab: report: no such sweep directory: {', '.join(missing)}", file=sys.stderr)
+    if (why := _not_sweeps("report", args.path)) is not None:
+        print(why, file=sys.stderr)
         return 2
     res = load(args.path if len(args.path) > 1 else args.path[0])
     _print_tables(res, full=args.full)
@@ -234,9 +250,8 @@ def _findings(args) -> int:
     from distillab.telemetry import print_time
 
     t0 = time.perf_counter()
-    missing = [p for p in args.path if not Path(p).is_dir()]
-    if missing:
-        print(f"distillab: findings: no such sweep directory: {', '.join(missing)}", file=sys.stderr)
+    if (why := _not_sweeps("findings", args.path)) is not None:
+        print(why, file=sys.stderr)
         return 2
     res = load(args.path if len(args.path) > 1 else args.path[0])
     try:
@@ -244,6 +259,9 @@ def _findings(args) -> int:
     except ValueError as e:  # an unknown --by column, finding or task
         print(f"distillab: findings: {e}", file=sys.stderr)
         return 2
+    if args.task != "countdown3":
+        print(f"acc, pass@1 and pass@10 are read on task {args.task} in place of Countdown-3 (--task {args.task}); "
+              "the rules are otherwise PROTOCOL.md §9's as written")
     print(format_verdicts(result))
     written = write_findings(res, args.out or args.path[0], result, args.path, by=args.by, task=args.task)
     print(f"findings: {written['findings']}")

@@ -12,12 +12,14 @@ out-of-range values are errors that name the field.
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
 import importlib.util
 import itertools
 import json
 import math
 import re
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -1207,7 +1209,7 @@ def expand_trials(sweep: SweepConfig) -> list[TrialConfig]:
                 trial = apply_point(grid_base, point)
             except ValidationError as e:
                 fixed = f" (with set {g.set_})" if g.set_ else ""
-                raise ValueError(f"{where} point {point}{fixed} is invalid: {_errors(e)}") from None
+                raise ValueError(f"{where} point {point}{fixed} is invalid: {_errors(e, TrialConfig)}") from None
             if trial.trial_id in where_of:
                 raise ValueError(f"{where} point {point} gives trial {trial.trial_id}, which "
                                  f"{where_of[trial.trial_id]} gives already (each trial once)")
@@ -1218,7 +1220,7 @@ def expand_trials(sweep: SweepConfig) -> list[TrialConfig]:
             try:
                 apply_point(base, {key: v})
             except ValidationError as e:
-                raise ValueError(f"search.space[{key!r}] value {v!r} is invalid: {_errors(e)}") from None
+                raise ValueError(f"search.space[{key!r}] value {v!r} is invalid: {_errors(e, TrialConfig)}") from None
     return trials
 
 
@@ -1266,15 +1268,49 @@ def point_of(trial: TrialConfig, keys: list[str]) -> dict[str, Any]:
     return out
 
 
-def _errors(e: ValidationError) -> str:
+def _errors(e: ValidationError, root: type[BaseModel] | None = None) -> str:
     """Each error as ``field.path: message`` (a model-level error, whose message names
-    its fields itself, without the empty path), pydantic's "Value error, " dropped."""
+    its fields itself, without the empty path), pydantic's "Value error, " dropped. An
+    unknown field of ``root`` (the validated model) or of a section below it is named with
+    the closest allowed name and the allowed names of its section."""
     out = []
     for err in e.errors():
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden" and root is not None:
+            msg = _unknown_field(root, err["loc"]) or msg
         loc = ".".join(map(str, err["loc"]))
         out.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(out)
+
+
+def _unknown_field(root: type[BaseModel], loc: tuple) -> str | None:
+    """The message for unknown field ``loc[-1]`` of the section ``loc[:-1]`` of ``root``:
+    "unknown field (did you mean 'x'?); allowed: [...]", or None where the section is not
+    a model (then pydantic's own message stands)."""
+    model: Any = root
+    for key in loc[:-1]:
+        fields = getattr(model, "model_fields", None)
+        model = _model_in(fields[key].annotation) if fields and key in fields else _model_in(model)
+        if model is None:
+            return None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None
+    allowed = sorted(f.alias or name for name, f in model.model_fields.items())
+    close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown field{hint}; allowed: {allowed}"
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model class inside a field annotation (``X``, ``X | None``, ``dict[str, X]``,
+    ``list[X]``), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 class ConfigError(ValueError):
@@ -1347,4 +1383,4 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None) -> Swe
         return SweepConfig.model_validate(data)
     except ValidationError as e:
         given = f" (with --set {', '.join(overrides)})" if overrides else ""
-        raise ConfigError(f"{path}{given}: {_errors(e)}") from None
+        raise ConfigError(f"{path}{given}: {_errors(e, SweepConfig)}") from None

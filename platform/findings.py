@@ -608,14 +608,15 @@ def decide(res: Results, by: str | None = None, only: Sequence[str] | None = Non
 
     Raises:
         ValueError: an unknown finding, ``by`` not a trials column (names the columns), or
-            ``task`` not a task of the evals (names the tasks)."""
+            ``task`` not a task with an accuracy in the evals (names those tasks)."""
     names = list(only) if only else list(FINDINGS)
     bad = [n for n in names if n not in FINDINGS]
     if bad:
         raise ValueError(f"unknown finding(s) {bad}; allowed: {list(FINDINGS)}")
-    tasks = set(res.evals.select(pl.col("task").unique()).collect()["task"].to_list())
+    scored = res.evals.filter(pl.col("metric") == "accuracy").select(pl.col("task").unique()).collect()
+    tasks = sorted(scored["task"].to_list())
     if task != TASK and task not in tasks:
-        raise ValueError(f"--task {task!r} is not a task of these sweeps' evals; allowed: {sorted(tasks)}")
+        raise ValueError(f"--task {task!r} is not a task these sweeps score for accuracy; allowed: {tasks}")
     trials = trial_values(res, task)
     return {g: [FINDINGS[n](t) for n in names] for g, t in _groups(trials, by).items()}
 

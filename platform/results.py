@@ -45,6 +45,7 @@ from distillab.registry import FORGETTING_KEY, eval_key
 
 __all__ = [
     "TABLES",
+    "is_sweep_dir",
     "STAGES",
     "SCHEMAS",
     "Results",
@@ -372,6 +373,13 @@ def _scan(root: Path, table: str) -> pl.LazyFrame:
     # Config columns may differ between trials (and ints vs floats): per-file scans.
     frames = [pl.scan_parquet(f, hive_partitioning=False) for f in files]
     return pl.concat(frames, how="diagonal_relaxed")
+
+
+def is_sweep_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a sweep directory: it holds the ``sweep.json`` a sweep writes when
+    it starts, or a ``trials`` table (results written by hand or by `write_rows`)."""
+    root = Path(path)
+    return (root / "sweep.json").is_file() or bool(_files(root, "trials"))
 
 
 def _load_one(root: Path) -> Results:

@@ -81,7 +81,17 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
 
 def test_unknown_nested_key(tmp_path: Path) -> None:
     msg = _error(tmp_path, "name: t\ntrial:\n  optimizer:\n    lrr: 0.001\n")
-    assert "lrr" in msg and "optimizer" in msg
+    assert "trial.optimizer.lrr: unknown field (did you mean 'lr'?); allowed: ['betas', 'checkpoint_every', 'clip', " in msg
+
+
+@pytest.mark.parametrize("sets, match", [
+    ({"trial.optimzer.lr": 1e-3}, r"trial.optimzer: unknown field \(did you mean 'optimizer'\?\); allowed: \[.*'optimizer'"),
+    ({"nme": "x"}, r"nme: unknown field \(did you mean 'name'\?\); allowed: \['fault_tolerance', 'models', 'name', "),
+    ({"trial.tasks.math.chain_lenght": 3}, r"trial.tasks.math.chain_lenght: unknown field \(did you mean 'chain_length'"),
+    ({"trial.loss.zzz": 3}, r"trial.loss.zzz: unknown field; allowed: \['beta', 'estimator', "),  # nothing close
+])
+def test_a_misspelled_override_names_the_closest_field_and_the_allowed_ones(sets, match) -> None:
+    assert pytest.raises(ConfigError, load_sweep, REPO / "search_spaces" / "smoke.yaml", sets).match(match)
 
 
 @pytest.mark.parametrize("lr", ["0", "-1.0e-5"])
@@ -418,11 +428,11 @@ def test_grids_order_set_merge_and_resume(tmp_path: Path) -> None:
     ("  grids:\n    - grid: {tasks.system_prompt: [a]}\n", r"grid key 'tasks.system_prompt' is not searchable"),
     ("  grids:\n    - grid: {seed: []}\n", r"grid\['seed'\] must be a non-empty list"),
     ("  grids:\n    - set: {seed: 1}\n      grid: {seed: [2]}\n", r"keys \['seed'\] are both in set and in grid"),
-    ("  grids:\n    - grid: {seed: [1]}\n      sets: {}\n", r"search.grids.0.sets: Extra inputs"),
+    ("  grids:\n    - grid: {seed: [1]}\n      sets: {}\n", r"search.grids.0.sets: unknown field \(did you mean 'set'\?\); allowed: \['grid', 'set'\]"),
     ("  grids:\n    - set: {rollout.policy: spectrum}\n      grid: {seed: [1]}\n",
      r"search.grids\[0\] point \{'seed': 1\} \(with set \{'rollout.policy': 'spectrum'\}\) is invalid: "
      r"rollout: rollout.lambda is required"),
-    ("  grids:\n    - set: {rollout.polcy: onpd}\n      grid: {seed: [1]}\n", r"rollout.polcy: Extra inputs"),
+    ("  grids:\n    - set: {rollout.polcy: onpd}\n      grid: {seed: [1]}\n", r"rollout.polcy: unknown field \(did you mean 'policy'\?\); allowed: \['alpha', 'clip_c', "),
     ("  grids:\n    - set: {seed.x: 1}\n      grid: {loss.kind: [forward]}\n",
      r"search.grids\[0\].set\['seed.x'\]: trial field 'seed' is not a section"),
     ("  grids:\n    - grid: {seed: [1, 2]}\n    - grid: {seed: [2]}\n",

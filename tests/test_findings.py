@@ -395,8 +395,8 @@ def test_task_reads_accuracy_and_coverage_on_another_task(tmp_path) -> None:
     assert "`distillab findings runs/micro_math --only F1,F4 --task math`" in md
     assert "read on task `math` in place of Countdown-3" in md and "pass@10 − pass@1 on math" in md
     assert "math accuracy" in md and "0.1 ± 0.0058 (n=3)" in md  # a cell's math gap: 0.10 ± S0
-    with pytest.raises(ValueError, match=r"--task 'nosuch' is not a task .*allowed: \['countdown3', 'countdown4e', "
-                                         r"'math', 'ood', 'params'\]"):
+    with pytest.raises(ValueError, match=r"--task 'nosuch' is not a task these sweeps score for accuracy; "
+                                         r"allowed: \['countdown3', 'math'\]"):
         decide(res, task="nosuch")
     # a cell without the math evals is inconclusive, and says which quantity it lacks
     drop_one = Results(res.trials, res.metrics, res.evals.filter(
@@ -448,8 +448,17 @@ def test_cli_findings(tmp_path, capsys) -> None:
     assert main(["findings", str(root), "--by", "nope"]) == 2
     assert "--by 'nope' is not a trials column" in capsys.readouterr().err
     assert main(["findings", str(tmp_path / "absent")]) == 2
+    assert "distillab: findings: no such sweep directory: " in capsys.readouterr().err
+    (tmp_path / "notes").mkdir()  # a directory that is no sweep: refused, for report too, and nothing written
+    for cmd in ("findings", "report"):
+        assert main([cmd, str(tmp_path / "notes")]) == 2
+        assert f"distillab: {cmd}: not a sweep directory (no sweep.json, no trials table): " in capsys.readouterr().err
+    assert not any((tmp_path / "notes").iterdir())
+    assert main(["sweep", str(REPO / "search_spaces" / "smoke.yaml"), "--dry-run", "--set", "trial.loss.kind"]) == 2
+    assert "distillab: --set expects KEY=VALUE (e.g. --set trial.loss.kind=reverse), got 'trial.loss.kind'" in (
+        capsys.readouterr().err)
     assert main(["findings", str(root), "--task", "math"]) == 2
-    assert "--task 'math' is not a task of these sweeps' evals; allowed: ['countdown3'" in capsys.readouterr().err
+    assert "--task 'math' is not a task these sweeps score for accuracy; allowed: ['countdown3']" in capsys.readouterr().err
 
 
 def test_findings_md_names_the_run_that_produced_the_results(tmp_path) -> None:
