@@ -77,6 +77,10 @@ def _env_defaults(verbose: bool = False, local_ray: bool = False) -> None:
         os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", "|".join(f"(?:{p})" for p in HARMLESS_RAY_LINES))
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # micro models load in milliseconds
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # tracking.mlflow: its store's set-up notes
+        # Tune's "The `on_step_begin` operation took 0.697 s, which may be a performance bottleneck"
+        # (its default threshold is 0.5 s; on a loaded machine the driver shares the cores with the
+        # trials): said from 5 s on, where a driver stall is worth a line
+        os.environ.setdefault("TUNE_WARN_THRESHOLD_S", "5")
 
 
 def _overrides(pairs: list[str]) -> dict:
