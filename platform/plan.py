@@ -40,6 +40,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from distillab.config import ConfigError, SweepConfig, TrialConfig
+from distillab.math_task import math_prompt_ids, math_test_split
 from distillab.mcq import mcq_prompt_ids, mcq_test_split
 from distillab.models import (bf16_in_float32, build_char_tokenizer, check_lm_heads, check_same_vocab,
                               load_tokenizer, micro_llama_config)
@@ -225,6 +226,9 @@ def _mean_prompt_tokens(trial: TrialConfig, tok, task: str) -> float:
     if task == "mcq":
         ids = [mcq_prompt_ids(tok, trial.tasks.mcq, it)
                for it in mcq_test_split(trial.tasks.mcq, PROMPT_SAMPLE, trial.tasks.test_seed)]
+    elif task == "math":
+        ids = [math_prompt_ids(tok, trial.tasks.math, it)
+               for it in math_test_split(trial.tasks.math, PROMPT_SAMPLE, trial.tasks.test_seed)]
     elif task == "ood":
         ids = [render_prompt(tok, "", it.prompt) for s in trial.tasks.ood_skills
                for it in generate_skill_items(s, PROMPT_SAMPLE // 4 or 1, 0)]
@@ -241,6 +245,8 @@ def _eval_tokens(trial: TrialConfig, prompt: dict[str, float]) -> float:
     n = sum((ev.id_items + ev.pass_items * ev.pass_n) * (prompt[t] + gen) for t in ev.countdown_tasks)
     if ev.mcq_items:
         n += (ev.mcq_items + ev.pass_items * ev.pass_n) * (prompt["mcq"] + gen)
+    if ev.math_items:
+        n += (ev.math_items + ev.pass_items * ev.pass_n) * (prompt["math"] + gen)
     if ev.ood_backend == "micro":
         n += ev.ood_items * len(trial.tasks.ood_skills) * (prompt["ood"] + gen)
     else:
@@ -253,11 +259,12 @@ def estimate(trial: TrialConfig, tok, n_teacher: int, n_student: int) -> Estimat
     ``n_teacher`` / ``n_student`` are parameter counts."""
     o, r, ev = trial.optimizer, trial.rollout, trial.evaluation
     tasks = {*ev.countdown_tasks, "countdown3"} | ({"mcq"} if ev.mcq_items or trial.domain == "mcq" else set())
+    tasks |= {"math"} if ev.math_items or trial.domain == "math" else set()
     tasks |= {"ood"} if ev.ood_backend == "micro" else set()
     tasks |= {trial.rlvr.task} if trial.rlvr is not None else set()
     est = Estimate(prompt_tokens={t: _mean_prompt_tokens(trial, tok, t) for t in sorted(tasks)})
     p = est.prompt_tokens
-    seq = p["mcq" if trial.domain == "mcq" else "countdown3"] + r.max_tokens
+    seq = p[trial.domain if trial.domain in ("mcq", "math") else "countdown3"] + r.max_tokens
     n_seq = o.steps * o.prompts_per_step * o.rollouts_per_prompt
     sampler = {"offpd": n_teacher, "onpd": n_student, "spectrum": n_teacher + n_student}[r.policy]
     update = (8 if trial.gradient_checkpointing else 6) * n_student

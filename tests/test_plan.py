@@ -208,6 +208,29 @@ def test_estimate_by_hand() -> None:
     assert onpd.flops["distill"] == pytest.approx(est.tokens["distill"] * (2 * 7 + 2 * 30 + 8 * 7))
 
 
+def test_estimate_of_the_math_domain_by_hand() -> None:
+    """The math domain distils and scores math prompts: their mean length (the chat template's
+    3 role tokens, the system prompt, the problem, one id per character) makes the rollout
+    sequence, and the evaluation adds math accuracy + pass@k samples to the Countdown ones."""
+    from distillab.math_task import math_test_split
+
+    tok = build_char_tokenizer()
+    trial = TrialConfig.model_validate({
+        "domain": "math", "rollout": {"policy": "onpd", "max_tokens": 96},
+        "optimizer": {"steps": 10, "prompts_per_step": 4, "rollouts_per_prompt": 1},
+        "evaluation": {"id_items": 6, "pass_items": 3, "pass_n": 2, "pass_k": [1, 2], "ood_items": 5,
+                       "max_tokens": 96, "countdown_tasks": ["countdown3"], "math_items": 7},
+    })
+    cfg = trial.tasks.math
+    items = math_test_split(cfg, 32, trial.tasks.test_seed)
+    pm = sum(3 + len(cfg.system_prompt) + len(it.problem) for it in items) / 32
+    est = estimate(trial, tok, n_teacher=30, n_student=7)
+    assert est.prompt_tokens["math"] == pytest.approx(pm)
+    assert est.tokens["distill"] == pytest.approx(10 * 4 * (pm + 96))
+    p3, ood = est.prompt_tokens["countdown3"], est.prompt_tokens["ood"]
+    assert est.tokens["eval"] == pytest.approx((6 + 3 * 2) * (p3 + 96) + (7 + 3 * 2) * (pm + 96) + 5 * 4 * (ood + 96))
+
+
 def test_placement_by_hand() -> None:
     sweep = load_sweep(SMOKE, {"resources": {"num_workers": 3, "cpus_per_worker": 4, "gpus_per_worker": 1,
                                              "max_concurrent_trials": 4}})
