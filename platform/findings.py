@@ -709,10 +709,12 @@ def _counts(trials: pl.DataFrame) -> str:
 
 
 def findings_markdown(res: Results, result: dict[str, list[Verdict]], figures: dict[str, tuple[Path, list[str]]],
-                      sources: Sequence[str], by: str | None = None, task: str = TASK) -> str:
+                      sources: Sequence[str], by: str | None = None, task: str = TASK,
+                      here: dict | None = None) -> str:
     """findings.md: the verdict table (one column per group), each finding's clauses with their
     statistics, the cell tables (mean ± SEM over seeds), the figures and the paper's values;
-    ``task``: the task acc, pass@1 and pass@10 were read on (`decide`)."""
+    ``task``: the task acc, pass@1 and pass@10 were read on (`decide`); ``here``: the deciding
+    code's `results.code_version` (default: now)."""
     trials = trial_values(res, task)
     groups = _groups(trials, by)
     names = [v.finding for v in next(iter(result.values()))]
@@ -728,7 +730,7 @@ def findings_markdown(res: Results, result: dict[str, list[Verdict]], figures: d
              "(OffPD: teacher samples, OnPD: student samples), k the token-level KL (forward KL(π_T‖π_S), reverse "
              "KL(π_S‖π_T)), η the learning rate, λ the rollout-policy spectrum (−1 = the teacher's samples, +1 = "
              "the student's, 0 their normalised geometric midpoint, beyond ±1 amplified; PROTOCOL.md §3).", "",
-             *on_task, *provenance_lines(sources), "## Verdicts", ""]
+             *on_task, *provenance_lines(sources, here), "## Verdicts", ""]
     first = next(iter(result.values()))
     table = {"finding": names, **{g: [v.verdict for v in vs] for g, vs in result.items()},
              **({"ours": [_ours(v) for v in first]} if len(result) == 1 else {}),
@@ -756,11 +758,11 @@ def findings_markdown(res: Results, result: dict[str, list[Verdict]], figures: d
     return "\n".join(lines)
 
 
-def provenance_lines(sources: Sequence[str]) -> list[str]:
+def provenance_lines(sources: Sequence[str], here: dict | None = None) -> list[str]:
     """findings.md's account of how each sweep directory in ``sources`` was produced, from its
     run records (`results.run_records`): per run the command, the code's git commit (and whether
     tracked files were modified), when it started, the CPUs and each stage's wall seconds; then
-    the commit of the code deciding the verdicts (`results.code_version`)."""
+    the commit of the code deciding the verdicts (``here``, default `results.code_version` now)."""
     lines = []
     for src in sources:
         for r in run_records(src):
@@ -770,7 +772,7 @@ def provenance_lines(sources: Sequence[str]) -> list[str]:
             lines.append(f"- `{src}`: `{r.get('command', '?')}` at commit `{commit}`{state}, started "
                          f"{r.get('started', '?')} on {r.get('cpus', '?')} CPUs, {r.get('trials_completed', '?')} "
                          f"trials completed; wall time: {times}")
-    here = code_version()
+    here = here or code_version()
     lines.append(f"- these verdicts: `distillab.findings` at commit `{here['commit'] or 'unknown (not a git checkout)'}`"
                  + (", with modified tracked files" if here["dirty"] else ""))
     return ["Produced by:", "", *lines, ""]
@@ -794,6 +796,7 @@ def write_findings(res: Results, out_dir: str | os.PathLike[str], result: dict[s
     column that varies becomes part of the legend; accuracy and coverage on ``task``) into
     ``out_dir`` and write ``<out_dir>/findings.md``. Returns ``{stem: png path, ..., "findings": md path}``."""
     out = Path(out_dir)
+    here = code_version()  # before anything is written: the figures may be tracked files (docs/)
     figures: dict[str, tuple[Path, list[str]]] = {}
     have_policy = POLICY in res.trials.collect_schema().names()
     for stem, (draw, policies, on_task) in FINDINGS_FIGURES.items():
@@ -801,5 +804,5 @@ def write_findings(res: Results, out_dir: str | os.PathLike[str], result: dict[s
         fig = draw(part, task=task) if on_task else draw(part)
         figures[stem] = (save_figure(fig, out, stem, dpi=dpi), figure_notes(fig))
     md = out / "findings.md"
-    md.write_text(findings_markdown(res, result, figures, sources, by, task), encoding="utf-8")
+    md.write_text(findings_markdown(res, result, figures, sources, by, task, here), encoding="utf-8")
     return {**{k: p for k, (p, _) in figures.items()}, "findings": md}

@@ -486,6 +486,20 @@ def test_findings_md_names_the_run_that_produced_the_results(tmp_path) -> None:
     assert md.index("Produced by:") < md.index("## Verdicts")
 
 
+def test_the_deciding_code_is_recorded_before_findings_writes_anything(tmp_path, monkeypatch) -> None:
+    """findings.md's "these verdicts" line takes the code version before the figures are drawn:
+    written into a tracked folder (docs/), they would otherwise mark the checkout modified.
+    Stand-in: a code version that is dirty once the output folder holds a file."""
+    import distillab.findings as fnd
+
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(fnd, "code_version", lambda: {"commit": "c0ffee", "dirty": any(out.iterdir())})
+    res = study()
+    md = write_findings(res, out, decide(res, only=["F4"]), ["runs/x"])["findings"].read_text()
+    assert "- these verdicts: `distillab.findings` at commit `c0ffee`\n" in md
+
+
 def test_code_version_of_a_git_checkout(tmp_path, monkeypatch) -> None:
     """`results.code_version`: HEAD of the checkout and whether a tracked file is modified
     (untracked files do not count); None outside a git checkout."""
