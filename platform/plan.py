@@ -44,7 +44,7 @@ from distillab.math_task import math_prompt_ids, math_test_split
 from distillab.mcq import mcq_prompt_ids, mcq_test_split
 from distillab.models import (bf16_in_float32, build_char_tokenizer, check_lm_heads, check_same_vocab,
                               load_tokenizer, micro_llama_config)
-from distillab.prepare import prepare_key
+from distillab.prepare import prepare_key, refined_teacher_dir
 from distillab.sweep import expected_trials
 from distillab.tasks import countdown_prompt_ids, countdown_test_split, generate_skill_items, render_prompt
 
@@ -295,6 +295,11 @@ def _models_lines(roles: dict[str, Role], sweep: SweepConfig) -> list[str]:
         where = str(r.path) if r.path else (f"micro, would be prepared at {r.path_if_prepared}"
                                             + (" (cached)" if (r.path_if_prepared / "prepare.json").exists() else ""))
         lines.append(f"  {r.role:8s} {_fmt(r.params).replace('G', 'B')} parameters, lm_head {r.vocab_rows:,} rows: {where}")
+        refine = sweep.models.teacher_refine
+        if r.role == "teacher" and refine is not None:
+            out = refined_teacher_dir(sweep, r.path or r.path_if_prepared)
+            lines.append(f"           then GRPO-refined by prepare ({refine.steps} steps on {refine.task}; the sweep's "
+                         f"teacher), at {out}" + (" (cached)" if (out / "prepare.json").exists() else ""))
     tok = roles["student"].tokenizer
     pad = " (lm_heads padded to one size: loss.pad_vocab)" if sweep.trial.loss.pad_vocab else ""
     lines.append(f"  tokenizer: shared, {len(tok):,} tokens, {'a chat template' if tok.chat_template else 'no chat template'}"

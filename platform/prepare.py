@@ -219,6 +219,15 @@ def _summary(rows: list[dict]) -> dict[str, float]:
     return {r["task"] + ":" + r["metric"]: round(r["value"], 3) for r in rows}
 
 
+def refined_teacher_dir(sweep: SweepConfig, base: Path) -> Path:
+    """Where `prepare` caches the GRPO-refined teacher (``models.teacher_refine``) of teacher
+    directory ``base`` (the micro teacher's cache directory, or ``models.teacher_path``):
+    ``<cache_dir>/teacher-grpo-<refine_key>``."""
+    m = sweep.models
+    base_id = str(Path(base).resolve()) if m.teacher_path is not None else Path(base).name
+    return Path(m.cache_dir).expanduser().resolve() / f"teacher-grpo-{refine_key(sweep, base_id)}"
+
+
 def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = False) -> tuple[Path, Path]:
     """Return ``(teacher_dir, student_dir)``, training the micro models if they are
     not cached (or ``force``). Explicit ``models.teacher_path``/``student_path``
@@ -258,8 +267,7 @@ def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = Fal
         paths.append(out)
     if m.teacher_refine is not None:
         base = paths[0]
-        base_id = str(base.resolve()) if m.teacher_path is not None else base.name
-        out = cache / f"teacher-grpo-{refine_key(sweep, base_id)}"
+        out = refined_teacher_dir(sweep, base)
         out.parent.mkdir(parents=True, exist_ok=True)
         if force or not (out / "prepare.json").exists():
             info = refine_teacher(sweep, base, out, threads)
@@ -272,4 +280,4 @@ def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = Fal
     return paths[0], paths[1]
 
 
-__all__ = ["prepare", "prepare_key", "refine_key", "refine_teacher", "scored_evaluation"]
+__all__ = ["prepare", "prepare_key", "refine_key", "refine_teacher", "refined_teacher_dir", "scored_evaluation"]

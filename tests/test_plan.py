@@ -144,6 +144,19 @@ def test_micro_dry_run_says_the_models_would_be_prepared(capsys, tmp_path) -> No
     assert out.count("micro, would be prepared at " + str(cache.resolve())) == 2
     assert "trials: 2" in out and "2 trial(s) at a time" in out and "asks for no GPUs" in out
     assert not cache.exists()  # nothing prepared
+    # with models.teacher_refine the sweep's teacher is the GRPO-refined one: named, where prepare puts it
+    refine = "models.teacher_refine={task: countdown3, steps: 7, lr: 1.0e-4, max_tokens: 32}"
+    rc, out, err = _cli(capsys, "sweep", SMOKE, "--dry-run", "--set", f"models.cache_dir={cache}", "--set", refine,
+                        "--node-cpus", 2, "--node-gpus", 0)
+    from distillab.config import load_sweep
+    from distillab.prepare import prepare_key, refined_teacher_dir
+
+    sweep = load_sweep(SMOKE, {"models.cache_dir": str(cache), "models.teacher_refine": {
+        "task": "countdown3", "steps": 7, "lr": 1.0e-4, "max_tokens": 32}})
+    grpo = refined_teacher_dir(sweep, cache.resolve() / f"teacher-{prepare_key(sweep, 'teacher')}")
+    assert rc == 0 and grpo.name.startswith("teacher-grpo-"), err
+    assert f"then GRPO-refined by prepare (7 steps on countdown3; the sweep's teacher), at {grpo}\n" in out
+    assert not cache.exists()
     rc, out, _ = _cli(capsys, "sweep", REPO / "search_spaces" / "smoke_optuna.yaml", "--dry-run", "--node-cpus", 2,
                       "--node-gpus", 0)
     assert rc == 0 and "6 trials in 3 wave(s)" in out and "for the sweep's 6 trials" in out  # num_samples
