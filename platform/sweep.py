@@ -250,10 +250,11 @@ def init_ray(address: str | None, dashboard: bool, num_cpus: int | None = None, 
         except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
             if RAY_START_TIMEOUT not in str(e) or attempt == RAY_START_ATTEMPTS:
                 raise
+            ray.shutdown()  # whatever state the failed attempt left in this process
             killed = _end_new_children(before)
             log.warning("Ray's node did not register within Ray's fixed 30 s (a loaded machine); ended the "
-                           "%d process(es) it had started and starting it again (attempt %d of %d)",
-                           killed, attempt + 1, RAY_START_ATTEMPTS)
+                        "%d process(es) it had started and starting it again (attempt %d of %d)",
+                        killed, attempt + 1, RAY_START_ATTEMPTS)
 
 
 #: Ray's message when the local node does not register with its GCS within a fixed 30 s
