@@ -13,4 +13,10 @@ PY=${PYTHON:-python3}
 extras=${DISTILLAB_EXTRAS:-dev,cpu,eval,qlora,tracking}
 .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints/cpu.txt -e ".[$extras]"
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# DeepSpeed's CPU shared-memory collective is a C++ extension compiled on first use (~50 s on 2 cores);
+# build it once here, into .cache/torch_extensions (scripts/env.sh), so that no trial or test waits for it
+if [ ! -e /proc/driver/nvidia/version ] && [ ! -e /dev/kfd ]; then
+  (. scripts/env.sh && DS_ACCELERATOR=cpu .venv/bin/python -c \
+    "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null)
+fi
 echo "installed: $(.venv/bin/python -c 'import torch, ray, transformers; import vllm; print("torch", torch.__version__, "ray", ray.__version__, "transformers", transformers.__version__, "vllm", vllm.__version__)')"
