@@ -309,9 +309,11 @@ def _models_lines(roles: dict[str, Role], sweep: SweepConfig) -> list[str]:
 
 def _trial_lines(sweep: SweepConfig) -> list[str]:
     keys = sweep.search.grid_keys
-    kind = (f"grid over {', '.join(keys)}" if sweep.search.kind == "grid"
-            else f"optuna: {sweep.search.num_samples} samples over {', '.join(sweep.search.space)}; the base trial")
-    lines = [f"trials: {len(sweep.trials)} ({kind})"]
+    if sweep.search.kind == "grid":
+        lines = [f"trials: {len(sweep.trials)} (grid over {', '.join(keys)})"]
+    else:  # Optuna: the trials are not known before the search; each sample changes the base trial's keys
+        lines = [f"trials: {sweep.search.num_samples} (optuna: samples over {', '.join(sweep.search.space)}; "
+                 "listed: the base trial each sample starts from)"]
     for t in sweep.trials:
         r, o = t.rollout, t.optimizer
         rl = f", then RLVR {t.rlvr.steps} steps on {t.rlvr.task}" if t.rlvr is not None else ""

@@ -160,6 +160,8 @@ def test_micro_dry_run_says_the_models_would_be_prepared(capsys, tmp_path) -> No
     rc, out, _ = _cli(capsys, "sweep", REPO / "search_spaces" / "smoke_optuna.yaml", "--dry-run", "--node-cpus", 2,
                       "--node-gpus", 0)
     assert rc == 0 and "6 trials in 3 wave(s)" in out and "for the sweep's 6 trials" in out  # num_samples
+    assert ("trials: 6 (optuna: samples over optimizer.lr, rollout.lambda; listed: the base trial each sample "
+            "starts from)\n  spectrum0-forward-lr0.001-s42-") in out
     # a union of grids names the keys of every grid (and the searchable keys a grid's `set` fixes)
     rc, out, _ = _cli(capsys, "sweep", REPO / "search_spaces" / "micro_findings.yaml", "--dry-run",
                       "--set", f"models.cache_dir={cache}", "--node-cpus", 2, "--node-gpus", 0)
