@@ -48,6 +48,7 @@ import logging
 import math
 import os
 import socket
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -122,7 +123,26 @@ def train_settings(verbose: int = 1) -> dict[str, Any]:
     env = dict(TRAIN_ENV)
     if len([n for n in ray.nodes() if n.get("Alive")]) <= 1:
         env["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = "0"
-    return {"env": env, "log_level": "INFO" if verbose >= 2 else "WARNING"}
+    return {"env": env, "log_level": "INFO" if verbose >= 2 else "WARNING", "quiet_exit": verbose < 2}
+
+
+def drop_unraisable_sigterm_exits() -> None:
+    """In this process (a Tune trial actor), drop Python's "Exception ignored in: <function
+    WeakSet.__init__.<locals>._remove ...> ... SystemExit: 1" notes and hand every other
+    unraisable exception to the hook that was there before.
+
+    Ray's SIGTERM handler in a worker raises ``SystemExit``; when Ray ends a trial actor after
+    its trial has finished and the signal lands while a weakref or finaliser callback runs,
+    Python cannot raise there and prints the exception with its traceback (seen on the micro
+    study's console). Nothing is wrong: the trial's results are written, and Ray ends the
+    process. Only ``SystemExit`` is dropped; ``--verbose`` (``train_settings``) keeps it."""
+    default = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, SystemExit):
+            default(unraisable)
+
+    sys.unraisablehook = hook
 
 
 class TrialTrainer(TorchTrainer):
@@ -150,6 +170,8 @@ def run_trial(params: dict[str, Any], trials: dict[str, dict] | None = None, bas
     crash) is not rerun: its final report is rebuilt from the ``evals`` table."""
     launch = TrialTimes.launch_info()  # first line: how long this actor took to get here
     settings = settings or {"env": {}, "log_level": "INFO"}
+    if settings.get("quiet_exit"):
+        drop_unraisable_sigterm_exits()
     ctx = RuntimeContext.model_validate(params["ctx"])
     trial = trial_of(params, trials or {}, base or {})
     trial_id, root, res = trial.trial_id, Path(ctx.results_root), ctx.resources

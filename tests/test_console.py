@@ -100,6 +100,30 @@ def test_a_smoke_sweep_prints_a_calm_console(smoke_sweep: Path) -> None:
         assert not re.search(harmless, text), harmless
 
 
+def test_a_trial_actor_drops_only_sigterm_exits_python_cannot_raise(monkeypatch) -> None:
+    """Ray's SIGTERM handler raises SystemExit; inside a weakref callback Python cannot raise
+    it and prints "Exception ignored in: ..." (the ending trial actor). The trial actor's hook
+    drops that and passes every other unraisable exception on; ``--verbose`` keeps them all."""
+    from distillab.sweep import drop_unraisable_sigterm_exits, train_settings
+
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(type(u.exc_value)))
+    drop_unraisable_sigterm_exits()
+
+    class Raises:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def __del__(self):
+            raise self.exc
+
+    Raises(SystemExit(1))  # destroyed at once: its __del__'s exception is "unraisable"
+    Raises(ValueError("a real fault"))
+    assert seen == [ValueError]
+    monkeypatch.setattr(__import__("ray"), "nodes", lambda: [{"Alive": True}])
+    assert train_settings(1)["quiet_exit"] is True and train_settings(2)["quiet_exit"] is False
+
+
 @pytest.mark.slow
 def test_a_failed_trial_prints_its_traceback(tmp_path: Path) -> None:
     """The student path of a trial is a checkpoint directory whose config and tokenizer
