@@ -10,11 +10,11 @@
     distillab findings runs/micro_findings          # PROTOCOL.md §9 verdicts on F1-F5, findings.md + figures
 
 A sweep's console is calm by default: the Tune progress table, one line per finished
-stage of each trial, errors and the closing tables; Ray's known-harmless lines
-(`HARMLESS_RAY_LINES`) are dropped before they print (they stay in Ray's session
-logs) and Ray Train logs warnings only. ``--verbose`` prints everything.
+stage of each trial, errors and the closing tables; Ray's known-harmless lines are
+dropped before they print (they stay in Ray's session logs) and Ray Train logs warnings
+only. ``--verbose`` prints everything.
 
-Lazy imports: every ``distillab`` module (config, plan, prepare, sweep, results, plots) and
+For developers: the dropped lines are `HARMLESS_RAY_LINES`. Lazy imports: every ``distillab`` module (config, plan, prepare, sweep, results, plots) and
 ``ray`` are imported inside the subcommand that uses them, so that ``distillab --help``
 and a mistyped command answer at once: 0.04-0.08 s, against 13-17 s with them at
 module top (they pull in torch, transformers, DeepSpeed, Ray Tune and matplotlib;
@@ -57,6 +57,12 @@ HARMLESS_RAY_LINES = (
 )
 
 
+def help_text(doc: str) -> str:
+    """``distillab --help``'s description: the module docstring up to its paragraph for
+    developers (from "For developers:"), reST's double backquotes printed as single ones."""
+    return doc.split("\n\nFor developers:")[0].strip().replace("``", "`")
+
+
 #: files that exist where a GPU driver is loaded (NVIDIA's; ROCm's kernel driver): without them torch sees no GPU
 GPU_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/kfd")
 
@@ -96,10 +102,13 @@ def _overrides(pairs: list[str]) -> dict:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="distillab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="distillab", description=help_text(__doc__),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
+    helps = {"prepare": "train and cache the sweep's micro teacher and student (skipped when cached)",
+             "sweep": "prepare, then run the Ray Tune sweep and print the report (--dry-run: plan only)"}
     for name in ("prepare", "sweep"):
-        p = sub.add_parser(name)
+        p = sub.add_parser(name, help=helps[name])
         p.add_argument("config", nargs="?" if name == "sweep" else None, help="sweep YAML")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field (dotted)")
         p.add_argument("--threads", type=int, default=None, help="torch threads for prepare (default: all cores)")
@@ -112,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     sw.add_argument("--resume", metavar="PATH", default=None,
                     help="continue an interrupted sweep from its directory (<storage_path>/<name>); no config needed")
     _add_dry_run_args(sw)
-    rp = sub.add_parser("report")
+    rp = sub.add_parser("report", help="a sweep's results: the headline table, --full, --plots")
     rp.add_argument("path", nargs="+", help="sweep directories (<storage_path>/<name>)")
     rp.add_argument("--plots", metavar="DIR", default=None,
                     help="also write the figures (PNG) and summary.md into DIR")

@@ -4,6 +4,7 @@ placement of a trial's resources on a cluster, and the token / FLOP estimate by 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -281,3 +282,16 @@ def test_parameter_counts_of_the_paper_models_from_their_configs(tmp_path) -> No
                                                             "models.student_path": str(paths[student])}))
         assert (roles["teacher"].params, roles["student"].params) == (want[teacher], want[student])
     assert {r.vocab_rows for r in roles.values()} == {152_064, 151_936}
+
+
+def test_help_is_for_users(capsys) -> None:
+    """``distillab --help`` shows the commands with one line each and the console note, not
+    the module docstring's paragraph for developers."""
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    for cmd in ("prepare", "sweep", "report", "findings"):
+        assert re.search(rf"^    {cmd} +\S", out, re.M), out  # listed with its help line
+    assert "`--verbose` prints everything." in out and "``" not in out
+    assert "Lazy imports" not in out and "HARMLESS_RAY_LINES" not in out
