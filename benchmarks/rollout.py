@@ -6,7 +6,8 @@ For each model: the prepared micro teacher and student of ``search_spaces/micro.
 Llama-shaped model built from config (hidden 768, 10 layers, 12 heads, vocab 32,000,
 random weights), it prints
 
-- tokens/s of each engine: 64 prompts x up to 128 new tokens at τ = 1, the second
+- tokens/s of each engine: ``--prompts`` (64) prompts x up to ``--max-tokens`` (128) new
+  tokens at τ = 1, the second
   of two timed calls (the first warms the engine up), each engine in its own Ray
   actor (`rollout.start_rollout_actor`) with all cores;
 - engine start-up seconds (actor start to first result);
@@ -17,6 +18,7 @@ random weights), it prints
 
     python benchmarks/rollout.py              # ~6 minutes on 2 cores
     python benchmarks/rollout.py --no-100m    # the micro models only (~1 minute)
+    python benchmarks/rollout.py --no-100m --prompts 48 --max-tokens 32 --threads 1   # an OnPD step of micro.yaml
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-N_PROMPTS, MAX_TOKENS, PROMPT_LEN = 64, 128, 32
+PROMPT_LEN = 32
 
 
 def _llama_100m(path: Path) -> Path:
@@ -45,9 +47,9 @@ def _llama_100m(path: Path) -> Path:
     return path
 
 
-def _prompts(vocab: int, seed: int = 0) -> list[list[int]]:
+def _prompts(vocab: int, n: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [[1] + torch.randint(4, vocab, (PROMPT_LEN - 1,), generator=g).tolist() for _ in range(N_PROMPTS)]
+    return [[1] + torch.randint(4, vocab, (PROMPT_LEN - 1,), generator=g).tolist() for _ in range(n)]
 
 
 def _train_step_s(path: Path, rollouts, pad_id: int, threads: int):
@@ -71,24 +73,25 @@ def _train_step_s(path: Path, rollouts, pad_id: int, threads: int):
     return time.perf_counter() - t0, model
 
 
-def bench(name: str, path: Path, eos: int, pad: int, vocab: int, threads: int) -> dict:
+def bench(name: str, path: Path, eos: int, pad: int, vocab: int, threads: int, n_prompts: int = 64,
+          max_tokens: int = 128) -> dict:
     import ray
 
     from distillab.rollout import SamplingParams, start_rollout_actor
 
-    prompts = _prompts(vocab)
+    prompts = _prompts(vocab, n_prompts)
     row = {"model": name}
     for kind in ("transformers", "vllm"):
         t0 = time.perf_counter()
         kw = {"seed": 0, "max_model_len": 512, "kv_cache_gib": 2} if kind == "vllm" else {}
         actor = start_rollout_actor(kind, path, eos, pad, threads=threads,
                                     num_gpus=1.0 if torch.cuda.is_available() else 0.0, **kw)
-        sp = SamplingParams(1.0, 1.0, MAX_TOKENS, 1, 0)
+        sp = SamplingParams(1.0, 1.0, max_tokens, 1, 0)
         ray.get(actor.generate.remote(prompts[:2], sp))
         row[f"{kind} start s"] = time.perf_counter() - t0
-        ray.get(actor.generate.remote(prompts, SamplingParams(1.0, 1.0, MAX_TOKENS, 1, 1)))  # warm-up
+        ray.get(actor.generate.remote(prompts, SamplingParams(1.0, 1.0, max_tokens, 1, 1)))  # warm-up
         t0 = time.perf_counter()
-        ro = ray.get(actor.generate.remote(prompts, SamplingParams(1.0, 1.0, MAX_TOKENS, 1, 2)))
+        ro = ray.get(actor.generate.remote(prompts, SamplingParams(1.0, 1.0, max_tokens, 1, 2)))
         dt = time.perf_counter() - t0
         row[f"{kind} tok/s"] = sum(ro.lengths) / dt
         row[f"{kind} tokens"] = sum(ro.lengths)
@@ -112,6 +115,8 @@ def main() -> int:
     ap.add_argument("--no-100m", action="store_true", help="skip the 100M-parameter model")
     ap.add_argument("--no-micro", action="store_true", help="skip the micro models (no prepare needed)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--prompts", type=int, default=64, help="prompts per call")
+    ap.add_argument("--max-tokens", dest="max_tokens", type=int, default=128, help="most new tokens per prompt")
     args = ap.parse_args()
 
     import ray
@@ -128,17 +133,18 @@ def main() -> int:
             teacher, student = prepare(load_sweep(args.config), threads=args.threads)  # cached after `prepare`
             tok = load_tokenizer(teacher)
             for name, path in (("micro teacher", teacher), ("micro student", student)):
-                rows.append(bench(name, Path(path), tok.eos_token_id, tok.pad_token_id, len(tok), args.threads))
+                rows.append(bench(name, Path(path), tok.eos_token_id, tok.pad_token_id, len(tok), args.threads,
+                                  args.prompts, args.max_tokens))
         if not args.no_100m:
             with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as d:
                 path = _llama_100m(Path(d) / "llama100m")
                 params = sum(int(t.numel()) for t in load_file(str(path / "model.safetensors")).values())
-                rows.append(bench(f"llama {params / 1e6:.0f}M", path, 2, 0, 32000, args.threads))
+                rows.append(bench(f"llama {params / 1e6:.0f}M", path, 2, 0, 32000, args.threads, args.prompts, args.max_tokens))
     finally:
         ray.shutdown()
     cols = ["model", "transformers tok/s", "vllm tok/s", "vllm/transformers", "transformers start s",
             "vllm start s", "sync s", "train step s", "sync/step"]
-    print(f"\n{N_PROMPTS} prompts x up to {MAX_TOKENS} new tokens, τ = 1, {args.threads} threads")
+    print(f"\n{args.prompts} prompts x up to {args.max_tokens} new tokens, τ = 1, {args.threads} threads")
     print(" | ".join(cols))
     for r in rows:
         print(" | ".join(r["model"] if c == "model" else f"{r[c]:.3g}" for c in cols))
