@@ -75,6 +75,9 @@ def _train_step_s(path: Path, rollouts, pad_id: int, threads: int):
 
 def bench(name: str, path: Path, eos: int, pad: int, vocab: int, threads: int, n_prompts: int = 64,
           max_tokens: int = 128) -> dict:
+    """One model's row: each engine's start-up seconds and tokens/s on ``n_prompts`` random
+    prompts of `PROMPT_LEN` tokens × up to ``max_tokens`` new tokens (τ = 1; the second of two
+    calls), and for vLLM one weight sync's seconds against one training step's."""
     import ray
 
     from distillab.rollout import SamplingParams, start_rollout_actor
@@ -83,7 +86,7 @@ def bench(name: str, path: Path, eos: int, pad: int, vocab: int, threads: int, n
     row = {"model": name}
     for kind in ("transformers", "vllm"):
         t0 = time.perf_counter()
-        kw = {"seed": 0, "max_model_len": 512, "kv_cache_gib": 2} if kind == "vllm" else {}
+        kw = {"seed": 0, "max_model_len": max(512, PROMPT_LEN + max_tokens), "kv_cache_gib": 2} if kind == "vllm" else {}
         actor = start_rollout_actor(kind, path, eos, pad, threads=threads,
                                     num_gpus=1.0 if torch.cuda.is_available() else 0.0, **kw)
         sp = SamplingParams(1.0, 1.0, max_tokens, 1, 0)

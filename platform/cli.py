@@ -14,7 +14,8 @@ stage of each trial, errors and the closing tables; Ray's known-harmless lines a
 dropped before they print (they stay in Ray's session logs) and Ray Train logs warnings
 only. ``--verbose`` prints everything.
 
-For developers: the dropped lines are `HARMLESS_RAY_LINES`. Lazy imports: every ``distillab`` module (config, plan, prepare, sweep, results, plots) and
+For developers: the dropped lines are `HARMLESS_RAY_LINES`. Lazy imports: every
+``distillab`` module (config, plan, prepare, sweep, results, plots) and
 ``ray`` are imported inside the subcommand that uses them, so that ``distillab --help``
 and a mistyped command answer at once: 0.04-0.08 s, against 13-17 s with them at
 module top (they pull in torch, transformers, DeepSpeed, Ray Tune and matplotlib;
@@ -102,7 +103,7 @@ def _overrides(pairs: list[str]) -> dict:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="distillab", description=help_text(__doc__),
+    parser = argparse.ArgumentParser(prog="distillab", description=help_text(__doc__ or ""),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     helps = {"prepare": "train and cache the sweep's micro teacher and student (skipped when cached)",

@@ -119,7 +119,9 @@ def train_settings(verbose: int = 1) -> dict[str, Any]:
     """What `run_trial` applies around each ``TorchTrainer`` (computed in the driver, Ray
     initialised): ``env``, `TRAIN_ENV` plus, on a one-node cluster, Ray Train's preemption
     watcher off (an actor per trial that can only watch its own node go); ``log_level``,
-    Ray Train's console level (``WARNING``; ``INFO`` at ``verbose`` ≥ 2)."""
+    Ray Train's console level (``WARNING``; ``INFO`` at ``verbose`` ≥ 2); ``quiet_exit``,
+    whether the trial actor drops Ray's unraisable SIGTERM exits
+    (`drop_unraisable_sigterm_exits`; not at ``verbose`` ≥ 2)."""
     env = dict(TRAIN_ENV)
     if len([n for n in ray.nodes() if n.get("Alive")]) <= 1:
         env["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = "0"
@@ -127,21 +129,25 @@ def train_settings(verbose: int = 1) -> dict[str, Any]:
 
 
 def drop_unraisable_sigterm_exits() -> None:
-    """In this process (a Tune trial actor), drop Python's "Exception ignored in: <function
-    WeakSet.__init__.<locals>._remove ...> ... SystemExit: 1" notes and hand every other
-    unraisable exception to the hook that was there before.
+    """In this process (a Tune trial actor), drop every ``SystemExit`` that Python reports as
+    unraisable ("Exception ignored in: <function WeakSet.__init__.<locals>._remove ...> ...
+    SystemExit: 1") and hand every other unraisable exception to the hook that was there
+    before. Installed once per process (Tune reuses its trial actors).
 
     Ray's SIGTERM handler in a worker raises ``SystemExit``; when Ray ends a trial actor after
     its trial has finished and the signal lands while a weakref or finaliser callback runs,
     Python cannot raise there and prints the exception with its traceback (seen on the micro
-    study's console). Nothing is wrong: the trial's results are written, and Ray ends the
-    process. Only ``SystemExit`` is dropped; ``--verbose`` (``train_settings``) keeps it."""
+    study's console, from ``run_trial``). Nothing is wrong: the trial's results are written,
+    and Ray ends the process. ``--verbose`` (``train_settings``) keeps these notes."""
+    if getattr(sys.unraisablehook, "drops_sigterm_exits", False):
+        return
     default = sys.unraisablehook
 
     def hook(unraisable) -> None:
         if not isinstance(unraisable.exc_value, SystemExit):
             default(unraisable)
 
+    hook.drops_sigterm_exits = True
     sys.unraisablehook = hook
 
 

@@ -17,6 +17,7 @@ extras=${DISTILLAB_EXTRAS:-dev,cpu,eval,qlora,tracking}
 # build it once here, into .cache/torch_extensions (scripts/env.sh), so that no trial or test waits for it
 if [ ! -e /proc/driver/nvidia/version ] && [ ! -e /dev/kfd ]; then
   (. scripts/env.sh && DS_ACCELERATOR=cpu .venv/bin/python -c \
-    "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null)
+    "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null) ||
+    echo "warning: DeepSpeed's CPU shared-memory op was not prebuilt (a C++ compiler?); the first trial builds it" >&2
 fi
 echo "installed: $(.venv/bin/python -c 'import torch, ray, transformers; import vllm; print("torch", torch.__version__, "ray", ray.__version__, "transformers", transformers.__version__, "vllm", vllm.__version__)')"
