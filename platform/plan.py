@@ -362,7 +362,8 @@ def _estimate_lines(sweep: SweepConfig, roles: dict[str, Role], p: Placement, tf
     hours = total / rate / 3600
     per_trial = sum(e0.flops.values()) / rate / 3600
     lines.append(f"  throughput: {rate / 1e12:g} TFLOP/s per GPU, {source}")
-    lines.append(f"  GPU-hours: {per_trial:.3g} per trial (the first), {hours:.3g} for the sweep's {n} trials")
+    lines.append(f"  GPU-hours: {per_trial:.3g} per trial (the first), {hours:.3g} for the sweep's {n} trials "
+                 "with the shared evaluation before training")
     if p.gpus and p.concurrent:
         waves = -(-n // p.concurrent)
         lines.append(f"  wall-clock: ~{waves * per_trial / p.gpus:.3g} h ({waves} wave(s) of trials on "
