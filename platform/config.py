@@ -1270,7 +1270,8 @@ def point_of(trial: TrialConfig, keys: list[str]) -> dict[str, Any]:
 
 def _errors(e: ValidationError, root: type[BaseModel] | None = None) -> str:
     """Each error as ``field.path: message`` (a model-level error, whose message names
-    its fields itself, without the empty path), pydantic's "Value error, " dropped. An
+    its fields itself, without the empty path), pydantic's "Value error, " dropped, a bad
+    scalar value quoted after its message ("(got 'sideways')"). An
     unknown field of ``root`` (the validated model) or of a section below it is named with
     the closest allowed name and the allowed names of its section."""
     out = []
@@ -1278,6 +1279,8 @@ def _errors(e: ValidationError, root: type[BaseModel] | None = None) -> str:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden" and root is not None:
             msg = _unknown_field(root, err["loc"]) or msg
+        elif err["loc"] and isinstance(err.get("input"), (str, int, float, bool)):  # a bad scalar: say what was given
+            msg += f" (got {err['input']!r})"
         loc = ".".join(map(str, err["loc"]))
         out.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(out)

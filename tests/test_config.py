@@ -102,7 +102,7 @@ def test_non_positive_lr(tmp_path: Path, lr: str) -> None:
 
 def test_unknown_policy(tmp_path: Path) -> None:
     msg = _error(tmp_path, "name: t\ntrial:\n  rollout:\n    policy: sideways\n")
-    assert "rollout.policy" in msg
+    assert "trial.rollout.policy: Input should be 'offpd', 'onpd' or 'spectrum' (got 'sideways')" in msg, msg
     assert "'offpd'" in msg and "'onpd'" in msg
 
 
