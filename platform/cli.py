@@ -78,6 +78,8 @@ def _env_defaults(verbose: bool = False, local_ray: bool = False) -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")      # before anything imports it (else it warns on each run)
     if local_ray:  # token authentication, Ray's default for a new local cluster, said before ray is imported
         os.environ.setdefault("RAY_AUTH_MODE", "token")  # (so without its "Token authentication is enabled")
+    if not sys.stdout.isatty():  # a file or a pipe: Ray's worker-log prefixes without ANSI colour codes
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     if verbose:  # every line of every worker, undeduplicated
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     else:

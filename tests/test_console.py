@@ -87,6 +87,7 @@ def test_a_smoke_sweep_prints_a_calm_console(smoke_sweep: Path) -> None:
     lines = (smoke_sweep.parent / "console.txt").read_text().splitlines()
     text = "\n".join(lines)
     assert len(lines) <= 60, text
+    assert "\x1b[" not in text, text  # written to a pipe: Ray's worker prefixes come without colour codes
     trials = sorted(_final_accuracy(smoke_sweep))
     assert len(trials) == 2
     for tid in trials:  # one line per finished stage of each trial, and the progress table names the trials
