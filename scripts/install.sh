@@ -15,9 +15,14 @@ extras=${DISTILLAB_EXTRAS:-dev,cpu,eval,qlora,tracking}
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # DeepSpeed's CPU shared-memory collective is a C++ extension compiled on first use (~50 s on 2 cores);
 # build it once here, into .cache/torch_extensions (scripts/env.sh), so that no trial or test waits for it
-if [ ! -e /proc/driver/nvidia/version ] && [ ! -e /dev/kfd ]; then
-  (. scripts/env.sh && DS_ACCELERATOR=cpu .venv/bin/python -c \
-    "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null) ||
-    echo "warning: DeepSpeed's CPU shared-memory op was not prebuilt (a C++ compiler?); the first trial builds it" >&2
-fi
+# (CPU machines only: the GPU-driver files are the CLI's own, distillab.cli.GPU_DRIVER_FILES)
+(. scripts/env.sh && .venv/bin/python -c "
+import os, pathlib
+from distillab.cli import GPU_DRIVER_FILES
+if not any(pathlib.Path(f).exists() for f in GPU_DRIVER_FILES):
+    os.environ.setdefault('DS_ACCELERATOR', 'cpu')
+    from deepspeed.comm.torch import build_shm_op
+    build_shm_op()
+" >/dev/null) ||
+  echo "warning: DeepSpeed's CPU shared-memory op was not prebuilt (a C++ compiler?); the first trial builds it" >&2
 echo "installed: $(.venv/bin/python -c 'import torch, ray, transformers; import vllm; print("torch", torch.__version__, "ray", ray.__version__, "transformers", transformers.__version__, "vllm", vllm.__version__)')"
