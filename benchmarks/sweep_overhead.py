@@ -34,6 +34,7 @@ Two measurements, each in fresh processes:
     python benchmarks/sweep_overhead.py                      # ~6 min on 2 idle cores
     python benchmarks/sweep_overhead.py --trials 2 --steps 40 --trl-seconds 15.2
     python benchmarks/sweep_overhead.py --code /path/to/tree # time another checkout's code (A/B)
+    python benchmarks/sweep_overhead.py --set resources.local_mode=true   # trials in their Tune actors
     python benchmarks/sweep_overhead.py --phases runs/calib_lr_low runs/calib_rlvr   # sweeps that ran already
 
 ``--code DIR`` runs every measurement with ``DIR``'s ``platform/``, ``ops/`` and
@@ -150,18 +151,20 @@ class CpuSampler(threading.Thread):
         return out
 
 
-def grid(n: int, storage: Path, out: Path) -> None:
-    """Measurement 1 in this process: the smoke grid over ``n`` seeds; writes the phases
-    and the CPU seconds of the sweep's processes to ``out``."""
+def grid(n: int, storage: Path, out: Path, sets: list[str]) -> None:
+    """Measurement 1 in this process: the smoke grid over ``n`` seeds (with the
+    ``--set`` pairs ``sets``); writes the phases and the CPU seconds of the sweep's
+    processes to ``out``."""
     import ray
 
+    from distillab.cli import parse_overrides
     from distillab.config import load_sweep
     from distillab.prepare import prepare
     from distillab.sweep import run_sweep
 
     sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
         "name": f"overhead{n}", "storage_path": str(storage), "models.cache_dir": str(REPO / ".cache" / "models"),
-        "search.grid": {"seed": list(range(n))},
+        "search.grid": {"seed": list(range(n))}, **parse_overrides(sets),
     })
     teacher, student = prepare(sweep, threads=1)
     sampler = CpuSampler()
@@ -186,16 +189,17 @@ def _micro_prepared() -> bool:
     return all((cache / f"{role}-{prepare_key(sweep, role)}").is_dir() for role in ("teacher", "student"))
 
 
-def single(steps: int, storage: Path, env: dict[str, str]) -> dict:
-    """Measurement 2: one ``distillab sweep`` subprocess of a single ``steps``-step OnPD trial."""
+def single(steps: int, storage: Path, env: dict[str, str], extra: list[str]) -> dict:
+    """Measurement 2: one ``distillab sweep`` subprocess of a single ``steps``-step OnPD
+    trial (``extra``: more ``--set`` pairs)."""
     micro = _micro_prepared()
     config = REPO / "search_spaces" / ("micro.yaml" if micro else "smoke.yaml")
     sets = {"name": "single", "storage_path": str(storage), "models.cache_dir": str(REPO / ".cache" / "models"),
             "search.grid": "{rollout.policy: [onpd]}", "trial.optimizer.steps": steps,
             "trial.optimizer.prompts_per_step": 16, "trial.rollout.max_tokens": 32, "resources.max_concurrent_trials": 1}
     cmd = [sys.executable, "-m", "distillab.cli", "sweep", str(config), "--no-dashboard"]
-    for k, v in sets.items():
-        cmd += ["--set", f"{k}={v}"]
+    for kv in [f"{k}={v}" for k, v in sets.items()] + extra:
+        cmd += ["--set", kv]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - t0
@@ -270,23 +274,27 @@ def main() -> int:
     ap.add_argument("--code", type=Path, default=None, help="time another checkout's platform/ ops/ evals/")
     ap.add_argument("--phases", type=Path, nargs="+", metavar="DIR",
                     help="only print the per-trial phases of sweeps that already ran (their directories)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every measured sweep, as distillab sweep's "
+                         "(e.g. resources.local_mode=true)")
     ap.add_argument("--grid-one", nargs=3, metavar=("N", "STORAGE", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.phases:
         report_phases(args.phases)
         return 0
     if args.grid_one:
-        grid(int(args.grid_one[0]), Path(args.grid_one[1]), Path(args.grid_one[2]))
+        grid(int(args.grid_one[0]), Path(args.grid_one[1]), Path(args.grid_one[2]), args.set)
         return 0
     env = _env(args.code)
     rows = []
+    sets = [a for kv in args.set for a in ("--set", kv)]
     with tempfile.TemporaryDirectory() as d:
         for n in args.trials:
             out = Path(d) / f"grid{n}.json"
-            subprocess.run([sys.executable, __file__, "--grid-one", str(n), d, str(out)], env=env, check=True,
+            subprocess.run([sys.executable, __file__, "--grid-one", str(n), d, str(out), *sets], env=env, check=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
             rows.append(json.loads(out.read_text()))
-        s = single(args.steps, Path(d), env) if args.steps else None
+        s = single(args.steps, Path(d), env, args.set) if args.steps else None
     if rows:
         report_grid(rows)
     if s is not None:

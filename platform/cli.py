@@ -92,7 +92,10 @@ def _env_defaults(verbose: bool = False, local_ray: bool = False) -> None:
         os.environ.setdefault("TUNE_WARN_THRESHOLD_S", "5")
 
 
-def _overrides(pairs: list[str]) -> dict:
+def parse_overrides(pairs: list[str]) -> dict:
+    """``--set`` pairs ``KEY=VALUE`` → ``{dotted key: value}``, each value read as YAML
+    (safe loading: ``true``, ``1e-3``, ``[a, b]``, ``{k: v}``). Raises `config.ConfigError`
+    for a pair without ``=``."""
     from distillab.config import ConfigError  # lazy: see the module docstring
 
     out = {}
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         elif not args.config:
             raise ConfigError("sweep needs a config YAML (or --resume PATH)")
         else:
-            sweep = load_sweep(args.config, _overrides(args.set))
+            sweep = load_sweep(args.config, parse_overrides(args.set))
     except (ConfigError, FileNotFoundError) as e:
         print(f"distillab: {e}", file=sys.stderr)
         return 2

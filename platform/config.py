@@ -641,7 +641,15 @@ ModelsConfig.model_rebuild()  # teacher_refine refers to RLVRConfig, defined aft
 
 
 class ResourcesConfig(_Strict):
-    """Ray resources: per trial (the Tune function trainable) and per Train worker."""
+    """Ray resources: per trial (the Tune function trainable) and per Train worker.
+
+    ``local_mode``: Ray Train's local mode for one-worker trials: the trial runs in its
+    Tune trial actor (which then holds ``trial_cpus + cpus_per_worker`` CPUs and the
+    worker's GPUs), with no Train controller or worker group to start, and a reused
+    trial actor has the recipe's imports already; reports and checkpoints go to Tune
+    (`distill.RaySession`). A failed trial is retried by Tune (``fault_tolerance.trial_retries``,
+    from its latest checkpoint); there is no worker group to restart. Needs ``num_workers: 1``.
+    The numbers equal the worker group's (tests/test_sweep.py)."""
 
     num_workers: int = Field(default=1, ge=1)
     cpus_per_worker: float = Field(default=0.99, gt=0)
@@ -649,6 +657,22 @@ class ResourcesConfig(_Strict):
     trial_cpus: float = Field(default=0.01, ge=0)
     max_concurrent_trials: int = Field(default=2, ge=1)
     torch_threads: int = Field(default=1, ge=1)
+    local_mode: bool = False
+
+    @model_validator(mode="after")
+    def _check_local_mode(self) -> "ResourcesConfig":
+        if self.local_mode and self.num_workers != 1:
+            raise ValueError("resources.local_mode runs a trial in one process: it needs resources.num_workers 1 "
+                             f"(got {self.num_workers}); allowed with several workers: local_mode false")
+        return self
+
+    def trial_actor(self) -> dict[str, float]:
+        """The Tune trial actor's resources: ``trial_cpus``, or with ``local_mode`` the
+        worker's too (CPU and GPU), since the trial runs there."""
+        if not self.local_mode:
+            return {"CPU": self.trial_cpus}
+        gpus = {"GPU": self.gpus_per_worker} if self.gpus_per_worker else {}
+        return {"CPU": self.trial_cpus + self.cpus_per_worker, **gpus}
 
 
 #: Paths a grid may sweep (dotted into `TrialConfig`).
@@ -847,7 +871,8 @@ class FaultToleranceConfig(_Strict):
     """Retries: ``worker_restarts`` of a trial's Train worker group (it resumes from
     the latest checkpoint; set ``trial.optimizer.checkpoint_every``), and
     ``trial_retries`` of a whole Tune trial (its Train run resumes from the same
-    storage). Ray Train's and Tune's ``FailureConfig(max_failures)``."""
+    storage). Ray Train's and Tune's ``FailureConfig(max_failures)``. With
+    ``resources.local_mode`` a trial has no worker group: only ``trial_retries`` applies."""
 
     worker_restarts: int = Field(default=2, ge=0)
     trial_retries: int = Field(default=1, ge=0)

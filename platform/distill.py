@@ -14,8 +14,8 @@
               optional RLVR stage (`rlvr.run_rlvr_stage`) and its evaluation, the
               final report and the final student checkpoint     (`finish`)
 
-The loop talks to Ray Train only through a `Session` (rank, world size, checkpoint to resume from,
-``report``): `RaySession` in a ``TorchTrainer``, `LocalSession` in one process (tests/test_golden.py).
+The loop talks to Ray only through a `Session` (rank, world size, checkpoint to resume from, ``report``):
+`RaySession` in a ``TorchTrainer`` or a Tune trial actor, `LocalSession` in one process (tests/test_golden.py).
 With ``optimizer.checkpoint_every`` a restarted worker group resumes from the latest
 checkpoint exactly: weights, step, AdamW moments and master weights, LR schedule, the
 random streams and the gradient masks (`optim.save_checkpoint`; tests/test_resume.py).
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import ray.train
+import ray.tune
 import torch
 
 from distillab.config import RuntimeContext, TrialConfig
@@ -75,15 +76,15 @@ class Session(Protocol):
 class RaySession:
     """`Session` inside a Ray Train worker (``ray.train.get_context`` / ``get_checkpoint`` /
     ``report``). Every rank passes the checkpoint directory it wrote (rank 0 the weights,
-    each rank its training state; Ray Train merges them into one checkpoint), which is
-    removed once Ray copied it."""
+    each rank its training state; Ray Train merges them into one checkpoint), removed once Ray
+    copied it. ``local_mode`` (`sweep.train_in_trial_actor`): rank 0 of 1, the calls on ``ray.tune``."""
 
-    def __init__(self):
-        ctx = ray.train.get_context()
-        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+    def __init__(self, local_mode: bool = False):
+        self.api, ctx = (ray.tune, None) if local_mode else (ray.train, ray.train.get_context())
+        self.rank, self.world = (0, 1) if ctx is None else (ctx.get_world_rank(), ctx.get_world_size())
 
     def restore(self, load: Callable[[Path], Any]) -> Any:
-        ckpt = ray.train.get_checkpoint()
+        ckpt = self.api.get_checkpoint()
         if ckpt is None:
             return None
         with ckpt.as_directory() as d:
@@ -91,8 +92,8 @@ class RaySession:
 
     def report(self, metrics: dict[str, float], checkpoint: Path | None = None) -> None:
         wrote = checkpoint is not None and any(Path(checkpoint).iterdir())
-        ckpt = ray.train.Checkpoint.from_directory(str(checkpoint)) if wrote else None
-        ray.train.report(metrics, checkpoint=ckpt)
+        ckpt = self.api.Checkpoint.from_directory(str(checkpoint)) if wrote else None
+        self.api.report(metrics, checkpoint=ckpt)
         if checkpoint is not None:
             shutil.rmtree(checkpoint, ignore_errors=True)
 
@@ -347,4 +348,3 @@ def train_loop_per_worker(config: dict) -> None:
     times = TrialTimes(config.get("launch"))
     run_worker(TrialConfig.model_validate(config["trial"]), RuntimeContext.model_validate(config["ctx"]),
                config["trial_id"], RaySession(), times)
-

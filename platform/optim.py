@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,19 @@ def _undo_init_step(ds_opt: FP16_UnfusedOptimizer) -> None:
     for masters, params in zip(ds_opt.fp32_groups, ds_opt.fp16_groups):
         for m, p in zip(masters, params):
             m.data.copy_(p.data)
+
+
+def init_single_process_group() -> None:
+    """The default ``torch.distributed`` group of a one-process trial (``resources.local_mode``),
+    once per process: world size 1 on an in-process store, with Ray Train's backend (NCCL
+    on a GPU, else gloo), and the rank variables Ray Train sets for its workers (``RANK``,
+    ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``), which DeepSpeed reads. A reused
+    trial actor keeps the group of its first trial."""
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}.items():
+        os.environ.setdefault(k, v)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if torch.cuda.is_available() else "gloo",
+                                             store=torch.distributed.HashStore(), rank=0, world_size=1)
 
 
 def setup_engine(module, o: OptimizerConfig, world_size: int, *, lr: float | None = None, schedule=None,

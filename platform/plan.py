@@ -187,16 +187,21 @@ def placement(sweep: SweepConfig, cluster: Cluster) -> Placement:
     """How the sweep's trials fit ``cluster``: Ray Train places each worker's bundle (its
     CPUs and GPUs) on one node, a trial needs all its workers at once, and the Tune
     trainable's ``trial_cpus`` beside them; at most ``max_concurrent_trials`` run at a time.
-    The vLLM engine actor reserves nothing (it shares its worker's CPUs and GPU)."""
+    With ``resources.local_mode`` the one worker's resources and ``trial_cpus`` are one
+    actor's, on one node. The vLLM engine actor reserves nothing (it shares its worker's
+    CPUs and GPU)."""
     r = sweep.resources
     p = Placement(r.num_workers, r.cpus_per_worker, r.gpus_per_worker, r.trial_cpus, 0)
-    fit = [math.floor(cluster.cpus / r.cpus_per_worker + 1e-9)]
+    bundle = r.cpus_per_worker + (r.trial_cpus if r.local_mode else 0.0)
+    fit = [math.floor(cluster.cpus / bundle + 1e-9)]
     if r.gpus_per_worker:
         fit.append(math.floor(cluster.gpus / r.gpus_per_worker + 1e-9))
     per_node = min(fit)
     if per_node == 0:
-        p.why = (f"a worker needs {r.cpus_per_worker:g} CPU and {r.gpus_per_worker:g} GPU on one node "
-                 f"(resources.cpus_per_worker, gpus_per_worker); a node of {cluster.source} has {cluster.cpus:g} CPU "
+        who = "a trial (resources.local_mode: its one actor)" if r.local_mode else "a worker"
+        p.why = (f"{who} needs {bundle:g} CPU and {r.gpus_per_worker:g} GPU on one node "
+                 f"(resources.cpus_per_worker, gpus_per_worker{', trial_cpus' if r.local_mode else ''}); "
+                 f"a node of {cluster.source} has {cluster.cpus:g} CPU "
                  f"and {cluster.gpus:g} GPU")
         return p
     by_workers = per_node * cluster.nodes // r.num_workers

@@ -123,7 +123,8 @@ register("resume/start_step", "distill.setup_trial", "the step a restarted worke
 for _name, _doc in (
     ("trainable_import", "Tune trial actor: its process start to the trainable's first line (imports, unpickling)"),
     ("worker_launch", "the trainable's first line to the Train worker's process start (controller, placement group)"),
-    ("worker_init", "the Train worker's process start to the train function's first line (imports, process group)"),
+    ("worker_init", "the Train worker's process start to the train function's first line (imports, process group); "
+                    "with resources.local_mode, the trainable's first line to the recipe's (no worker to launch)"),
     ("setup", "the train function's first line to the first step (models, evaluation before training, DeepSpeed)"),
     ("eval_distill", "the evaluation after distillation (rank 0)"),
     ("finish", "the last step to the final report (evaluations, RLVR stage, final checkpoint written)"),

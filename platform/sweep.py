@@ -44,6 +44,7 @@ jobs), on the critical path of a trial's start.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import math
@@ -58,6 +59,7 @@ from typing import Any
 import optuna
 import polars as pl
 import psutil
+import pyarrow.fs as pafs
 import ray
 import ray.train
 from ray import tune
@@ -191,32 +193,95 @@ def run_trial(params: dict[str, Any], trials: dict[str, dict] | None = None, bas
     row: dict[str, Any] = {"trial_id": trial_id, "start_time": time.time(), "checkpoint": None, "error": None}
     row.update({k: (str(v) if isinstance(v, (list, dict)) else v) for k, v in trial.flat().items()})
     write_rows(root, "trials", [{**row, "status": "running", "end_time": math.nan}], key=trial_id)
-    trainer = TrialTrainer(
-        train_fn,
-        train_loop_config={"trial": trial.model_dump(mode="json"), "trial_id": trial_id,
-                           "ctx": ctx.model_dump(mode="json"), "launch": launch},
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=res.num_workers, use_gpu=res.gpus_per_worker > 0,
-            resources_per_worker={"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})},
-        ),
-        run_config=ray.train.RunConfig(
-            name=trial_id,  # same name + storage: a retried trial resumes this run's checkpoints
-            storage_path=str(root / "train"),
-            callbacks=[TuneReportCallback()],
-            failure_config=ray.train.FailureConfig(max_failures=ctx.fault_tolerance.worker_restarts),
-            logging_config=ray.train.LoggingConfig(log_level=settings["log_level"]),
-        ),
-    )
+    config = {"trial": trial.model_dump(mode="json"), "trial_id": trial_id, "ctx": ctx.model_dump(mode="json"),
+              "launch": launch}
     try:
-        result = trainer.fit()
-        _await_tune_reports()
-        row.update(status="completed", checkpoint=result.checkpoint.path if result.checkpoint else None)
+        fit = _fit_in_trial_actor if res.local_mode else _fit_worker_group
+        row.update(status="completed", checkpoint=fit(config, ctx, settings))
     except Exception as e:  # the row records the failure; Tune sees it too
         row.update(status="failed", error="".join(traceback.format_exception_only(type(e), e))[-4000:])
         raise
     finally:
         row["end_time"] = time.time()
         write_rows(root, "trials", [row], key=trial_id)
+
+
+def _fit_worker_group(config: dict[str, Any], ctx: RuntimeContext, settings: dict[str, Any]) -> str | None:
+    """Run `train_fn` on a Ray Train worker group (a `TrialTrainer`) whose reports reach
+    Tune through ``TuneReportCallback``; returns the final checkpoint's path."""
+    res, trial_id = ctx.resources, config["trial_id"]
+    trainer = TrialTrainer(
+        train_fn,
+        train_loop_config=config,
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=res.num_workers, use_gpu=res.gpus_per_worker > 0,
+            resources_per_worker={"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})},
+        ),
+        run_config=ray.train.RunConfig(
+            name=trial_id,  # same name + storage: a retried trial resumes this run's checkpoints
+            storage_path=str(Path(ctx.results_root) / "train"),
+            callbacks=[TuneReportCallback()],
+            failure_config=ray.train.FailureConfig(max_failures=ctx.fault_tolerance.worker_restarts),
+            logging_config=ray.train.LoggingConfig(log_level=settings["log_level"]),
+        ),
+    )
+    result = trainer.fit()
+    _await_tune_reports()
+    return result.checkpoint.path if result.checkpoint else None
+
+
+def _fit_in_trial_actor(config: dict[str, Any], ctx: RuntimeContext, settings: dict[str, Any]) -> str | None:
+    """``resources.local_mode``: run the trial in this Tune trial actor
+    (`train_in_trial_actor`); returns the final checkpoint's path (the newest
+    ``checkpoint_*`` Tune persisted in the trial's directory of its storage)."""
+    trial_actor_console(settings["log_level"])
+    train_in_trial_actor(config)
+    storage = tune.get_context().get_storage()
+    found = storage.storage_filesystem.get_file_info(pafs.FileSelector(storage.trial_fs_path, allow_not_found=True))
+    saved = sorted(f.path for f in found if f.base_name.startswith("checkpoint_"))
+    return saved[-1] if saved else None
+
+
+def train_in_trial_actor(config: dict[str, Any]) -> None:
+    """`distill.train_loop_per_worker` in the calling Tune trial actor (``resources.local_mode``;
+    Ray Train's local mode, ``ScalingConfig(num_workers=0)``, runs the train function in-process
+    the same way but keeps its reports from Tune): a one-process ``torch.distributed`` group
+    (`optim.init_single_process_group`), then the recipe with a local-mode `distill.RaySession`.
+    ``config`` as for `train_loop_per_worker`. The recipe is imported here, in the actor (see the
+    module docstring's lazy imports)."""
+    import torch  # lazy, with the recipe: see the module docstring
+
+    from distillab.distill import RaySession, run_worker
+    from distillab.optim import init_single_process_group
+
+    init_single_process_group()
+    times = TrialTimes(config.get("launch"), in_trial_actor=True)
+    try:
+        run_worker(TrialConfig.model_validate(config["trial"]), RuntimeContext.model_validate(config["ctx"]),
+                   config["trial_id"], RaySession(local_mode=True), times)
+    finally:  # a reused trial actor runs the next trial: this one's engine, models and caches go now
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def trial_actor_console(level: str) -> None:
+    """The console of a trial that runs in its Tune trial actor, as a Train worker's
+    (Ray Train's ``LoggingConfig`` sets up a worker's): distillab's INFO lines (one per
+    finished stage of the trial) plain on stderr, which Ray forwards to the driver, and
+    Ray Tune's and Ray Train's own loggers at ``level`` (`train_settings`: ``WARNING``, so
+    Tune's "Checkpoint successfully created" notes stay out; ``INFO`` with ``--verbose``).
+    Once per process: a reused trial actor keeps its handler."""
+    console = logging.getLogger("distillab")
+    if not any(getattr(h, "distillab_console", False) for h in console.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.distillab_console = True
+        console.addHandler(handler)
+        console.setLevel(logging.INFO)
+        console.propagate = False
+    for name in ("ray.tune", "ray.train"):
+        logging.getLogger(name).setLevel(level)
 
 
 def _await_tune_reports(timeout_s: float = 300.0) -> None:
@@ -466,7 +531,7 @@ def _trainable(sweep: SweepConfig, verbose: int = 1):
     trials = {t.trial_id: t.model_dump(mode="json") for t in sweep.trials} if sweep.search.kind == "grid" else {}
     fn = tune.with_parameters(run_trial, trials=trials, base=sweep.trial.model_dump(mode="json"),
                               settings=train_settings(verbose))
-    return tune.with_resources(fn, {"CPU": sweep.resources.trial_cpus})
+    return tune.with_resources(fn, sweep.resources.trial_actor())
 
 
 def tracked_config(sweep: SweepConfig):

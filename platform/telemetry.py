@@ -111,15 +111,20 @@ class TrialTimes:
     import seconds and the unix time ``t_trial`` of its first line), ``worker_init``
     from this process's start, then the phases the recipe marks (`mark`).
 
-    ``launch`` may be None (one process, no Tune): only the marked phases are kept."""
+    ``launch`` may be None (one process, no Tune): only the marked phases are kept.
+    ``in_trial_actor`` (``resources.local_mode``: the trial runs in the Tune actor that
+    measured ``launch``): no worker to launch; ``worker_init`` is the seconds since
+    ``t_trial`` (the recipe's imports in a fresh actor, the process group)."""
 
-    def __init__(self, launch: dict[str, float] | None = None):
+    def __init__(self, launch: dict[str, float] | None = None, in_trial_actor: bool = False):
         self.last = time.time()
         self.seconds: dict[str, float] = {}
         started = process_start_time()
         if launch is not None:
             self.seconds["time/trainable_import_s"] = float(launch["trainable_import_s"])
-            if started is not None:  # a worker started for an earlier attempt of this trial: launch < 0 is dropped
+            if in_trial_actor:
+                self.seconds["time/worker_init_s"] = self.last - float(launch["t_trial"])
+            elif started is not None:  # a worker started for an earlier attempt of this trial: launch < 0 is dropped
                 launch_s = started - float(launch["t_trial"])
                 if launch_s >= 0:
                     self.seconds["time/worker_launch_s"] = launch_s

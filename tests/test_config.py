@@ -452,6 +452,19 @@ def test_grids_rlvr_worker_check_applies_to_each_grid(tmp_path: Path) -> None:
         r"trial offpd-forward-lr1e-05-s2-\w+: rlvr.prompts_per_step \(4\) must be a multiple of resources.num_workers")
 
 
+def test_local_mode_resources(tmp_path: Path) -> None:
+    """``resources.local_mode`` gives the Tune trial actor the worker's CPUs and GPUs
+    (the trial runs there), and needs one worker."""
+    r = load_sweep(SMOKE).resources
+    assert not r.local_mode and r.trial_actor() == {"CPU": r.trial_cpus}
+    gpu = load_sweep(SMOKE, {"resources.local_mode": True, "resources.cpus_per_worker": 3,
+                             "resources.trial_cpus": 0.5, "resources.gpus_per_worker": 1}).resources
+    assert gpu.trial_actor() == {"CPU": 3.5, "GPU": 1}
+    text = "name: t\nresources: {num_workers: 2, local_mode: true}\n"
+    assert pytest.raises(ConfigError, load_sweep, _write(tmp_path, text)).match(
+        r"resources.local_mode .* needs resources.num_workers 1 \(got 2\)")
+
+
 def test_tracking_section(tmp_path: Path, monkeypatch) -> None:
     import importlib.util
 

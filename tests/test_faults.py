@@ -65,16 +65,17 @@ def _kill_session(sid: int) -> None:
                 pass
 
 
-def _train_worker_pids() -> list[int]:
-    """PIDs of live Ray Train workers (process title ``ray::RayTrainWorker...``) that
-    descend from this process, i.e. belong to the Ray this test started."""
+def _train_worker_pids(title: str = "ray::RayTrainWorker") -> list[int]:
+    """PIDs of live Ray Train workers (process title ``ray::RayTrainWorker...``; or of
+    another ``title`` prefix: ``ray::ImplicitFunc``, the Tune trial actors of a function trainable) that descend
+    from this process, i.e. belong to the Ray this test started."""
     me, out = os.getpid(), []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            title = (d / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-            if not title.startswith("ray::RayTrainWorker"):
+            cmd = (d / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            if not cmd.startswith(title):
                 continue
             pid = int(d.name)
             while pid > 1 and pid != me:
@@ -86,11 +87,14 @@ def _train_worker_pids() -> list[int]:
     return out
 
 
-def _registered_checkpoints(root: Path) -> int:
+def _registered_checkpoints(root: Path, local_mode: bool = False) -> int:
     """How many checkpoints Ray Train's controller has registered for the sweep's runs
-    (its ``checkpoint_manager_snapshot.json`` under ``train/<trial_id>/``)."""
+    (its ``checkpoint_manager_snapshot.json`` under ``train/<trial_id>/``); with
+    ``local_mode``, how many Tune has persisted (``tune/<trial>/checkpoint_*``)."""
     import json
 
+    if local_mode:
+        return len(list((root / "tune").glob("*/checkpoint_*")))
     n = 0
     for f in (root / "train").glob("*/checkpoint_manager_snapshot.json"):
         try:
@@ -111,7 +115,11 @@ def _free_port() -> int:
 # --------------------------------------------------------------------------------------
 
 
-def test_killed_worker_resumes_from_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("local_mode", [False, True], ids=["worker_group", "local_mode"])
+def test_killed_worker_resumes_from_checkpoint(tmp_path: Path, local_mode: bool) -> None:
+    """The process running the trial, SIGKILLed past a checkpoint: a Train worker (Ray
+    Train restarts its worker group) or, with ``resources.local_mode``, the Tune trial
+    actor (Tune retries the trial). Either way the trial resumes from that checkpoint."""
     import ray
 
     from distillab.prepare import prepare
@@ -120,7 +128,8 @@ def test_killed_worker_resumes_from_checkpoint(tmp_path: Path) -> None:
 
     steps, every = 200, 50
     sweep = _sweep(tmp_path, **{"search.grid": {"rollout.policy": ["onpd"]}, "trial.optimizer.steps": steps,
-                                "trial.optimizer.checkpoint_every": every, "fault_tolerance.worker_restarts": 2})
+                                "trial.optimizer.checkpoint_every": every, "fault_tolerance.worker_restarts": 2,
+                                "resources.local_mode": local_mode})
     root = sweep.sweep_dir()
     teacher, student = prepare(sweep, threads=1)
     killed: dict[str, int] = {}
@@ -129,9 +138,9 @@ def test_killed_worker_resumes_from_checkpoint(tmp_path: Path) -> None:
         pid, deadline = None, time.time() + 600
         while time.time() < deadline and not killed:
             if pid is None:
-                alive = _train_worker_pids()
+                alive = _train_worker_pids("ray::ImplicitFunc" if local_mode else "ray::RayTrainWorker")
                 pid = alive[0] if alive else None
-            elif _registered_checkpoints(root) and max(_metric_steps(root), default=0) > every:
+            elif _registered_checkpoints(root, local_mode) and max(_metric_steps(root), default=0) > every:
                 killed["at_step"] = max(_metric_steps(root))  # past a checkpoint that Train has registered
                 os.kill(pid, signal.SIGKILL)
             time.sleep(0.1)

@@ -257,6 +257,12 @@ def test_placement_by_hand() -> None:
     assert never.concurrent == 0 and "needs 4 CPU and 1 GPU on one node" in never.why
     big = placement(sweep, Cluster(1, 64, 2))
     assert big.concurrent == 0 and "holds 2 such workers" in big.why
+    # local mode: the worker's 1 CPU and the trainable's 0.5 are one actor's, on one node
+    local = load_sweep(SMOKE, {"resources": {"local_mode": True, "cpus_per_worker": 1, "trial_cpus": 0.5,
+                                             "max_concurrent_trials": 4}})
+    assert placement(local, Cluster(1, 3, 0)).concurrent == 2  # 3 CPUs: two 1.5-CPU actors
+    never = placement(local, Cluster(3, 1, 0))  # 1-CPU nodes hold no 1.5-CPU actor
+    assert never.concurrent == 0 and "a trial (resources.local_mode: its one actor) needs 1.5 CPU" in never.why
 
 
 def test_check_checkpoints_of_a_mixed_sweep(standins) -> None:

@@ -55,6 +55,45 @@ def test_micro_trials_through_tune(smoke_sweep):
                 assert sp["sparsity@1e-08"] <= sp["sparsity@1e-06"] < 0.5
 
 
+@pytest.mark.slow
+def test_local_mode_trials_equal_the_worker_groups(smoke_sweep, tmp_path):
+    """``distillab sweep search_spaces/smoke.yaml --set resources.local_mode=true``: the
+    same two smoke trials run in their Tune trial actors (no Train worker group) give
+    the session's smoke sweep's numbers exactly (every per-step metric but the
+    wall-clock ones, every evaluation row), a final checkpoint (Tune's) holding the
+    student's weights, and the same calm console: one line per finished stage of each
+    trial, no Tune checkpoint notes."""
+    import subprocess
+    import sys
+
+    from distillab.results import load
+
+    cmd = [sys.executable, "-m", "distillab.cli", "sweep", str(REPO / "search_spaces" / "smoke.yaml"), "--no-dashboard"]
+    sets = (f"storage_path={tmp_path}", f"models.cache_dir={REPO / '.cache' / 'models'}", "resources.local_mode=true")
+    for kv in sets:
+        cmd += ["--set", kv]
+    proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    local, group = load(tmp_path / "smoke"), load(smoke_sweep)
+    trials = local.trials.collect()
+    assert trials["status"].to_list() == ["completed"] * 2, trials["error"].to_list()
+    for path in trials["checkpoint"]:
+        assert Path(path).parent.parent == tmp_path / "smoke" / "tune" and (Path(path) / "model.safetensors").exists()
+    assert sorted(trials["trial_id"]) == sorted(group.trials.collect()["trial_id"])
+    timed = pl.col("name").str.starts_with("time/") | pl.col("name").str.contains("tokens_per_s|_s$")
+    keys = ["trial_id", "stage", "step", "name"]
+    m_local, m_group = (r.metrics.filter(~timed).collect().sort(keys) for r in (local, group))
+    assert m_local.height > 50 and m_local.select(*keys, "value").equals(m_group.select(*keys, "value"))
+    keys = ["trial_id", "stage", "step", "task", "metric"]
+    e_local, e_group = (r.evals.collect().sort(keys) for r in (local, group))
+    assert e_local.height > 50 and e_local.select(*keys, "value").equals(e_group.select(*keys, "value"))
+    lines = proc.stdout.splitlines()
+    assert len(lines) <= 60 and "Checkpoint successfully created" not in proc.stdout, proc.stdout
+    for tid in trials["trial_id"]:
+        for stage in ("pre step 0:", "distill step 4:"):
+            assert len([x for x in lines if f"[trial] {tid} {stage}" in x]) == 1, proc.stdout
+
+
 @pytest.fixture(scope="module")
 def divergence_and_estimator_sweep(run_locally, tmp_path_factory):
     """One smoke sweep, a union of two grids (lean for CI: one local Ray, 6 trials):
