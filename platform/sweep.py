@@ -1,6 +1,8 @@
 """The sweep: Ray Tune over the YAML's search space, one function trainable per
 trial that builds and fits a Ray Train ``TorchTrainer`` (Train V2: Tune's report
-callback propagates the workers' metrics; ``Tuner(TorchTrainer)`` is not used).
+callback propagates the workers' metrics; ``Tuner(TorchTrainer)`` is not used), or,
+with ``resources.local_mode``, runs the same recipe in the trial actor itself
+(`train_in_trial_actor`; Ray Train's local mode, reporting to Tune).
 
 Search: ``grid`` (Tune iterates the validated trial list of `SweepConfig.trials`,
 expanded once when the sweep validated: ``tune.grid_search`` over its points) or
@@ -8,7 +10,8 @@ expanded once when the sweep validated: ``tune.grid_search`` over its points) or
 or several for a Pareto front; each sample applied to the base trial with
 `config.apply_point`), optionally with ASHA early stopping. Faults: Train's
 ``FailureConfig`` restarts a trial's worker group from its latest checkpoint; Tune's
-retries a trial, whose Train run then resumes from the same storage; a trial whose
+retries a trial, whose Train run (or local-mode trial: Tune's checkpoint) then resumes
+from the same storage; a trial whose
 row is already ``completed`` is never rerun; `resume_sweep` continues an
 interrupted sweep with ``Tuner.restore``.
 
@@ -30,8 +33,9 @@ logger never (the Parquet tables are the results).
 
 Lazy imports: the recipe (`distillab.distill`), `distillab.models` and
 `distillab.rollout` (transformers, DeepSpeed, vLLM's client) are imported inside
-the functions that use them (`train_fn` in the Train workers, the OffPD set
-generation in the driver), so that the Tune trial actor, which unpickles
+the functions that use them (`train_fn` in the Train workers, `train_in_trial_actor`
+in a local-mode trial actor, the OffPD set generation in the driver), so that the Tune
+trial actor, which unpickles
 `run_trial` and so imports this module, loads Ray Tune, Ray Train and torch only:
 ``python -c "import distillab.sweep"`` takes 6.8–7.4 s of CPU (user) against
 14.0–14.2 s with them at module top (``/usr/bin/time``, 2 cores shared with other
