@@ -1296,7 +1296,7 @@ def point_of(trial: TrialConfig, keys: list[str]) -> dict[str, Any]:
 def _errors(e: ValidationError, root: type[BaseModel] | None = None) -> str:
     """Each error as ``field.path: message`` (a model-level error, whose message names
     its fields itself, without the empty path), pydantic's "Value error, " dropped, a bad
-    scalar value quoted after its message ("(got 'sideways')"). An
+    scalar value quoted after its message ("(got 'sideways')"; a boolean's allowed values after it). An
     unknown field of ``root`` (the validated model) or of a section below it is named with
     the closest allowed name and the allowed names of its section."""
     out = []
@@ -1306,6 +1306,8 @@ def _errors(e: ValidationError, root: type[BaseModel] | None = None) -> str:
             msg = _unknown_field(root, err["loc"]) or msg
         elif err["loc"] and isinstance(err.get("input"), (str, int, float, bool)):  # a bad scalar: say what was given
             msg += f" (got {err['input']!r})"
+            if err["type"].startswith("bool_"):  # pydantic names no allowed values for a boolean
+                msg += "; allowed: true, false"
         loc = ".".join(map(str, err["loc"]))
         out.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(out)

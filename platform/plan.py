@@ -336,8 +336,13 @@ def _placement_lines(sweep: SweepConfig, p: Placement, cluster: Cluster) -> list
             "node, reserving nothing: it shares the worker's GPU (rollout.vllm_gpu_memory_utilization "
             f"{sweep.trial.rollout.vllm_gpu_memory_utilization:g} of its memory) or CPUs"
             if engines & {"vllm", "auto"} else "")
-    lines = [f"resources per trial: {p.workers} Train worker(s) x ({p.cpus_per_worker:g} CPU{gpu}) + "
-             f"{p.trial_cpus:g} CPU (the Tune trainable) = {p.cpus:g} CPU, {p.gpus:g} GPU{vllm}"]
+    if r.local_mode:
+        vllm = vllm.replace("the worker's", "the trial actor's")
+        lines = [f"resources per trial: one Tune trial actor running the trial (resources.local_mode; no Train "
+                 f"worker group) of {p.cpus_per_worker:g} + {p.trial_cpus:g} CPU = {p.cpus:g} CPU, {p.gpus:g} GPU{vllm}"]
+    else:
+        lines = [f"resources per trial: {p.workers} Train worker(s) x ({p.cpus_per_worker:g} CPU{gpu}) + "
+                 f"{p.trial_cpus:g} CPU (the Tune trainable) = {p.cpus:g} CPU, {p.gpus:g} GPU{vllm}"]
     where = f"{cluster.source}: {cluster.nodes} node(s) of {cluster.cpus:g} CPUs, {cluster.gpus:g} GPUs"
     if p.concurrent == 0:
         lines.append(f"placement on {where}: NEVER placeable: {p.why}")

@@ -104,6 +104,9 @@ def test_unknown_policy(tmp_path: Path) -> None:
     msg = _error(tmp_path, "name: t\ntrial:\n  rollout:\n    policy: sideways\n")
     assert "trial.rollout.policy: Input should be 'offpd', 'onpd' or 'spectrum' (got 'sideways')" in msg, msg
     assert "'offpd'" in msg and "'onpd'" in msg
+    msg = _error(tmp_path, "name: t\nresources: {local_mode: maybe}\n")  # a boolean names its allowed values too
+    assert "resources.local_mode: Input should be a valid boolean, unable to interpret input (got 'maybe'); " \
+           "allowed: true, false" in msg, msg
 
 
 def test_invalid_grid_value(tmp_path: Path) -> None:
