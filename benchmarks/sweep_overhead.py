@@ -36,6 +36,7 @@ Two measurements, each in fresh processes:
     python benchmarks/sweep_overhead.py --code /path/to/tree # time another checkout's code (A/B)
     python benchmarks/sweep_overhead.py --set resources.local_mode=true   # trials in their Tune actors
     python benchmarks/sweep_overhead.py --phases runs/calib_lr_low runs/calib_rlvr   # sweeps that ran already
+    python benchmarks/sweep_overhead.py --phases runs/micro --baseline 581   # and the loops' bound on the sweep
 
 ``--code DIR`` runs every measurement with ``DIR``'s ``platform/``, ``ops/`` and
 ``evals/`` as the ``distillab`` package (a copy of another commit, e.g. ``git archive
@@ -254,16 +255,46 @@ def report_single(s: dict, steps: int, trl: float | None) -> None:
         print(f"  whole sweep / TRL's whole run ({trl:.1f} s): {s['wall'] / trl:.2f}x")
 
 
-def report_phases(roots: list[Path]) -> None:
+def report_phases(roots: list[Path], baseline: float | None = None) -> None:
     """``--phases``: per trial of sweeps that already ran, the seconds of each of `PHASES`,
     its wall time and ``fixed`` (`trial_phases`; ``-`` where a phase was not recorded: a
-    reused Tune actor records no trainable import)."""
+    reused Tune actor records no trainable import); then per sweep its `loop_bound`."""
     cols = ("wall", *PHASES, "fixed")
     print(f"{'sweep':<24} {'trial':<44} " + " ".join(f"{c:>11}" for c in cols))
     for root in roots:
         for t in trial_phases(root):
             cells = " ".join(f"{t[c]:>11.1f}" if t[c] == t[c] else f"{'-':>11}" for c in cols)
             print(f"{root.name:<24} {t['trial_id'][:44]:<44} {cells}")
+    for root in roots:
+        line = loop_bound(root, trial_phases(root), baseline)
+        if line:
+            print(line)
+
+
+def loop_bound(root: Path, trials: list[dict], baseline: float | None = None) -> str | None:
+    """The sweep at ``root`` against the least wall time its loops leave: if every trial's
+    fixed cost were zero and its loop (``time/train_s``) unchanged, the trials could not
+    finish in less than max(Σ loop / c, longest loop) on ``c`` concurrent trials (the
+    sweep's ``resources.max_concurrent_trials``; the makespan bound of c equal machines),
+    after the OffPD sets that run before them. None when the sweep recorded no
+    ``runs.json`` seconds (`results.record_run`) or no loop. ``baseline``: another sweep's
+    wall seconds to print both as multiples of."""
+    from distillab.results import run_records
+
+    runs = run_records(root)
+    loops = [t["loop"] for t in trials if t["loop"] == t["loop"]]
+    if not runs or not loops:
+        return None
+    sec = runs[-1]["seconds"]
+    conc = json.loads((root / "sweep.json").read_text())["resources"]["max_concurrent_trials"]
+    sets = sec.get("OffPD sets", 0.0)
+    bound = max(sum(loops) / conc, max(loops)) + sets
+    line = (f"{root.name}: sweep {sec['sweep']:.1f} s (OffPD sets {sets:.1f} s, trials {sec['trials']:.1f} s); "
+            f"its loops alone, {conc} at a time: >= {bound - sets:.1f} s, so with no fixed cost at all the sweep "
+            f"would take >= {bound:.1f} s ({bound / sec['sweep']:.2f}x of it)")
+    if baseline:
+        line += f"; against {baseline:.1f} s: the sweep {sec['sweep'] / baseline:.2f}x, the bound {bound / baseline:.2f}x"
+    return line
 
 
 def main() -> int:
@@ -274,13 +305,16 @@ def main() -> int:
     ap.add_argument("--code", type=Path, default=None, help="time another checkout's platform/ ops/ evals/")
     ap.add_argument("--phases", type=Path, nargs="+", metavar="DIR",
                     help="only print the per-trial phases of sweeps that already ran (their directories)")
+    ap.add_argument("--baseline", type=float, default=None, metavar="SECONDS",
+                    help="--phases: another sweep's wall seconds (e.g. the same study at an older commit) to "
+                         "print each sweep and its loop bound as multiples of")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for every measured sweep, as distillab sweep's "
                          "(e.g. resources.local_mode=true)")
     ap.add_argument("--grid-one", nargs=3, metavar=("N", "STORAGE", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.phases:
-        report_phases(args.phases)
+        report_phases(args.phases, args.baseline)
         return 0
     if args.grid_one:
         grid(int(args.grid_one[0]), Path(args.grid_one[1]), Path(args.grid_one[2]), args.set)
