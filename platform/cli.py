@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "prepare":
         print(f"teacher: {teacher}\nstudent: {student}")
         return 0
-    return _sweep(args, sweep, teacher, student, t0, started_at)
+    since_start = t0 - (time.time() - started) if started is not None else t0  # perf_counter at process start
+    return _sweep(args, sweep, teacher, student, since_start, started_at)
 
 
 def _add_dry_run_args(sw: argparse.ArgumentParser) -> None:
@@ -291,8 +292,9 @@ def _findings(args) -> int:
 def _sweep(args, sweep, teacher, student, t0: float, started_at: str) -> int:
     """``distillab sweep``: Ray up, the sweep (or its resume), Ray down, the report, and the
     run's record in the sweep directory (`results.record_run`: the command, ``started_at``,
-    the code's git commit, the stages' wall seconds). Exit 1 when trials failed or the sweep
-    was interrupted."""
+    the code's git commit, the stages' wall seconds). ``t0``: `time.perf_counter` at the
+    process's start (``[time] total`` counts from there), or at ``prepare``'s where that is
+    unknown. Exit 1 when trials failed or the sweep was interrupted."""
     import ray  # lazy: see the module docstring
 
     from distillab.results import code_version, load, record_run

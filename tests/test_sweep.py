@@ -3,6 +3,7 @@
 Uses the session's ``smoke_sweep`` (tests/conftest.py): search_spaces/smoke.yaml,
 2 trials (OffPD forward KL, OnPD forward KL) on a local Ray."""
 
+import re
 from pathlib import Path
 
 import polars as pl
@@ -66,7 +67,7 @@ def test_local_mode_trials_equal_the_worker_groups(smoke_sweep, tmp_path):
     import subprocess
     import sys
 
-    from distillab.results import load
+    from distillab.results import load, run_records
 
     cmd = [sys.executable, "-m", "distillab.cli", "sweep", str(REPO / "search_spaces" / "smoke.yaml"), "--no-dashboard"]
     sets = (f"storage_path={tmp_path}", f"models.cache_dir={REPO / '.cache' / 'models'}", "resources.local_mode=true")
@@ -92,6 +93,12 @@ def test_local_mode_trials_equal_the_worker_groups(smoke_sweep, tmp_path):
     for tid in trials["trial_id"]:
         for stage in ("pre step 0:", "distill step 4:"):
             assert len([x for x in lines if f"[trial] {tid} {stage}" in x]) == 1, proc.stdout
+    # [time] total counts from the process's start: at least start-up + prepare + sweep + ray.shutdown,
+    # and it is the total kept in the sweep's run record
+    times = {m[1]: float(m[2]) for m in re.finditer(r"^\[time\] ([\w. -]+): ([\d.]+) s", proc.stdout, re.M)}
+    parts = ("start-up", "prepare", "sweep", "ray.shutdown")
+    assert set(parts) | {"total"} <= set(times) and times["total"] >= sum(times[k] for k in parts) - 0.25, times
+    assert run_records(tmp_path / "smoke")[-1]["seconds"]["total"] == pytest.approx(times["total"], abs=0.05)
 
 
 @pytest.fixture(scope="module")
