@@ -329,7 +329,9 @@ def init_ray(address: str | None, dashboard: bool, num_cpus: int | None = None, 
     start a local Ray whose dashboard binds to 127.0.0.1. Below ``verbose`` 2 the workers
     run with `QUIET_WORKER_ENV` and the driver logs Ray's warnings only; ``cpu_only`` (no
     trial asks for a GPU) tells DeepSpeed its accelerator (``DS_ACCELERATOR=cpu``) instead
-    of its "Setting accelerator to CPU" fallback warning in every worker."""
+    of its "Setting accelerator to CPU" fallback warning in every worker. A local start that
+    fails as in `RAY_START_RETRIES` is ended and made again, up to `RAY_START_ATTEMPTS` times;
+    its last failure, and any other, is raised."""
     # offline unless the caller says otherwise (HF_HUB_OFFLINE=0 lets lm-eval fetch its hub datasets)
     env_vars = {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
     if verbose < 2:
@@ -348,19 +350,28 @@ def init_ray(address: str | None, dashboard: bool, num_cpus: int | None = None, 
             _start_local_ray(num_cpus, dashboard, kw)
             return
         except Exception as e:  # noqa: BLE001 - Ray raises a bare Exception for this
-            if RAY_START_TIMEOUT not in str(e) or attempt == RAY_START_ATTEMPTS:
+            why = next((w for m, w in RAY_START_RETRIES.items() if m in str(e)), None)
+            if why is None or attempt == RAY_START_ATTEMPTS:
                 raise
             ray.shutdown()  # whatever state the failed attempt left in this process
             killed = _end_new_children(before)
-            log.warning("Ray's node did not register within Ray's fixed 30 s (a loaded machine); ended the "
-                        "%d process(es) it had started and starting it again (attempt %d of %d)",
-                        killed, attempt + 1, RAY_START_ATTEMPTS)
+            log.warning("%s; ended the %d process(es) it had started and starting it again (attempt %d of %d)",
+                        why, killed, attempt + 1, RAY_START_ATTEMPTS)
 
 
 #: Ray's message when the local node does not register with its GCS within a fixed 30 s
-#: (ray/_private/node.py; seen on a 2-core machine shared with other runs), and how often
-#: `init_ray` starts a local Ray before it gives up
+#: (ray/_private/node.py; seen on a 2-core machine shared with other runs)
 RAY_START_TIMEOUT = "timed out during startup"
+#: Ray's message when the GCS it started exits before this process connects (ray/_private/node.py):
+#: seen when another Ray, starting at the same moment, took the port `_free_port` had just found
+#: (the connection then reached that Ray's GCS: "InvalidAuthToken"); the next attempt picks a new port
+RAY_GCS_START_FAILED = "Failed to start GCS"
+#: the failures of a local Ray's start that `init_ray` retries, with the warning's reason
+RAY_START_RETRIES = {
+    RAY_START_TIMEOUT: "Ray's node did not register within Ray's fixed 30 s (a loaded machine)",
+    RAY_GCS_START_FAILED: "Ray's GCS did not start (its port taken by another process in the meantime?)",
+}
+#: how often `init_ray` starts a local Ray before it gives up
 RAY_START_ATTEMPTS = 3
 
 
