@@ -136,12 +136,14 @@ def run(args, policy: str) -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=str(peer_trl.REPO / "search_spaces" / "micro.yaml"))
-    p.add_argument("--cache", default=str(peer_trl.REPO / ".cache" / "models"))
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--max-tokens", dest="max_tokens", type=int, default=32)
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--policies", default="onpd,offpd")
+    p.add_argument("--config", default=str(peer_trl.REPO / "search_spaces" / "micro.yaml"),
+                   help="sweep YAML whose prepared micro models are timed (default: micro.yaml)")
+    p.add_argument("--cache", default=str(peer_trl.REPO / ".cache" / "models"),
+                   help="models.cache_dir holding the prepared models")
+    p.add_argument("--batch", type=int, default=16, help="prompts per step (the micro study: 48)")
+    p.add_argument("--max-tokens", dest="max_tokens", type=int, default=32, help="new tokens per rollout, at most")
+    p.add_argument("--steps", type=int, default=8, help="steps per policy (the first is a warm-up, not counted)")
+    p.add_argument("--policies", default="onpd,offpd", help="comma-separated: onpd, offpd")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra sweep override")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
