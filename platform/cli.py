@@ -14,7 +14,8 @@ stage of each trial, errors and the closing tables; Ray's known-harmless lines a
 dropped before they print (they stay in Ray's session logs) and Ray Train logs warnings
 only. ``--verbose`` prints everything.
 
-For developers: the dropped lines are `HARMLESS_RAY_LINES`. Lazy imports: every
+For developers: the dropped lines are `HARMLESS_RAY_LINES`; the stage lines are
+`NEVER_DEDUPLICATED_LINES` (printed as they arrive, in order). Lazy imports: every
 ``distillab`` module (config, plan, prepare, sweep, results, plots) and
 ``ray`` are imported inside the subcommand that uses them, so that ``distillab --help``
 and a mistyped command answer at once: 0.04-0.08 s, against 13-17 s with them at
@@ -58,6 +59,14 @@ HARMLESS_RAY_LINES = (
 )
 
 
+#: Lines of Ray's forwarded worker logs that are never deduplicated (``RAY_DEDUP_LOGS_ALLOW_REGEX``, read
+#: when ray is imported): a trial's stage line (`evals.suite.stage_line`). Ray's deduplicator keys a
+#: line on its words without digits, so two trials' lines for one stage look alike: from a second
+#: process within ``RAY_DEDUP_LOGS_AGG_WINDOW_S`` (5 s) it held the line back (it printed after the
+#: sweep's end), and from a third it would print one "[repeated Nx across cluster]" line for them all
+NEVER_DEDUPLICATED_LINES = (r"\[trial\] ",)
+
+
 def help_text(doc: str) -> str:
     """``distillab --help``'s description: the module docstring up to its paragraph for
     developers (from "For developers:"), reST's double backquotes printed as single ones."""
@@ -84,6 +93,7 @@ def _env_defaults(verbose: bool = False, local_ray: bool = False) -> None:
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     else:
         os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", "|".join(f"(?:{p})" for p in HARMLESS_RAY_LINES))
+        os.environ.setdefault("RAY_DEDUP_LOGS_ALLOW_REGEX", "|".join(f"(?:{p})" for p in NEVER_DEDUPLICATED_LINES))
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # micro models load in milliseconds
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # tracking.mlflow: its store's set-up notes
         # Tune's "The `on_step_begin` operation took 0.697 s, which may be a performance bottleneck"

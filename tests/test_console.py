@@ -95,10 +95,42 @@ def test_a_smoke_sweep_prints_a_calm_console(smoke_sweep: Path) -> None:
         assert len([x for x in lines if f"[trial] {tid} distill step 4:" in x]) == 1, text
         assert any(x.startswith("|") and tid in x for x in lines), text
     assert "== Status ==" in text and "[sweep] 2 of 2 trials completed" in text
+    # every stage line before the sweep's end (Ray's log deduplicator had held one back: see below)
+    end = next(i for i, x in enumerate(lines) if "[sweep] 2 of 2 trials completed" in x)
+    assert max(i for i, x in enumerate(lines) if "[trial] " in x) < end, text
     assert any(x.startswith("| rollout.policy") and "countdown3 acc" in x for x in lines)  # the headline table
     for harmless in (*HARMLESS_RAY_LINES, "Summary name", "Loading weights", "Writing model shards",
                      "Setting accelerator to CPU", "Token authentication is enabled", "Distutils was imported"):
         assert not re.search(harmless, text), harmless
+
+
+def test_every_trials_stage_line_is_printed_when_it_arrives() -> None:
+    """Ray's log deduplicator (the driver's, on forwarded worker lines) keys a line on its
+    words without digits, so the stage lines of three trials (three processes) look alike:
+    by default it prints the first and holds the others for its 5 s window, then prints one
+    "[repeated 2x across cluster]" line for both; under the CLI's ``RAY_DEDUP_LOGS_ALLOW_REGEX``
+    (`cli.NEVER_DEDUPLICATED_LINES`) each is printed as it arrives. Ray's own class, fake clock."""
+    from ray._private.ray_logging import LogDeduplicator
+
+    from distillab.cli import NEVER_DEDUPLICATED_LINES
+
+    allow = "|".join(f"(?:{p})" for p in NEVER_DEDUPLICATED_LINES)
+    line = "[trial] offpd-forward-lr0.001-s{s}-0a1b2c3{s} distill step 4: countdown3 acc 0.0{s}0 (eval 0.{s} s)"
+    for allow_re, printed_at_once in ((None, 1), (allow, 3)):
+        now = [0.0]
+        dedup = LogDeduplicator(5, allow_re, None, _timesource=lambda: now[0])
+        out = []
+        for s in (1, 2, 3):
+            now[0] += 0.5
+            batch = {"ip": "192.0.2.2", "pid": 100 + s, "is_err": True, "lines": [line.format(s=s)]}
+            out += [x for b in dedup.deduplicate(batch) for x in b["lines"]]
+        assert out == [line.format(s=s) for s in (1, 2, 3)][:printed_at_once]
+        if allow_re is None:
+            now[0] += 5.0  # the window closes with the next batch: two of the three lines become one
+            late = [x for b in dedup.deduplicate({"ip": "192.0.2.2", "pid": 9, "is_err": True, "lines": []})
+                    for x in b["lines"]]
+            assert len(late) == 1 and "[repeated 2x across cluster]" in late[0] and "s3-" in late[0]
+    assert re.search(allow, line.format(s=1)) and not re.search(allow, "(raylet) trial start")
 
 
 def test_a_trial_actor_drops_only_sigterm_exits_python_cannot_raise(monkeypatch) -> None:
