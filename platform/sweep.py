@@ -365,6 +365,7 @@ RAY_START_TIMEOUT = "timed out during startup"
 #: Ray's message when the GCS it started exits before this process connects (ray/_private/node.py):
 #: seen when another Ray, starting at the same moment, took the port `_free_port` had just found
 #: (the connection then reached that Ray's GCS: "InvalidAuthToken"); the next attempt picks a new port
+#: (unless ``RAY_GCS_SERVER_PORT`` names one)
 RAY_GCS_START_FAILED = "Failed to start GCS"
 #: the failures of a local Ray's start that `init_ray` retries, with the warning's reason
 RAY_START_RETRIES = {
