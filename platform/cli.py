@@ -67,6 +67,11 @@ HARMLESS_RAY_LINES = (
 NEVER_DEDUPLICATED_LINES = (r"\[trial\] ",)
 
 
+def any_of(patterns: tuple[str, ...]) -> str:
+    """One regular expression matching any of ``patterns`` (Ray's ``RAY_DEDUP_LOGS_*_REGEX`` take one)."""
+    return "|".join(f"(?:{p})" for p in patterns)
+
+
 def help_text(doc: str) -> str:
     """``distillab --help``'s description: the module docstring up to its paragraph for
     developers (from "For developers:"), reST's double backquotes printed as single ones."""
@@ -92,8 +97,8 @@ def _env_defaults(verbose: bool = False, local_ray: bool = False) -> None:
     if verbose:  # every line of every worker, undeduplicated
         os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     else:
-        os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", "|".join(f"(?:{p})" for p in HARMLESS_RAY_LINES))
-        os.environ.setdefault("RAY_DEDUP_LOGS_ALLOW_REGEX", "|".join(f"(?:{p})" for p in NEVER_DEDUPLICATED_LINES))
+        os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", any_of(HARMLESS_RAY_LINES))
+        os.environ.setdefault("RAY_DEDUP_LOGS_ALLOW_REGEX", any_of(NEVER_DEDUPLICATED_LINES))
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # micro models load in milliseconds
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # tracking.mlflow: its store's set-up notes
         # Tune's "The `on_step_begin` operation took 0.697 s, which may be a performance bottleneck"

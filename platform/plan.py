@@ -331,13 +331,12 @@ def _placement_lines(sweep: SweepConfig, p: Placement, cluster: Cluster) -> list
     r = sweep.resources
     engines = {t.rollout.engine for t in sweep.trials} | {t.rlvr.engine for t in sweep.trials if t.rlvr is not None}
     gpu = f", {p.gpus_per_worker:g} GPU" if p.gpus_per_worker else ", no GPU"  # resource amounts, not counts
+    holder = "the trial actor's" if r.local_mode else "the worker's"  # where the trial's recipe runs
     vllm = ("; a vLLM engine (rollout.engine or rlvr.engine vllm, or auto on a GPU worker) runs in a Ray actor on "
-            "the worker's "
-            "node, reserving nothing: it shares the worker's GPU (rollout.vllm_gpu_memory_utilization "
+            f"{holder} node, reserving nothing: it shares {holder} GPU (rollout.vllm_gpu_memory_utilization "
             f"{sweep.trial.rollout.vllm_gpu_memory_utilization:g} of its memory) or CPUs"
             if engines & {"vllm", "auto"} else "")
     if r.local_mode:
-        vllm = vllm.replace("the worker's", "the trial actor's")
         lines = [f"resources per trial: one Tune trial actor running the trial (resources.local_mode; no Train "
                  f"worker group) of {p.cpus_per_worker:g} + {p.trial_cpus:g} CPU = {p.cpus:g} CPU, {p.gpus:g} GPU{vllm}"]
     else:

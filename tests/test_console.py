@@ -112,9 +112,9 @@ def test_every_trials_stage_line_is_printed_when_it_arrives() -> None:
     (`cli.NEVER_DEDUPLICATED_LINES`) each is printed as it arrives. Ray's own class, fake clock."""
     from ray._private.ray_logging import LogDeduplicator
 
-    from distillab.cli import NEVER_DEDUPLICATED_LINES
+    from distillab.cli import NEVER_DEDUPLICATED_LINES, any_of
 
-    allow = "|".join(f"(?:{p})" for p in NEVER_DEDUPLICATED_LINES)
+    allow = any_of(NEVER_DEDUPLICATED_LINES)
     line = "[trial] offpd-forward-lr0.001-s{s}-0a1b2c3{s} distill step 4: countdown3 acc 0.0{s}0 (eval 0.{s} s)"
     for allow_re, printed_at_once in ((None, 1), (allow, 3)):
         now = [0.0]
