@@ -204,13 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     started = process_start_time()
     if started is not None:
         print_time("start-up", time.time() - started)  # interpreter, imports, validation
-    t0, started_at = time.perf_counter(), datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    t0, wall0 = time.perf_counter(), time.time()
+    started_at = datetime.datetime.fromtimestamp(wall0, datetime.timezone.utc).isoformat(timespec="seconds")
     teacher, student = prepare(sweep, threads=args.threads, force=args.force)
     print_time("prepare", time.perf_counter() - t0)
     if args.cmd == "prepare":
         print(f"teacher: {teacher}\nstudent: {student}")
         return 0
-    since_start = t0 - (time.time() - started) if started is not None else t0  # perf_counter at process start
+    since_start = t0 - (wall0 - started) if started is not None else t0  # perf_counter at process start
     return _sweep(args, sweep, teacher, student, since_start, started_at)
 
 

@@ -4,6 +4,7 @@ Uses the session's ``smoke_sweep`` (tests/conftest.py): search_spaces/smoke.yaml
 2 trials (OffPD forward KL, OnPD forward KL) on a local Ray."""
 
 import re
+import time
 from pathlib import Path
 
 import polars as pl
@@ -73,7 +74,9 @@ def test_local_mode_trials_equal_the_worker_groups(smoke_sweep, tmp_path):
     sets = (f"storage_path={tmp_path}", f"models.cache_dir={REPO / '.cache' / 'models'}", "resources.local_mode=true")
     for kv in sets:
         cmd += ["--set", kv]
+    t_run = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
+    t_run = time.perf_counter() - t_run
     assert proc.returncode == 0, proc.stdout[-4000:]
     local, group = load(tmp_path / "smoke"), load(smoke_sweep)
     trials = local.trials.collect()
@@ -98,6 +101,7 @@ def test_local_mode_trials_equal_the_worker_groups(smoke_sweep, tmp_path):
     times = {m[1]: float(m[2]) for m in re.finditer(r"^\[time\] ([\w. -]+): ([\d.]+) s", proc.stdout, re.M)}
     parts = ("start-up", "prepare", "sweep", "ray.shutdown")
     assert set(parts) | {"total"} <= set(times) and times["total"] >= sum(times[k] for k in parts) - 0.25, times
+    assert times["total"] <= t_run, (times, t_run)  # and no more than the process ran
     assert run_records(tmp_path / "smoke")[-1]["seconds"]["total"] == pytest.approx(times["total"], abs=0.05)
 
 
