@@ -5,6 +5,7 @@ per second and their ratio, in-loop and for a whole 40-step run.
     python benchmarks/peer_trl.py                 # both parts (~15 min on 2 shared cores)
     python benchmarks/peer_trl.py --no-whole      # in-loop steps only
     python benchmarks/peer_trl.py --rounds 0      # the whole-run comparison only
+    python benchmarks/peer_trl.py --compile       # both compiled (resources.compile; TRL's torch_compile)
     python benchmarks/peer_trl.py --config search_spaces/smoke.yaml --rounds 2 --steps 4 --no-whole   # plumbing
 
 Setting (both frameworks): the prepared micro teacher and student of ``--config``
@@ -26,7 +27,9 @@ the initial student; the order alternates between rounds. A step is one pass of 
 training loop: distillab's `distill.run_worker` loop body (prompts, rollouts, loss,
 update, log, under a `distill.LocalSession`, so without Ray's report); TRL's time
 between consecutive ``on_step_end`` callbacks (data, generation, loss, backward,
-optimizer, logging hooks). The first step of each round is a warm-up and not counted.
+optimizer, logging hooks). The first ``--warmup`` steps (1) of each round are a warm-up and
+not counted (with ``--compile``, 4: both frameworks compile at their first steps, TRL's
+generate() recompiles at its second).
 Tokens are the completion tokens of the step (eos included): distillab's rollout
 lengths, TRL's labels ≠ −100.
 
@@ -60,7 +63,8 @@ def overrides(args, policy: str, steps: int) -> dict:
         "trial.rollout.engine": "transformers", "trial.rollout.max_tokens": args.max_tokens,
         "trial.rollout.tau_s": 1.0, "trial.rollout.tau_t": 1.0, "trial.loss.tau_s": 1.0, "trial.loss.tau_t": 1.0,
         "trial.loss.kind": "forward", "trial.optimizer.prompts_per_step": args.batch,
-        "trial.optimizer.steps": steps, "resources.torch_threads": 1, **extra_sets(args),
+        "trial.optimizer.steps": steps, "resources.torch_threads": 1,
+        "resources.compile": bool(getattr(args, "compile", False)), **extra_sets(args),
     }
 
 
@@ -218,6 +222,7 @@ def trl_trainer(args, steps: int, records: list | None = None):
         use_cpu=True, report_to="none", save_strategy="no", logging_steps=10**6, disable_tqdm=True,
         train_sampling_strategy="sequential", dataloader_num_workers=0, seed=trial.seed,
         bf16=False, gradient_checkpointing=False,  # SFTConfig's defaults: float32 as distillab, and a KV cache in generate
+        torch_compile=bool(getattr(args, "compile", False)),  # --compile: the Trainer's own torch.compile switch
     )
     tokens: list[int] = []
 
@@ -261,10 +266,15 @@ def child_trl_whole(args) -> None:
     trl_trainer(args, WHOLE_STEPS).train()
 
 
+def _passed_on(args) -> list[str]:
+    """The options a child process gets from the parent's: ``--set`` and ``--compile``."""
+    return [a for kv in args.set for a in ("--set", kv)] + (["--compile"] if args.compile else [])
+
+
 def _run_child(args, kind: str, policy: str) -> list[dict]:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--policy", policy, "--steps", str(args.steps),
            "--config", args.config, "--cache", args.cache, "--batch", str(args.batch),
-           "--max-tokens", str(args.max_tokens)] + [a for kv in args.set for a in ("--set", kv)]
+           "--max-tokens", str(args.max_tokens)] + _passed_on(args)
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"{kind} {policy} failed:\n{out.stderr[-4000:]}")
@@ -278,9 +288,10 @@ def in_loop(args, policy: str) -> dict:
         order = ("distillab", "trl") if r % 2 == 0 else ("trl", "distillab")
         for kind in order:
             got = _run_child(args, kind, policy)
-            rows[kind] += got[1:]
-            med = statistics.median(x["seconds"] for x in got[1:])
-            print(f"  round {r} {policy} {kind:9s} median {med * 1e3:7.1f} ms/step over {len(got) - 1} steps", flush=True)
+            counted = got[args.warmup:]
+            rows[kind] += counted
+            med = statistics.median(x["seconds"] for x in counted)
+            print(f"  round {r} {policy} {kind:9s} median {med * 1e3:7.1f} ms/step over {len(counted)} steps", flush=True)
     out = {}
     for kind, rs in rows.items():
         secs, toks = sum(x["seconds"] for x in rs), sum(x["tokens"] for x in rs)
@@ -317,8 +328,7 @@ def whole(args) -> tuple[float, float]:
         if out.returncode != 0:
             raise SystemExit(f"distillab sweep failed:\n{out.stderr[-4000:]}")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "trl_whole", "--policy", "onpd", "--config", args.config,
-           "--cache", args.cache, "--batch", str(args.batch), "--max-tokens", str(args.max_tokens)] + [
-        a for kv in args.set for a in ("--set", kv)]
+           "--cache", args.cache, "--batch", str(args.batch), "--max-tokens", str(args.max_tokens)] + _passed_on(args)
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True)
     t_trl = time.perf_counter() - t0
@@ -333,21 +343,28 @@ def main(argv=None) -> int:
     p.add_argument("--cache", default=str(REPO / ".cache" / "models"), help="models.cache_dir (prepared models)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--max-tokens", dest="max_tokens", type=int, default=32)
-    p.add_argument("--steps", type=int, default=8, help="steps per round and framework (the first is a warm-up)")
+    p.add_argument("--steps", type=int, default=8, help="steps per round and framework, warm-up included")
+    p.add_argument("--warmup", type=int, default=None, help="uncounted first steps of each round (1; 4 with --compile)")
     p.add_argument("--rounds", type=int, default=4, help="interleaved in-loop rounds (0: whole run only)")
     p.add_argument("--policies", default="onpd,offpd")
     p.add_argument("--no-whole", action="store_true", help="skip the whole-run comparison")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="extra sweep override (as distillab --set), e.g. the settings the cached models were prepared with")
+    p.add_argument("--compile", action="store_true",
+                   help="both frameworks compiled: distillab's resources.compile, TRL's torch_compile")
     p.add_argument("--profile", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--policy", default="onpd", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.warmup = args.warmup if args.warmup is not None else 4 if args.compile else 1
+    if args.warmup >= args.steps:
+        p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     if args.child:
         {"distillab": child_distillab, "trl": child_trl, "trl_whole": child_trl_whole}[args.child](args)
         return 0
     print(f"{args.config}: batch {args.batch}, <= {args.max_tokens} new tokens, tau 1, 1 torch thread, "
-          f"{args.rounds} interleaved rounds x {args.steps} steps (first of each round not counted)", flush=True)
+          f"{args.rounds} interleaved rounds x {args.steps} steps (first {args.warmup} of each round not counted)"
+          f"{', both compiled' if args.compile else ''}", flush=True)
     results = {pol: in_loop(args, pol) for pol in args.policies.split(",")} if args.rounds else {}
     print("\npolicy  framework   s/step  completion tok/s  tok/step" if results else "(--rounds 0: no in-loop part)")
     for pol, res in results.items():

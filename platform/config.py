@@ -649,7 +649,13 @@ class ResourcesConfig(_Strict):
     trial actor has the recipe's imports already; reports and checkpoints go to Tune
     (`distill.RaySession`). A failed trial is retried by Tune (``fault_tolerance.trial_retries``,
     from its latest checkpoint); there is no worker group to restart. Needs ``num_workers: 1``.
-    The numbers equal the worker group's (tests/test_sweep.py)."""
+    The numbers equal the worker group's (tests/test_sweep.py).
+
+    ``compile``: ``torch.compile`` the student's and the teacher's transformer for the
+    loss's forward and backward passes (`models.configure_passes`; sampling stays eager):
+    one compile per process (its cost and the step's speed-up: README, "Compiled training
+    passes"); the losses equal the eager ones to float32 rounding, not bitwise. Not with
+    ZeRO 3 (``optimizer.zero_stage: 3``)."""
 
     num_workers: int = Field(default=1, ge=1)
     cpus_per_worker: float = Field(default=0.99, gt=0)
@@ -658,6 +664,7 @@ class ResourcesConfig(_Strict):
     max_concurrent_trials: int = Field(default=2, ge=1)
     torch_threads: int = Field(default=1, ge=1)
     local_mode: bool = False
+    compile: bool = False
 
     @model_validator(mode="after")
     def _check_local_mode(self) -> "ResourcesConfig":
@@ -1117,6 +1124,10 @@ class SweepConfig(_Strict):
             if r is not None and r.lora is not None and r.lora.load_in_4bit and w != 1:
                 raise ValueError(f"{where}.lora.load_in_4bit runs on one worker (plain AdamW, no gradient "
                                  f"all-reduce): set resources.num_workers to 1 (got {w})")
+        zero3 = [t.trial_id for t in self._trials if t.optimizer.zero_stage == 3]
+        if self.resources.compile and zero3:
+            raise ValueError(f"resources.compile does not run with optimizer.zero_stage 3 (trial {zero3[0]}): "
+                             "set resources.compile to false, or zero_stage to 0, 1 or 2")
         return self
 
     @property

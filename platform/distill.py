@@ -40,7 +40,8 @@ import torch
 from distillab.config import RuntimeContext, TrialConfig
 from distillab.evals.suite import Evaluator, evaluate_stage, pre_eval_path
 from distillab.loss import loss_step
-from distillab.models import DTYPES, bf16_matmuls, check_lm_heads, check_same_vocab, load_model, load_tokenizer
+from distillab.models import (DTYPES, bf16_matmuls, check_lm_heads, check_same_vocab, configure_passes, load_model,
+                              load_tokenizer)
 from distillab.optim import (Resume, TouchedParameters, engine_state, gathered_for_generation, load_checkpoint,
                              load_engine_state, optimizer_step, rng_state, save_checkpoint, set_rng_state, setup_engine)
 from distillab.results import report_metrics, with_forgetting
@@ -174,12 +175,12 @@ def _worker_env(ctx: RuntimeContext) -> None:
 
 def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: Session,
                 times: TrialTimes | None = None) -> WorkerState:
-    """Setup: models (in ``trial.precision``; gradient checkpointing on the student when
-    set), the checkpoint to resume from, the evaluation before training (rank 0 of a
-    fresh start; shared across the sweep's trials through `pre_eval_path`), the
-    DeepSpeed engine, the rank's training prompts (`tasks.TaskData`), the rollout source,
-    the loss generator and the gradient masks of ``sparsity_touched``. A resumed worker
-    continues exactly (`optim.load_checkpoint`): its engine's AdamW, master weights and
+    """Setup: models (in ``trial.precision``; gradient checkpointing and ``resources.compile``
+    by `models.configure_passes`), the checkpoint to resume from, the evaluation before
+    training (rank 0 of a fresh start; shared across the sweep's trials through
+    `pre_eval_path`), the DeepSpeed engine, the rank's training prompts (`tasks.TaskData`),
+    the rollout source, the loss generator and the gradient masks of ``sparsity_touched``.
+    A resumed worker continues exactly (`optim.load_checkpoint`): its engine's AdamW, master weights and
     LR schedule, the masks and, last, every random stream (`set_rng_state`).
     ``times``: the run's `telemetry.TrialTimes` (its ``setup`` phase ends here)."""
     times = times if times is not None else TrialTimes()
@@ -194,8 +195,8 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
         lambda d: load_checkpoint(d, rank, DTYPES[trial.precision], trial.attn_implementation))
     start_step = 0 if resume is None else resume.step
     student = student if resume is None else resume.student
-    if trial.gradient_checkpointing:
-        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    configure_passes(student, teacher, gradient_checkpointing=trial.gradient_checkpointing,
+                     compile=ctx.resources.compile)
     evaluator = Evaluator(tok, trial.tasks, trial.evaluation, seeds=trial.seeds)
     reports = {}
     if rank == 0 and start_step == 0:  # S_τ = 1 by definition
@@ -236,8 +237,7 @@ def step_metrics(w: WorkerState, rollouts: Rollouts, loss: torch.Tensor, diag: d
         "rollout/length": n_tok / max(1, len(rollouts.lengths)),
         **({"rollout/tokens_per_s": n_tok / max(1e-9, t_gen)} if w.source.fresh else {}),
         "time/step_s": time.perf_counter() - t0, "time/rollout_s": t_gen,
-        **({"time/sync_s": t_sync} if w.source.syncs else {}),
-        **diag,
+        **({"time/sync_s": t_sync} if w.source.syncs else {}), **diag,
     }
     for name in ("student_loglik", "teacher_loglik"):
         vals = rollouts.extras.get(name)

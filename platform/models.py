@@ -211,6 +211,28 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     return model
 
 
+def configure_passes(student: PreTrainedModel, teacher: PreTrainedModel, *, gradient_checkpointing: bool,
+                     compile: bool) -> None:
+    """How a trial's training passes run, set in place on the two models.
+
+    - ``gradient_checkpointing``: activation checkpointing of the student (transformers'
+      ``gradient_checkpointing_enable``, non-reentrant);
+    - ``compile`` (``resources.compile``): ``torch.compile`` (inductor, dynamic shapes) of
+      each model's transformer, ``base_model``, through ``nn.Module.compile``: parameter
+      names, state dicts and checkpoints are unchanged. The loss's teacher forward and
+      student forward and backward call these modules (`loss.forward`); sampling
+      (`decode.StaticKVDecoder`) reads the weights and stays eager. A process compiles
+      once, at its first training step (dynamo reuses the graph for the next trial's
+      models in a reused process); the values equal the eager passes to float32 rounding
+      (tests/test_compile.py), not bitwise.
+    """
+    if gradient_checkpointing:
+        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if compile:
+        for model in (student, teacher):
+            model.base_model.compile(dynamic=True)
+
+
 def neutral_generation_config(config) -> GenerationConfig:
     """A ``GenerationConfig`` with only the special-token ids of the model ``config``.
 

@@ -11,7 +11,7 @@ import torch
 from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
 from distillab import models as models_module
-from distillab.config import OptimizerConfig, RuntimeContext, TrialConfig
+from distillab.config import OptimizerConfig, ResourcesConfig, RuntimeContext, TrialConfig
 from distillab.distill import LocalSession, run_worker, setup_trial
 from distillab.optim import optimizer_step, setup_engine
 from distillab.results import load
@@ -44,12 +44,13 @@ def _trial(steps: int = 2, rlvr: bool = False, **fields) -> TrialConfig:
     return TrialConfig.model_validate({**t, **fields})
 
 
-def _run(models, root, name: str, trial: TrialConfig) -> tuple[dict, dict[str, list[float]]]:
+def _run(models, root, name: str, trial: TrialConfig, **resources) -> tuple[dict, dict[str, list[float]]]:
     """The trial's final report and its per-step ``loss`` / ``grad_norm`` / ``rollout/length``
-    (and ``rlvr/loss`` of an RLVR stage) from the metrics table."""
+    (and ``rlvr/loss`` of an RLVR stage) from the metrics table; ``resources``: fields of
+    ``ResourcesConfig``."""
     teacher, student = models
     ctx = RuntimeContext(teacher_path=str(teacher), student_path=str(student), results_root=str(root / name),
-                         shared_cache=str(root / name / "shared"))
+                         shared_cache=str(root / name / "shared"), resources=ResourcesConfig(**resources))
     final = run_worker(trial, ctx, name, LocalSession())
     m = load(root / name).metrics.collect()
     return final, {k: m.filter(pl.col("name") == k).sort("step")["value"].to_list()
@@ -138,6 +139,16 @@ def test_gradient_checkpointing_and_eager_attention_keep_the_losses(models, fp32
     to 1e-5 (measured: 1e-6)."""
     _, ref = fp32_run
     _, got = _run(models, tmp_path, "gc", _trial(gradient_checkpointing=True, attn_implementation="eager"))
+    for name in ("loss", "grad_norm"):
+        assert got[name] == pytest.approx(ref[name], rel=1e-5), name
+
+
+def test_compiled_training_passes_keep_the_losses(models, fp32_run, tmp_path) -> None:
+    """``resources.compile`` through the whole trial (DeepSpeed's engine calls the compiled
+    transformer): the per-step losses and gradient norms of the eager float32 trial to 1e-5.
+    tests/test_compile.py compares the passes themselves."""
+    _, ref = fp32_run
+    _, got = _run(models, tmp_path, "compiled", _trial(), compile=True)
     for name in ("loss", "grad_norm"):
         assert got[name] == pytest.approx(ref[name], rel=1e-5), name
 

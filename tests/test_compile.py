@@ -1,0 +1,108 @@
+"""``resources.compile`` (`models.configure_passes`): the compiled training passes compute
+what the eager ones compute, on odd shapes, next to a float64 reference; the compiled code
+is reused for the next models of the same class (what a reused trial actor runs), and
+parameter names (hence checkpoints) are unchanged."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from distillab.config import SweepConfig, TrialConfig
+from distillab.loss import loss_step
+from distillab.models import configure_passes, load_model
+from distillab.rollout import Rollouts
+from _helpers import EngineStandIn
+from fixtures.record_golden import golden_models, golden_trial
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return golden_models(tmp_path_factory.mktemp("compile_models"))
+
+
+def _rollouts(seed: int, batch: int, vocab: int) -> Rollouts:
+    """``batch`` random rollouts of uneven prompt (3-9) and completion (1-8) lengths."""
+    g = torch.Generator().manual_seed(seed)
+
+    def ids(lo: int, hi: int) -> list[int]:
+        n = int(torch.randint(lo, hi + 1, (1,), generator=g))
+        return torch.randint(7, vocab, (n,), generator=g).tolist()
+
+    prompts, completions = [ids(3, 9) for _ in range(batch)], [ids(1, 8) for _ in range(batch)]
+    return Rollouts(prompts, completions, [[0.0] * len(c) for c in completions], ["stop"] * batch)
+
+
+def _loss_and_grads(trial: TrialConfig, student, teacher, rollouts: Rollouts) -> tuple[float, dict[str, torch.Tensor]]:
+    """The trial's loss (`loss.loss_step`, chunked forward KL) on ``rollouts`` and the student's gradients."""
+    loss, _ = loss_step(trial, EngineStandIn(student), teacher, rollouts, 0, torch.Generator().manual_seed(0))
+    loss.backward()
+    grads = {n: p.grad.detach().double().clone() for n, p in student.named_parameters()}
+    student.zero_grad(set_to_none=True)
+    return float(loss.detach()), grads
+
+
+def _pair(paths, dtype=torch.float32):
+    teacher_path, student_path = paths
+    teacher = load_model(teacher_path, dtype).eval().requires_grad_(False)
+    return load_model(student_path, dtype), teacher
+
+
+def test_compiled_passes_equal_the_eager_ones_and_float64(models) -> None:
+    """Loss and every gradient of the compiled float32 passes against the eager float32 ones
+    (both rounded float32 arithmetic: rel 1e-5 on the loss, 1e-4 / abs 1e-7 on gradients) and
+    against float64 eager passes (the same bounds), on two batches of different shapes (5 and 7
+    rollouts of uneven lengths: dynamic shapes, no recompile for the second)."""
+    trial = TrialConfig.model_validate(golden_trial("offpd", "forward"))
+    student, teacher = _pair(models)
+    s64, t64 = copy.deepcopy(student).double(), copy.deepcopy(teacher).double()
+    eager = [_loss_and_grads(trial, student, teacher, _rollouts(s, b, student.config.vocab_size))
+             for s, b in ((0, 5), (1, 7))]
+    ref = [_loss_and_grads(trial, s64, t64, _rollouts(s, b, student.config.vocab_size)) for s, b in ((0, 5), (1, 7))]
+    names = [n for n, _ in student.named_parameters()]
+    configure_passes(student, teacher, gradient_checkpointing=False, compile=True)
+    assert [n for n, _ in student.named_parameters()] == names  # checkpoints keep their keys
+    graphs = counters["stats"]["unique_graphs"]
+    got = [_loss_and_grads(trial, student, teacher, _rollouts(s, b, student.config.vocab_size))
+           for s, b in ((0, 5), (1, 7))]
+    assert counters["stats"]["unique_graphs"] > graphs  # it did compile
+    for (loss, grads), (e_loss, e_grads), (r_loss, r_grads) in zip(got, eager, ref):
+        assert loss == pytest.approx(e_loss, rel=1e-5) and loss == pytest.approx(r_loss, rel=1e-5)
+        for n in names:
+            torch.testing.assert_close(grads[n], e_grads[n], rtol=1e-4, atol=1e-7, msg=n)
+            torch.testing.assert_close(grads[n], r_grads[n], rtol=1e-4, atol=1e-7, msg=n)
+    assert got[0][0] != pytest.approx(got[1][0], rel=1e-3)  # two different batches
+
+
+def test_the_next_models_reuse_the_compiled_passes(models) -> None:
+    """After a first trial's steps, a second pair of models of the same classes (the next
+    trial in a reused trial actor: fresh models, `configure_passes`, its first step) runs
+    the compiled code without capturing a new graph, and equals the eager passes of a third
+    pair. (Measured: 3 graphs over the first pair's first two steps, none for each of the
+    next five pairs; so dynamo's per-frame cache limit is not reached in a long sweep.)"""
+    trial = TrialConfig.model_validate(golden_trial("offpd", "forward"))
+    rollouts = _rollouts(2, 6, 99)
+    first = _pair(models)
+    configure_passes(*first, gradient_checkpointing=False, compile=True)
+    for step in range(2):  # a trial's steps: the second runs the graphs its first call installed hooks for
+        _loss_and_grads(trial, *first, _rollouts(3 + step, 6, 99))
+    student, teacher = _pair(models)
+    configure_passes(student, teacher, gradient_checkpointing=False, compile=True)
+    graphs = counters["stats"]["unique_graphs"]
+    loss, grads = _loss_and_grads(trial, student, teacher, rollouts)
+    assert counters["stats"]["unique_graphs"] == graphs
+    eager_loss, eager_grads = _loss_and_grads(trial, *_pair(models), rollouts)
+    assert loss == pytest.approx(eager_loss, rel=1e-5)
+    for n, g in grads.items():
+        torch.testing.assert_close(g, eager_grads[n], rtol=1e-4, atol=1e-7, msg=n)
+
+
+def test_compile_with_zero3_is_refused_before_anything_runs() -> None:
+    """ZeRO 3's parameter hooks are not compiled here: the sweep config names both fields."""
+    with pytest.raises(ValueError, match=r"resources.compile .* optimizer.zero_stage 3"):
+        SweepConfig.model_validate({"name": "c", "trial": {"optimizer": {"zero_stage": 3}},
+                                    "resources": {"compile": True}})
+    assert SweepConfig.model_validate({"name": "c", "resources": {"compile": True}}).resources.compile
