@@ -102,7 +102,11 @@ def test_paper_dry_run_prints_the_plan_with_stand_in_checkpoints(standins, capsy
                         "--node-cpus", 16, "--node-gpus", 2, "--set", "resources.local_mode=true")
     assert rc == 0, err
     assert "one Tune trial actor running the trial (resources.local_mode; no Train worker group) of 7.99 + " in out
-    assert "2 trial(s) at a time" in out
+    assert "2 trial(s) at a time" in out and "resources.compile" not in out
+    rc, out, err = _cli(capsys, "sweep", PAPER["paper_llama"], "--dry-run", *_paths(standins["llama3"]),
+                        "--node-cpus", 16, "--node-gpus", 2, "--set", "resources.compile=true")
+    assert rc == 0, err
+    assert "training passes compiled (resources.compile): each trial process compiles them at its first steps" in out
 
 
 @pytest.mark.parametrize("dry", [True, False])
