@@ -357,8 +357,8 @@ def main(argv=None) -> int:
     p.add_argument("--policy", default="onpd", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.warmup = args.warmup if args.warmup is not None else 4 if args.compile else 1
-    if args.warmup >= args.steps:
-        p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
+    if not 0 <= args.warmup < args.steps:
+        p.error(f"--warmup ({args.warmup}) must be >= 0 and less than --steps ({args.steps})")
     if args.child:
         {"distillab": child_distillab, "trl": child_trl, "trl_whole": child_trl_whole}[args.child](args)
         return 0

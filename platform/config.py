@@ -1126,7 +1126,7 @@ class SweepConfig(_Strict):
                                  f"all-reduce): set resources.num_workers to 1 (got {w})")
         zero3 = [t.trial_id for t in self._trials if t.optimizer.zero_stage == 3]
         if self.resources.compile and zero3:
-            raise ValueError(f"resources.compile does not run with optimizer.zero_stage 3 (trial {zero3[0]}): "
+            raise ValueError(f"resources.compile does not run with trial.optimizer.zero_stage 3 (trial {zero3[0]}): "
                              "set resources.compile to false, or zero_stage to 0, 1 or 2")
         return self
 

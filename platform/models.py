@@ -7,6 +7,7 @@ directory (micro or a Llama/Qwen checkpoint) through ``from_pretrained``.
 
 from __future__ import annotations
 
+import logging
 import os
 import string
 from contextlib import nullcontext
@@ -25,6 +26,8 @@ from transformers import (
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
 )
+
+log = logging.getLogger(__name__)
 
 #: Special tokens (skipped when decoding with ``skip_special_tokens``).
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
@@ -220,15 +223,18 @@ def configure_passes(student: PreTrainedModel, teacher: PreTrainedModel, *, grad
     - ``compile`` (``resources.compile``): ``torch.compile`` (inductor, dynamic shapes) of
       each model's transformer, ``base_model``, through ``nn.Module.compile``: parameter
       names, state dicts and checkpoints are unchanged. The loss's teacher forward and
-      student forward and backward call these modules (`loss.forward`); sampling
-      (`decode.StaticKVDecoder`) reads the weights and stays eager. A process compiles
-      once, at its first training step (dynamo reuses the graph for the next trial's
-      models in a reused process); the values equal the eager passes to float32 rounding
+      student forward and backward call these modules (`loss.forward`); sampling with
+      `decode.StaticKVDecoder` reads the weights and stays eager (models it does not take,
+      `decode.static_decode_supported`, sample with ``generate()``, which then calls the
+      compiled transformer). A process compiles once, at its first training steps (dynamo
+      reuses the graphs for the next trial's models in a reused process; one line on the
+      console says so); the values equal the eager passes to float32 rounding
       (tests/test_compile.py), not bitwise.
     """
     if gradient_checkpointing:
         student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if compile:
+        log.info("[trial] training passes compiled (resources.compile): the first steps of a process compile them")
         for model in (student, teacher):
             model.base_model.compile(dynamic=True)
 

@@ -6,6 +6,7 @@ parameter names (hence checkpoints) are unchanged."""
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from torch._dynamo.utils import counters
 
 from distillab.config import SweepConfig, TrialConfig
 from distillab.loss import loss_step
-from distillab.models import configure_passes, load_model
+from distillab.models import bf16_matmuls, configure_passes, load_model
 from distillab.rollout import Rollouts
 from _helpers import EngineStandIn
 from fixtures.record_golden import golden_models, golden_trial
@@ -51,7 +52,7 @@ def _pair(paths, dtype=torch.float32):
     return load_model(student_path, dtype), teacher
 
 
-def test_compiled_passes_equal_the_eager_ones_and_float64(models) -> None:
+def test_compiled_passes_equal_the_eager_ones_and_float64(models, caplog) -> None:
     """Loss and every gradient of the compiled float32 passes against the eager float32 ones
     (both rounded float32 arithmetic: rel 1e-5 on the loss, 1e-4 / abs 1e-7 on gradients) and
     against float64 eager passes (the same bounds), on two batches of different shapes (5 and 7
@@ -63,7 +64,10 @@ def test_compiled_passes_equal_the_eager_ones_and_float64(models) -> None:
              for s, b in ((0, 5), (1, 7))]
     ref = [_loss_and_grads(trial, s64, t64, _rollouts(s, b, student.config.vocab_size)) for s, b in ((0, 5), (1, 7))]
     names = [n for n, _ in student.named_parameters()]
-    configure_passes(student, teacher, gradient_checkpointing=False, compile=True)
+    with caplog.at_level(logging.INFO, logger="distillab.models"):
+        configure_passes(student, teacher, gradient_checkpointing=False, compile=True)
+    assert [r.getMessage() for r in caplog.records] == [  # the console says why the first steps are slow
+        "[trial] training passes compiled (resources.compile): the first steps of a process compile them"]
     assert [n for n, _ in student.named_parameters()] == names  # checkpoints keep their keys
     graphs = counters["stats"]["unique_graphs"]
     got = [_loss_and_grads(trial, student, teacher, _rollouts(s, b, student.config.vocab_size))
@@ -100,9 +104,23 @@ def test_the_next_models_reuse_the_compiled_passes(models) -> None:
         torch.testing.assert_close(g, eager_grads[n], rtol=1e-4, atol=1e-7, msg=n)
 
 
+def test_bf16_compiled_passes_equal_the_eager_bf16_ones(models) -> None:
+    """A bf16 trial's passes (models and activations in bf16, the loss math in float32)
+    compiled: the loss within one bf16 rounding step (2^-8 relative) of the eager bf16 loss,
+    in the context a bf16 trial computes in (`models.bf16_matmuls`), on two batches."""
+    trial = TrialConfig.model_validate({**golden_trial("offpd", "forward"), "precision": "bf16"})
+    batches = [_rollouts(s, b, 99) for s, b in ((4, 5), (5, 7))]
+    with bf16_matmuls("bf16", "cpu"):
+        student, teacher = _pair(models, torch.bfloat16)
+        eager = [_loss_and_grads(trial, student, teacher, r)[0] for r in batches]
+        configure_passes(student, teacher, gradient_checkpointing=False, compile=True)
+        got = [_loss_and_grads(trial, student, teacher, r)[0] for r in batches]
+    assert got == pytest.approx(eager, rel=2.0**-8)
+
+
 def test_compile_with_zero3_is_refused_before_anything_runs() -> None:
     """ZeRO 3's parameter hooks are not compiled here: the sweep config names both fields."""
-    with pytest.raises(ValueError, match=r"resources.compile .* optimizer.zero_stage 3"):
+    with pytest.raises(ValueError, match=r"resources.compile .* trial.optimizer.zero_stage 3"):
         SweepConfig.model_validate({"name": "c", "trial": {"optimizer": {"zero_stage": 3}},
                                     "resources": {"compile": True}})
     assert SweepConfig.model_validate({"name": "c", "resources": {"compile": True}}).resources.compile
