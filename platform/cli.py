@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import logging
 import os
 import shlex
@@ -364,20 +363,17 @@ def _print_rlvr_rewards(res) -> None:
 
 
 def load_resumable(path: str):
-    """The validated config of the sweep directory ``path`` (its ``sweep.json``).
+    """The validated config of the sweep directory ``path`` (`config.SweepConfig.saved`).
 
     Raises:
-        ConfigError: no ``sweep.json`` there, or it does not validate.
+        ConfigError: no ``sweep.json`` there, or it does not validate (the message starts ``--resume``).
     """
     from distillab.config import ConfigError, SweepConfig  # lazy: see the module docstring
 
-    f = Path(path) / "sweep.json"
-    if not f.exists():
-        raise ConfigError(f"--resume {path}: no sweep.json there (not a sweep directory written by distillab sweep)")
     try:
-        return SweepConfig.model_validate(json.loads(f.read_text()))
-    except Exception as e:  # pydantic ValidationError or bad JSON
-        raise ConfigError(f"--resume {path}: sweep.json does not validate: {e}") from None
+        return SweepConfig.saved(path)
+    except ConfigError as e:
+        raise ConfigError(f"--resume {e}") from None
 
 
 def default_group_by(res) -> list[str]:

@@ -1089,6 +1089,10 @@ class TrackingConfig(_Strict):
     mlflow: MLflowTracking | None = None
 
 
+#: The file in a sweep directory that holds its validated config (`SweepConfig.save`).
+SWEEP_FILE = "sweep.json"
+
+
 class SweepConfig(_Strict):
     """A sweep YAML, validated. Validation expands the grid once (`expand_trials`):
     `trials` is that list, which the sweep runs."""
@@ -1138,6 +1142,26 @@ class SweepConfig(_Strict):
     def sweep_dir(self) -> Path:
         """``<storage_path>/<name>``, absolute."""
         return (Path(self.storage_path).expanduser() / self.name).resolve()
+
+    def save(self, root: str | Path) -> None:
+        """Write the validated config into the sweep directory ``root`` (`SWEEP_FILE`, JSON):
+        what ``distillab sweep --resume`` and `saved` read back."""
+        (Path(root) / SWEEP_FILE).write_text(json.dumps(self.model_dump(mode="json"), indent=1))
+
+    @classmethod
+    def saved(cls, root: str | Path) -> "SweepConfig":
+        """The config `save` wrote into the sweep directory ``root``, validated again.
+
+        Raises:
+            ConfigError: no `SWEEP_FILE` there, or it does not validate (bad JSON included).
+        """
+        f = Path(root) / SWEEP_FILE
+        if not f.exists():
+            raise ConfigError(f"{root}: no {SWEEP_FILE} there (not a sweep directory written by distillab sweep)")
+        try:
+            return cls.model_validate(json.loads(f.read_text()))
+        except ValueError as e:  # pydantic's ValidationError, or bad JSON
+            raise ConfigError(f"{root}: {SWEEP_FILE} does not validate: {e}") from None
 
     def shared_cache_dir(self) -> Path:
         """What trials share lives beside the prepared models, ``<models.cache_dir>/shared``:

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import logging
 import math
 import os
@@ -659,7 +658,7 @@ def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, ver
     first (what ``--resume`` reads). Returns the sweep directory (results root)."""
     root = sweep.sweep_dir()
     root.mkdir(parents=True, exist_ok=True)
-    (root / "sweep.json").write_text(json.dumps(sweep.model_dump(mode="json"), indent=1))
+    sweep.save(root)
     precompute_offpd_rollouts(sweep, teacher_path)
     r = sweep.resources
     param_space, search_alg, scheduler, num_samples = build_search(sweep)
@@ -690,7 +689,7 @@ def resume_sweep(root: str | Path, teacher_path: Path, student_path: Path, *, ve
     finished trials are kept (and, having ``completed`` rows, never rerun),
     unfinished and errored ones resume from their latest checkpoints."""
     root = Path(root).resolve()
-    sweep = SweepConfig.model_validate(json.loads((root / "sweep.json").read_text()))
+    sweep = SweepConfig.saved(root)
     if not tune.Tuner.can_restore(str(root / "tune")):
         raise FileNotFoundError(f"{root / 'tune'} holds no Tune experiment to resume")
     tuner = tune.Tuner.restore(

@@ -420,8 +420,9 @@ def test_grids_order_set_merge_and_resume(tmp_path: Path) -> None:
     assert (spec.pass_items, spec.id_items) == (5, 7)  # a mapping in set merges into the base's section
     assert cfg.trials[0].evaluation.pass_items == 100  # the other grid keeps the base's
     assert cfg.search.grid_keys == ["rollout.policy", "optimizer.lr", "rollout.lambda", "seed"]
-    again = SweepConfig.model_validate(cfg.model_dump(mode="json"))  # sweep.json, as --resume reads it
-    assert [t.trial_id for t in again.trials] == [t.trial_id for t in cfg.trials]
+    cfg.save(tmp_path)  # sweep.json, as distillab sweep writes it and --resume reads it
+    again = SweepConfig.saved(tmp_path)
+    assert [t.trial_id for t in again.trials] == [t.trial_id for t in cfg.trials] and again == cfg
 
 
 @pytest.mark.parametrize("search, match", [
