@@ -655,7 +655,7 @@ class ResourcesConfig(_Strict):
     loss's forward and backward passes (`models.configure_passes`; sampling stays eager):
     one compile per process (its cost and the step's speed-up: README, "Compiled training
     passes"); the losses equal the eager ones to float32 rounding, not bitwise. Not with
-    ZeRO 3 (``optimizer.zero_stage: 3``)."""
+    ZeRO 3 (``trial.optimizer.zero_stage: 3``)."""
 
     num_workers: int = Field(default=1, ge=1)
     cpus_per_worker: float = Field(default=0.99, gt=0)

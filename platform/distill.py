@@ -180,9 +180,9 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
     training (rank 0 of a fresh start; shared across the sweep's trials through
     `pre_eval_path`), the DeepSpeed engine, the rank's training prompts (`tasks.TaskData`),
     the rollout source, the loss generator and the gradient masks of ``sparsity_touched``.
-    A resumed worker continues exactly (`optim.load_checkpoint`): its engine's AdamW, master weights and
-    LR schedule, the masks and, last, every random stream (`set_rng_state`).
-    ``times``: the run's `telemetry.TrialTimes` (its ``setup`` phase ends here)."""
+    A resumed worker continues exactly (`optim.load_checkpoint`): its engine's AdamW,
+    master weights and LR schedule, the masks and, last, every random stream
+    (`set_rng_state`). ``times``: the run's `telemetry.TrialTimes` (its ``setup`` phase ends here)."""
     times = times if times is not None else TrialTimes()
     _worker_env(ctx)
     rank, world = session.rank, session.world

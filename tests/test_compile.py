@@ -56,7 +56,7 @@ def test_compiled_passes_equal_the_eager_ones_and_float64(models, caplog) -> Non
     """Loss and every gradient of the compiled float32 passes against the eager float32 ones
     (both rounded float32 arithmetic: rel 1e-5 on the loss, 1e-4 / abs 1e-7 on gradients) and
     against float64 eager passes (the same bounds), on two batches of different shapes (5 and 7
-    rollouts of uneven lengths: dynamic shapes, no recompile for the second)."""
+    rollouts of uneven lengths: the dynamic shapes the packed batches of a trial have)."""
     trial = TrialConfig.model_validate(golden_trial("offpd", "forward"))
     student, teacher = _pair(models)
     s64, t64 = copy.deepcopy(student).double(), copy.deepcopy(teacher).double()
