@@ -62,6 +62,7 @@ import statistics
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 IMPLS = ("naive", "trl", "reference", "chunked", "triton", "triton_logits", "floor",
          "sampled", "topk", "topk_chunked", "topk_tail_chunked", "k3", "k3_chunked")
@@ -82,13 +83,16 @@ def _trl_jsd():
     return GKDTrainer.generalized_jsd_loss
 
 
-def make_step(impl: str, args):
-    """A closure running one forward+backward of ``impl`` on fixed random inputs."""
-    import torch
-    import torch.nn.functional as F
+#: the implementations that take hidden states and lm_heads (`chunked_distill_loss`); the
+#: others but ``floor`` take the full logits
+CHUNKED = ("chunked", "triton", "topk_chunked", "topk_tail_chunked", "k3_chunked")
 
-    from distillab.ops.chunked import chunked_distill_loss
-    from distillab.ops.kl import distill_loss, estimator_loss
+
+def _inputs(args) -> SimpleNamespace:
+    """Fixed random inputs (seed 0) of ``args``' shapes: hidden states ``h_s`` (N, H, grad),
+    ``h_t`` (N, H), lm_heads ``w_s`` (V, H, grad), ``w_t`` (V, H), all ``args.dtype``; the
+    mask (1, N) and random rollout tokens ``targets`` (1, N) of k3."""
+    import torch
 
     dev, dt = torch.device(args.device), getattr(torch, args.dtype)
     g = torch.Generator(device=dev).manual_seed(0)
@@ -97,86 +101,114 @@ def make_step(impl: str, args):
     h_t = torch.randn(N, H, device=dev, generator=g).to(dt)
     w_s = (torch.randn(V, H, device=dev, generator=g) * (2.0 / H**0.5)).to(dt).requires_grad_()
     w_t = (torch.randn(V, H, device=dev, generator=g) * (2.0 / H**0.5)).to(dt)
-    tau_s, tau_t, kind = args.tau_s, args.tau_t, args.kind
-    mask = torch.ones(1, N, dtype=torch.bool, device=dev)
-    targets = torch.randint(0, V, (1, N), device=dev, generator=g)  # rollout tokens of k3
-    topk = dict(top_k=args.top_k, topk_source=args.topk_source)
+    return SimpleNamespace(dev=dev, h_s=h_s, h_t=h_t, w_s=w_s, w_t=w_t,
+                           mask=torch.ones(1, N, dtype=torch.bool, device=dev),
+                           targets=torch.randint(0, V, (1, N), device=dev, generator=g))
+
+
+def _full_logits_loss(impl: str, x: SimpleNamespace, args):
+    """The loss closure of an implementation that takes the full (N, V) logits."""
+    import torch
+    import torch.nn.functional as F
+
+    from distillab.ops.kl import distill_loss, estimator_loss
+
+    kind, tau_s, tau_t = args.kind, args.tau_s, args.tau_t
 
     def logits():
-        zs = h_s @ w_s.T  # (N, V)
+        zs = x.h_s @ x.w_s.T  # (N, V)
         with torch.no_grad():
-            zt = h_t @ w_t.T  # (N, V)
+            zt = x.h_t @ x.w_t.T  # (N, V)
         return zs, zt
 
-    if impl == "naive":
-        def loss_fn():
-            zs, zt = logits()
-            ls = F.log_softmax(zs.float() / tau_s, dim=-1)
-            lt = F.log_softmax(zt.float() / tau_t, dim=-1)
-            if kind == "forward":
-                return F.kl_div(ls, lt, reduction="batchmean", log_target=True)
-            return F.kl_div(lt, ls, reduction="batchmean", log_target=True)
-    elif impl == "trl":
-        jsd = _trl_jsd()
+    def naive(zs, zt):
+        ls, lt = F.log_softmax(zs.float() / tau_s, dim=-1), F.log_softmax(zt.float() / tau_t, dim=-1)
+        p, q = (ls, lt) if kind == "forward" else (lt, ls)
+        return F.kl_div(p, q, reduction="batchmean", log_target=True)
 
-        def loss_fn():
-            zs, zt = logits()
-            return jsd(zs.float(), zt.float(), beta=0.0 if kind == "forward" else 1.0, temperature=1.0)
-    elif impl == "reference":
-        def loss_fn():
-            zs, zt = logits()
-            return distill_loss(zs[None], zt[None], mask, kind=kind, tau_s=tau_s, tau_t=tau_t)
-    elif impl in ("chunked", "triton"):
-        backend = "torch" if impl == "chunked" else "triton"
+    def trl(zs, zt):
+        return jsd(zs.float(), zt.float(), beta=0.0 if kind == "forward" else 1.0, temperature=1.0)
 
-        def loss_fn():
-            return chunked_distill_loss(
-                h_s, w_s, h_t, w_t, kind=kind, tau_s=tau_s, tau_t=tau_t, chunk_size=args.chunk_size, backend=backend
-            )
-    elif impl == "triton_logits":
-        from distillab.ops.triton_kl import triton_distill_loss
+    def reference(zs, zt):
+        return distill_loss(zs[None], zt[None], x.mask, kind=kind, tau_s=tau_s, tau_t=tau_t)
 
-        def loss_fn():
-            zs, zt = logits()
-            return triton_distill_loss(zs[None], zt[None], mask, kind=kind, tau_s=tau_s, tau_t=tau_t)
-    elif impl == "floor":
-        hs, ws = h_s.detach(), w_s.detach()
+    def triton_logits(zs, zt):
+        return triton_distill_loss(zs[None], zt[None], x.mask, kind=kind, tau_s=tau_s, tau_t=tau_t)
 
-        def step():
-            with torch.no_grad():
-                zs = hs @ ws.T  # (N, V)
-                zt = h_t @ w_t.T  # (N, V)
-                grad_h = zs @ ws  # (N, H): the shape of G W_S
-                grad_w = zs.T @ hs  # (V, H): the shape of Gᵀ h_S
-            del zt, grad_h, grad_w
-            return 0.0  # no loss: only the products
+    def estimator(zs, zt):  # sampled, topk, k3
+        est_kw = {"sampled": dict(generator=sampler), "topk": dict(top_k=args.top_k, topk_source=args.topk_source),
+                  "k3": dict(targets=x.targets)}[impl]
+        return estimator_loss(zs[None], zt[None], x.mask, estimator=impl, kind="reverse" if impl == "k3" else kind,
+                              tau_s=tau_s, tau_t=tau_t, **est_kw).loss
 
-        return step
-    elif impl in ("sampled", "topk", "k3"):
-        est_kw = {"sampled": dict(generator=torch.Generator(device=dev).manual_seed(1)), "topk": topk,
-                  "k3": dict(targets=targets)}[impl]
-        est_kind = "reverse" if impl == "k3" else kind
+    jsd = _trl_jsd() if impl == "trl" else None  # imported here: TRL is the peer, not a dependency
+    if impl == "triton_logits":
+        from distillab.ops.triton_kl import triton_distill_loss  # optional: Triton
+    sampler = torch.Generator(device=x.dev).manual_seed(1)  # the sampled estimator's draws
+    loss = {"naive": naive, "trl": trl, "reference": reference, "triton_logits": triton_logits}.get(impl, estimator)
 
-        def loss_fn():
-            zs, zt = logits()
-            return estimator_loss(zs[None], zt[None], mask, estimator=impl, kind=est_kind, tau_s=tau_s, tau_t=tau_t,
-                                  **est_kw).loss
-    elif impl in ("topk_chunked", "topk_tail_chunked", "k3_chunked"):
-        est_kw = dict(estimator="k3", kind="reverse", targets=targets[0]) if impl == "k3_chunked" else dict(
-            estimator="topk", kind=kind, topk_tail=impl == "topk_tail_chunked", **topk)
+    def loss_fn():
+        return loss(*logits())
 
-        def loss_fn():
-            return chunked_distill_loss(h_s, w_s, h_t, w_t, tau_s=tau_s, tau_t=tau_t, chunk_size=args.chunk_size,
-                                        backend="torch", **est_kw)
-    else:
-        raise ValueError(f"unknown impl {impl!r}; choose from {', '.join(IMPLS)}")
+    return loss_fn
+
+
+def _chunked_loss(impl: str, x: SimpleNamespace, args):
+    """The loss closure of a `chunked_distill_loss` implementation (from hidden states and lm_heads)."""
+    from distillab.ops.chunked import chunked_distill_loss
+
+    kw = dict(kind=args.kind, backend="triton" if impl == "triton" else "torch")
+    if impl == "k3_chunked":
+        kw.update(estimator="k3", kind="reverse", targets=x.targets[0])
+    elif impl in ("topk_chunked", "topk_tail_chunked"):
+        kw.update(estimator="topk", topk_tail=impl == "topk_tail_chunked", top_k=args.top_k,
+                  topk_source=args.topk_source)
+
+    def loss():
+        return chunked_distill_loss(x.h_s, x.w_s, x.h_t, x.w_t, tau_s=args.tau_s, tau_t=args.tau_t,
+                                    chunk_size=args.chunk_size, **kw)
+
+    return loss
+
+
+def _floor_step(x: SimpleNamespace):
+    """``floor``: the four matrix products (module docstring), no loss."""
+    import torch
+
+    hs, ws = x.h_s.detach(), x.w_s.detach()
 
     def step():
-        h_s.grad = w_s.grad = None
+        with torch.no_grad():
+            zs = hs @ ws.T  # (N, V)
+            zt = x.h_t @ x.w_t.T  # (N, V)
+            grad_h = zs @ ws  # (N, H): the shape of G W_S
+            grad_w = zs.T @ hs  # (V, H): the shape of Gᵀ h_S
+        del zt, grad_h, grad_w
+        return 0.0  # no loss: only the products
+
+    return step
+
+
+def make_step(impl: str, args):
+    """A closure running one forward+backward of ``impl`` on fixed random inputs (`_inputs`,
+    also its ``inputs`` attribute, where the gradients land); returns the loss as a float
+    (0.0 for ``floor``). Raises ValueError for an unknown ``impl``."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown impl {impl!r}; choose from {', '.join(IMPLS)}")
+    x = _inputs(args)
+    if impl == "floor":
+        step = _floor_step(x)
+        step.inputs = x
+        return step
+    loss_fn = _chunked_loss(impl, x, args) if impl in CHUNKED else _full_logits_loss(impl, x, args)
+
+    def step():
+        x.h_s.grad = x.w_s.grad = None
         loss = loss_fn()
         loss.backward()
-        return float(loss)
+        return float(loss.detach())
 
+    step.inputs = x
     return step
 
 

@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
 import torch
 
 from distillab.rollout import Rollouts
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_script(path: str) -> ModuleType:
+    """The repository's script ``path`` (e.g. ``"benchmarks/kl_ops.py"``) imported as a module
+    named after its file, registered in ``sys.modules`` (dataclasses look their module up there)."""
+    name = Path(path).stem
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 class AlwaysEngine:

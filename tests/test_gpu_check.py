@@ -5,7 +5,6 @@ its own process)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,17 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-
+from _helpers import REPO, load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/gpu_check.py")
 
 
 @pytest.mark.slow

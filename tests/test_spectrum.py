@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from _helpers import REPO, load_script
 from transformers import LlamaForCausalLM
 
 from distillab.models import build_char_tokenizer, micro_llama_config
@@ -246,17 +247,11 @@ def test_figure4_check_on_micro_models() -> None:
     student log-likelihood rises and the teacher's falls. (The smoke models themselves,
     20–30 SFT steps, are near-uniform: a near-uniform student scores its own samples
     lower than the teacher's, so they do not show it.)"""
-    import importlib.util
-    from pathlib import Path
-
     from distillab.config import load_sweep
 
-    repo = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("spectrum_check", repo / "scripts" / "spectrum_check.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    sweep = load_sweep(repo / "search_spaces" / "smoke.yaml", {
-        "models.cache_dir": str(repo / ".cache" / "models"),
+    mod = load_script("scripts/spectrum_check.py")
+    sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
+        "models.cache_dir": str(REPO / ".cache" / "models"),
         "models.micro_teacher.sft_steps": 400, "models.micro_student.sft_steps": 400,
     })
     rows = mod.spectrum_table(sweep, prompts=32, n=4, threads=1)

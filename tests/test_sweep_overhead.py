@@ -3,18 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
+from _helpers import load_script
 
 def _module():
-    spec = importlib.util.spec_from_file_location("sweep_overhead", REPO / "benchmarks" / "sweep_overhead.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/sweep_overhead.py")
 
 
 def _sweep(tmp_path: Path, conc: int, seconds: dict) -> Path:
