@@ -15,7 +15,9 @@
   after − before).
 
 Each result is a row ``{task, metric, value, n}`` for the `evals` table; its
-report key is ``eval/<stage>/<task>/<metric>`` (`distillab.registry`). Test splits
+report key is ``eval/<stage>/<task>/<metric>`` (`distillab.registry`). For inspection,
+the first `SAMPLES_PER_TASK` accuracy completions of each task, with their prompts and
+rewards (1 correct, 0 not), go to the ``samples`` table. Test splits
 come from `distillab.tasks.TaskData` (seeded by ``tasks.test_seed``, the same for
 every trial; training prompts exclude them); the sampling seeds from
 ``trial.seeds`` (`config.SeedsConfig`).
@@ -48,6 +50,10 @@ from distillab.rollout import SamplingParams, TransformersEngine
 from distillab.tasks import CountdownProblem, TaskData, countdown_prompt_ids, score_countdown
 
 log = logging.getLogger(__name__)
+
+#: how many completions of each task's accuracy request (one per test prompt, in test-split
+#: order) an evaluation writes to the ``samples`` table, with their prompts and rewards
+SAMPLES_PER_TASK = 8
 
 
 @dataclass
@@ -82,6 +88,16 @@ class Evaluator:
                 (prompts[: cfg.pass_items], SamplingParams(cfg.pass_temperature.get(name, 1.0), cfg.top_p,
                                                            cfg.max_tokens, cfg.pass_n, seed + self.seeds.eval_pass))]
 
+    def samples(self, name: str, prompts: list[list[int]], completions: list[list[int]],
+                score: Callable[[str, int], bool]) -> list[dict]:
+        """``samples`` rows ``{task, prompt, completion, reward}`` of the first `SAMPLES_PER_TASK`
+        prompts of task ``name`` and their completions (ids) of the accuracy request, decoded
+        as the scorer reads them (special tokens kept); reward 1.0 where ``score`` says correct."""
+        tok, n = self.tokenizer, min(SAMPLES_PER_TASK, len(completions))
+        texts = tok.batch_decode(completions[:n], skip_special_tokens=False)
+        return [{"task": name, "prompt": tok.decode(prompts[i], skip_special_tokens=False), "completion": t,
+                 "reward": float(score(t, i))} for i, t in enumerate(texts)]
+
     def rows(self, name: str, completions: list[list[list[int]]], score: Callable[[str, int], bool]) -> list[dict]:
         """Rows ``accuracy`` and ``pass@k`` of task ``name`` from the completion ids of its
         two `requests` (``score(text, i)``: is a completion of prompt i correct)."""
@@ -112,18 +128,21 @@ class Evaluator:
                         lambda t, j, ps=problems: score_math(t, ps[j]), self.seeds.eval_mcq))
         return out
 
-    def evaluate(self, model: PreTrainedModel, seed: int) -> list[dict]:
+    def evaluate(self, model: PreTrainedModel, seed: int, samples: list[dict] | None = None) -> list[dict]:
         """All rows of the suite for ``model`` (sampling seeded by ``seed``): every task's
         `requests` sampled together (`evals.sampling.sample_batched`: one call per
-        sampling setting), scored (`rows`), then the OOD backend's rows."""
+        sampling setting), scored (`rows`), then the OOD backend's rows. With a list
+        ``samples``, each task's `samples` rows are appended to it."""
         cfg, tok = self.cfg, self.tokenizer
         engine = TransformersEngine(model, tok.eos_token_id, tok.pad_token_id, batch_size=self.batch_size)
         tasks = self._tasks()
         requests = [r for name, prompts, _, offset in tasks for r in self.requests(name, prompts, seed + offset)]
         done = sample_batched(engine, requests)
         rows: list[dict] = []
-        for k, (name, _, score, _) in enumerate(tasks):
+        for k, (name, prompts, score, _) in enumerate(tasks):
             rows += self.rows(name, done[2 * k: 2 * k + 2], score)
+            if samples is not None:
+                samples += self.samples(name, prompts, done[2 * k], score)
             if cfg.style is not None and k == 0:  # teacher conditioning: the student's answers in the teacher's style
                 texts = tok.batch_decode(done[0], skip_special_tokens=True)
                 rows.append({"task": name, "metric": "style_share", "value": style_share(texts, cfg.style),
@@ -164,7 +183,7 @@ def pre_eval_path(cache_dir: str | Path, trial: TrialConfig, student_path: str |
     student checkpoint, the precision and attention implementation it is loaded with,
     the evaluation and task settings and the seeds, so every trial of a sweep that shares
     those reuses it (``<cache_dir>/pre-eval-<config.cache_key>.json``)."""
-    key = cache_key("pre_eval", 3, student=checkpoint_identity(student_path),
+    key = cache_key("pre_eval", 4, student=checkpoint_identity(student_path),
                     precision=trial.precision, attn_implementation=trial.attn_implementation,
                     evaluation=trial.evaluation.model_dump(mode="json"),
                     tasks=trial.tasks.inputs(teacher=False, mcq=trial.evaluation.mcq_items > 0,
@@ -180,22 +199,26 @@ def evaluate_stage(evaluator: Evaluator, model, trial: TrialConfig, trial_id: st
     ``trial.seed``; read from ``cache`` when that file exists, else written there), and
     with ``init_state`` the update sparsity against it at ``evaluation.sparsity_dtype``
     (`sparsity_rows`, with the ``touched`` masks when given), written to the ``evals``
-    table (key ``<trial_id>__<stage>__<step>``). Returns the rows as report keys:
+    table, and the suite's `Evaluator.samples` rows to the ``samples`` table (both keyed
+    ``<trial_id>__<stage>__<step>``; the cache keeps both). Returns the rows as report keys:
     ``{eval/<stage>/<task>/<metric>: value}``."""
     t0 = time.perf_counter()
     if cache is not None and cache.exists():  # the same model, settings and seed were evaluated already
-        rows = json.loads(cache.read_text())
+        rows, samples = (json.loads(cache.read_text())[k] for k in ("rows", "samples"))
     else:
-        rows = evaluator.evaluate(model, seed=trial.seed)
+        rows, samples = [], []
+        rows += evaluator.evaluate(model, seed=trial.seed, samples=samples)
         if cache is not None:
-            atomic_write_bytes(cache, json.dumps(rows).encode())
+            atomic_write_bytes(cache, json.dumps({"rows": rows, "samples": samples}).encode())
     if init_state is not None:
         final = {k: v.detach().float() for k, v in model.state_dict().items()}
         rows += sparsity_rows(init_state, final, trial.evaluation.sparsity_taus,
                               DTYPES[trial.evaluation.sparsity_dtype], touched)
-    for r in rows:
+    for r in rows + samples:
         r.update(trial_id=trial_id, stage=stage, step=step)
     write_rows(root, "evals", rows, key=f"{trial_id}__{stage}__{step}")
+    if samples:
+        write_rows(root, "samples", samples, key=f"{trial_id}__{stage}__{step}")
     log.info("%s", stage_line(trial_id, stage, step, rows, time.perf_counter() - t0))
     return {eval_key(stage, r["task"], r["metric"]): r["value"] for r in rows}
 

@@ -115,8 +115,9 @@ def test_pre_eval_is_shared_between_trials_with_the_same_student_and_settings(to
     class CountingEvaluator:
         calls = 0
 
-        def evaluate(self, model, seed):
+        def evaluate(self, model, seed, samples):
             CountingEvaluator.calls += 1
+            samples.append({"task": "countdown3", "prompt": "1 2 3 -> 6", "completion": "1+2+3", "reward": 1.0})
             return [{"task": "countdown3", "metric": "accuracy", "value": 0.25, "n": 4}]
 
     trial = _trial()
@@ -126,7 +127,9 @@ def test_pre_eval_is_shared_between_trials_with_the_same_student_and_settings(to
     b = _evaluate(CountingEvaluator(), student, trial, "t2", "pre", 0, tmp_path / "res", init, cache=cache)
     assert CountingEvaluator.calls == 1 and a == b
     assert a["eval/pre/countdown3/accuracy"] == 0.25 and a["eval/pre/params/sparsity@1e-06"] == 1.0
-    assert json.loads(cache.read_text()) == [{"task": "countdown3", "metric": "accuracy", "value": 0.25, "n": 4}]
+    assert json.loads(cache.read_text()) == {
+        "rows": [{"task": "countdown3", "metric": "accuracy", "value": 0.25, "n": 4}],
+        "samples": [{"task": "countdown3", "prompt": "1 2 3 -> 6", "completion": "1+2+3", "reward": 1.0}]}
     # the LR does not change the key; the seed, the evaluation settings and the student do
     assert pre_eval_path(tmp_path, _trial(optimizer={"lr": 1e-2}), path) == pre_eval_path(tmp_path, trial, path)
     assert pre_eval_path(tmp_path, trial.model_copy(update={"seed": 7}), path) != pre_eval_path(tmp_path, trial, path)
