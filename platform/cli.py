@@ -55,6 +55,9 @@ HARMLESS_RAY_LINES = (
     r"wandb: WARNING Using a boolean value for 'reinit' is deprecated",
     # DeepSpeed's print after loading its CPU shared-memory collective (compiled once, loaded by every worker)
     r"DeepSpeed deepspeed\.ops\.comm\.deepspeed_shm_comm_op built successfully",
+    # abseil's trace of a mutex wait in Ray's core worker (seen from Ray Train's PlacementGroupCleaner):
+    # "[mutex.cc : 452] RAW: Lock blocking 0x... @": a debug note, not an error
+    r"\[mutex\.cc : \d+\] RAW: Lock blocking",
 )
 
 
@@ -250,6 +253,10 @@ def _not_sweeps(cmd: str, paths: list[str]) -> str | None:
     trials table), or None."""
     from distillab.results import is_sweep_dir  # lazy: see the module docstring
 
+    files = [p for p in paths if Path(p).is_file()]
+    if files:  # e.g. the sweep's YAML
+        return (f"distillab: {cmd}: {', '.join(files)}: a file, not a sweep directory; {cmd} reads the results a "
+                f"sweep wrote to <storage_path>/<name>/, e.g. runs/micro")
     missing = [p for p in paths if not Path(p).is_dir()]
     if missing:
         return f"distillab: {cmd}: no such sweep directory: {', '.join(missing)}"

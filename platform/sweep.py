@@ -287,6 +287,28 @@ def trial_actor_console(level: str) -> None:
         logging.getLogger(name).setLevel(level)
 
 
+#: what a calm driver console drops from Tune's own log (`driver_console`): on an interrupted
+#: sweep Tune names ``Tuner.restore(...)`` as the way to resume, beside the sweep's own
+#: ``distillab sweep --resume`` line (`_fit`), which also restores the trainable
+TUNE_RESUME_HINT = "Resume experiment with:"
+
+
+def driver_console(verbose: int) -> None:
+    """The sweep driver's console below ``verbose`` 2: Optuna logs warnings only (not its
+    "A new study created in memory" note), and Tune's interrupted-sweep warning loses its
+    `TUNE_RESUME_HINT` (the sweep prints its own). Once per process."""
+    if verbose >= 2:
+        return
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    tune_log = logging.getLogger("ray.tune.tune")
+    if not any(getattr(f, "distillab_hint", False) for f in tune_log.filters):
+        def no_resume_hint(record: logging.LogRecord) -> bool:
+            return TUNE_RESUME_HINT not in record.getMessage()
+
+        no_resume_hint.distillab_hint = True
+        tune_log.addFilter(no_resume_hint)
+
+
 def _await_tune_reports(timeout_s: float = 300.0) -> None:
     """Return once Tune has taken every report Ray Train relayed for this trial.
 
@@ -659,6 +681,8 @@ def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, ver
     root = sweep.sweep_dir()
     root.mkdir(parents=True, exist_ok=True)
     sweep.save(root)
+    driver_console(verbose)
+    print_completed_before(root, sweep)
     precompute_offpd_rollouts(sweep, teacher_path)
     r = sweep.resources
     param_space, search_alg, scheduler, num_samples = build_search(sweep)
@@ -695,7 +719,21 @@ def resume_sweep(root: str | Path, teacher_path: Path, student_path: Path, *, ve
     tuner = tune.Tuner.restore(
         str(root / "tune"), trainable=_trainable(sweep, verbose), resume_unfinished=True, resume_errored=True,
     )
+    driver_console(verbose)
+    print_completed_before(root, sweep)
     return _fit(tuner, sweep, root)
+
+
+def print_completed_before(root: Path, sweep: SweepConfig) -> None:
+    """Say how many of the sweep's trials ``root`` holds ``completed`` before it runs: they
+    are not rerun (`run_trial` reports their stored results), so that a sweep run again
+    under the same ``name`` does not pass for a new one. Grid: the sweep's own trial ids;
+    Optuna: every completed row there."""
+    ids = [t.trial_id for t in sweep.trials] if sweep.search.kind != "optuna" else [None]
+    done = sum(completed_trials(root, i) for i in ids)
+    if done:
+        print(f"[sweep] {done} of {expected_trials(sweep)} trials already completed in {root}: their stored "
+              f"results are reported, not rerun (a new --set name=... starts afresh)", flush=True)
 
 
 def _pin_train_coordinator_to_driver_node() -> None:

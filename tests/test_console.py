@@ -234,3 +234,70 @@ def test_trackers_hold_every_trials_config_and_accuracy(run_locally, tmp_path: P
         history = client.get_metric_history(r.info.run_id, "loss")
         assert {m.step for m in history} == {4}  # the reports of the last step, at its optimizer step
         assert r.info.status == "FINISHED"
+
+
+def test_harmless_ray_lines_are_dropped_and_faults_kept() -> None:
+    """Ray's log deduplicator under the CLI's ``RAY_DEDUP_LOGS_SKIP_REGEX`` (`cli.HARMLESS_RAY_LINES`)
+    drops each known-harmless line as Ray forwards it, and keeps lines that signal a fault."""
+    from ray._private.ray_logging import LogDeduplicator
+
+    from distillab.cli import any_of
+
+    dedup = LogDeduplicator(5, None, any_of(HARMLESS_RAY_LINES), _timesource=lambda: 0.0)
+    harmless = ["[mutex.cc : 452] RAW: Lock blocking 0x5632c593f900 @",
+                "(raylet) 12 PYTHON worker processes have been started on node: 0a1b with address: 192.0.2.2."]
+    faults = ["Traceback (most recent call last):", "RuntimeError: the mutex lock failed",
+              "(raylet) A worker died or was killed while executing a task by an unexpected system error."]
+    for i, line in enumerate(harmless + faults):
+        batch = {"ip": "192.0.2.2", "pid": 100 + i, "is_err": True, "lines": [line]}
+        out = [x for b in dedup.deduplicate(batch) for x in b["lines"]]
+        assert out == ([] if line in harmless else [line]), line
+
+
+def test_the_driver_console_drops_tunes_resume_hint_and_optunas_notes(caplog) -> None:
+    """Below ``--verbose`` the sweep prints its own ``distillab sweep --resume`` line, so Tune's
+    ``Tuner.restore`` hint is dropped from its warning (the rest of Tune's log is kept) and
+    Optuna logs warnings only."""
+    import logging
+
+    import optuna
+
+    from distillab.sweep import TUNE_RESUME_HINT, driver_console
+
+    before = optuna.logging.get_verbosity()
+    try:
+        driver_console(2)  # --verbose: nothing changes
+        assert optuna.logging.get_verbosity() == before
+        driver_console(1)
+        driver_console(1)  # once per process: one filter
+        tune_log = logging.getLogger("ray.tune.tune")
+        assert len([f for f in tune_log.filters if getattr(f, "distillab_hint", False)]) == 1
+        assert optuna.logging.get_verbosity() == optuna.logging.WARNING
+        with caplog.at_level(logging.WARNING, logger="ray.tune.tune"):
+            tune_log.warning("Experiment has been interrupted, but the most recent state was saved.\n"
+                             f"{TUNE_RESUME_HINT} Tuner.restore(path=...)")
+            tune_log.warning("Trial onpd failed")
+        assert [r.getMessage() for r in caplog.records] == ["Trial onpd failed"]
+    finally:
+        optuna.logging.set_verbosity(before)
+        tune_log.filters = [f for f in tune_log.filters if not getattr(f, "distillab_hint", False)]
+
+
+def test_a_sweep_says_which_of_its_trials_ran_before(tmp_path: Path, capsys) -> None:
+    """A sweep run again under the same name (same directory, same trial ids) says that its
+    completed trials are not rerun; trials of another config in that directory do not count."""
+    from distillab.results import write_rows
+    from distillab.sweep import print_completed_before
+
+    sweep = load_sweep(SMOKE, {"storage_path": str(tmp_path)})
+    root = sweep.sweep_dir()
+    print_completed_before(root, sweep)
+    assert capsys.readouterr().out == ""
+    first = sweep.trials[0]
+    row = {"trial_id": first.trial_id, "status": "completed", "start_time": 0.0, "end_time": 1.0,
+           "checkpoint": None, "error": None, **first.flat()}
+    write_rows(root, "trials", [row], key=first.trial_id)
+    write_rows(root, "trials", [{**row, "trial_id": "other-config"}], key="other-config")
+    print_completed_before(root, sweep)
+    assert capsys.readouterr().out == (f"[sweep] 1 of {len(sweep.trials)} trials already completed in {root}: their "
+                                       "stored results are reported, not rerun (a new --set name=... starts afresh)\n")
