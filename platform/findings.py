@@ -2,7 +2,7 @@
 five findings (§7), decided from a sweep's result frames (`distillab.results.load`).
 
     distillab findings runs/micro_findings                      # verdicts; findings.md + figures there
-    distillab findings runs/micro_findings runs/micro_clip_off --by sweep --only F1,F4   # per ablation
+    distillab findings runs/micro_findings runs/micro_noclip --by sweep --only F1,F4   # per ablation
 
 Pure functions over Polars frames, one short function per finding:
 

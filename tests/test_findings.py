@@ -454,6 +454,9 @@ def test_cli_findings(tmp_path, capsys) -> None:
         assert main([cmd, str(tmp_path / "notes")]) == 2
         assert f"distillab: {cmd}: not a sweep directory (no sweep.json, no trials table): " in capsys.readouterr().err
     assert not any((tmp_path / "notes").iterdir())
+    yaml_file = REPO / "search_spaces" / "smoke.yaml"  # the sweep's config where its results belong
+    assert main(["report", str(yaml_file)]) == 2
+    assert f"distillab: report: {yaml_file}: a file, not a sweep directory; report reads" in capsys.readouterr().err
     assert main(["sweep", str(REPO / "search_spaces" / "smoke.yaml"), "--dry-run", "--set", "trial.loss.kind"]) == 2
     assert "distillab: --set expects KEY=VALUE (e.g. --set trial.loss.kind=reverse), got 'trial.loss.kind'" in (
         capsys.readouterr().err)
