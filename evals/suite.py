@@ -16,8 +16,9 @@
 
 Each result is a row ``{task, metric, value, n}`` for the `evals` table; its
 report key is ``eval/<stage>/<task>/<metric>`` (`distillab.registry`). For inspection,
-the first `SAMPLES_PER_TASK` accuracy completions of each task, with their prompts and
-rewards (1 correct, 0 not), go to the ``samples`` table. Test splits
+the first `SAMPLES_PER_TASK` accuracy completions of each Countdown, multiple-choice and
+math task (not the OOD suite's), with their prompts and rewards (1 correct, 0 not), go to
+the ``samples`` table. Test splits
 come from `distillab.tasks.TaskData` (seeded by ``tasks.test_seed``, the same for
 every trial; training prompts exclude them); the sampling seeds from
 ``trial.seeds`` (`config.SeedsConfig`).

@@ -774,7 +774,9 @@ def _fit(tuner, sweep: SweepConfig, root: Path) -> Path:
     grid = tuner.fit()
     errors = [res.error for res in grid if res.error]
     done, want = completed_trials(root), expected_trials(sweep)
-    print(f"[sweep] {done} of {want} trials completed, {len(errors)} failed", flush=True)
+    unfinished = max(0, want - done - len(errors))  # interrupted, or never started (counted in report's n_failed)
+    print(f"[sweep] {done} of {want} trials completed, {len(errors)} failed"
+          + (f", {unfinished} unfinished" if unfinished else ""), flush=True)
     print_time("trials", time.perf_counter() - t0, 0)
     if done < want:
         print(f"[sweep] incomplete; continue with: distillab sweep --resume {root}", flush=True)

@@ -185,7 +185,31 @@ def test_a_failed_trial_prints_its_traceback(tmp_path: Path) -> None:
     # the worker's own traceback (where it failed: loading the student's weights) and Tune's
     assert "Error in training function" in out and "in setup_models" in out and "load_model" in out, out[-3000:]
     assert "Trial task failed for trial onpd-forward" in out and "WorkerGroupError" in out, out[-3000:]
-    assert "[sweep] 0 of 1 trials completed" in out and "distillab sweep --resume" in out
+    assert "[sweep] 0 of 1 trials completed, 1 failed\n" in out and "distillab sweep --resume" in out
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_offers_one_way_to_resume(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT) once a trial runs: the sweep exits 1, counts its unfinished trials and
+    names ``distillab sweep --resume``, not Tune's ``Tuner.restore``."""
+    import signal
+
+    cmd = [sys.executable, "-m", "distillab.cli", "sweep", str(SMOKE), "--no-dashboard",
+           "--set", f"storage_path={tmp_path}", "--set", f"models.cache_dir={REPO / '.cache' / 'models'}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:  # until the first trial has evaluated its untrained student
+        lines.append(line)
+        if "[trial] " in line and " pre step 0:" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    out = "".join(lines) + proc.communicate(timeout=600)[0]
+    assert proc.returncode == 1, out[-3000:]
+    done, failed, unfinished = map(int, re.search(
+        r"\[sweep\] (\d) of 2 trials completed, (\d) failed, (\d) unfinished\n", out).groups())
+    assert failed == 0 and unfinished >= 1 and done + unfinished == 2, out[-3000:]
+    assert f"[sweep] incomplete; continue with: distillab sweep --resume {tmp_path / 'smoke'}" in out
+    assert "Tuner.restore" not in out, out[-3000:]
 
 
 @pytest.mark.slow
