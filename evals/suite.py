@@ -207,8 +207,8 @@ def evaluate_stage(evaluator: Evaluator, model, trial: TrialConfig, trial_id: st
     if cache is not None and cache.exists():  # the same model, settings and seed were evaluated already
         rows, samples = (json.loads(cache.read_text())[k] for k in ("rows", "samples"))
     else:
-        rows, samples = [], []
-        rows += evaluator.evaluate(model, seed=trial.seed, samples=samples)
+        samples = []
+        rows = evaluator.evaluate(model, seed=trial.seed, samples=samples)
         if cache is not None:
             atomic_write_bytes(cache, json.dumps({"rows": rows, "samples": samples}).encode())
     if init_state is not None:

@@ -729,8 +729,10 @@ def print_completed_before(root: Path, sweep: SweepConfig) -> None:
     are not rerun (`run_trial` reports their stored results), so that a sweep run again
     under the same ``name`` does not pass for a new one. Grid: the sweep's own trial ids;
     Optuna: every completed row there."""
-    ids = [t.trial_id for t in sweep.trials] if sweep.search.kind != "optuna" else [None]
-    done = sum(completed_trials(root, i) for i in ids)
+    if sweep.search.kind == "optuna":
+        done = completed_trials(root)
+    else:
+        done = sum(completed_trials(root, t.trial_id) for t in sweep.trials)
     if done:
         print(f"[sweep] {done} of {expected_trials(sweep)} trials already completed in {root}: their stored "
               f"results are reported, not rerun (a new --set name=... starts afresh)", flush=True)
