@@ -241,13 +241,14 @@ def report_single(s: dict, steps: int, trl: float | None) -> None:
     print(f"\nwhole single-trial sweep (`distillab sweep`, {s['models']} models, OnPD, {steps} steps, "
           f"16 prompts x 32 tokens): {s['wall']:.1f} s, {s['lines']} console lines")
     start = cli.get("start-up", float("nan"))
-    parts = [("CLI start-up and imports", start), ("prepare (cached)", cli.get("prepare", float("nan"))),
-             ("ray.init", cli.get("ray.init", float("nan")))]
+    parts = [("CLI start-up, imports and checks", start), ("prepare (cached)", cli.get("prepare", float("nan")))]
     in_sweep = cli.get("sweep", float("nan")) - cli.get("ray.init", 0.0)
     parts += [(f"trial: {p}", t[p]) for p in PHASES]
     parts += [("Tune outside the trial (set-up, results, shutdown)", in_sweep - t["wall"] - t["trainable"])]
     known = sum(v for _, v in parts if v == v)
     parts += [("report and exit", s["wall"] - known)]
+    # Ray starts in the CLI's main thread while another imports and checks (cli._sweep): its time is inside the start-up's
+    parts.insert(1, ("  of which ray.init, beside the imports and checks", cli.get("ray.init", float("nan"))))
     for name, v in parts:
         print(f"  {name:<52} {v:6.1f} s" if v == v else f"  {name:<52}      -")
     print(f"  fixed cost of the trial (all but the loop): {t['fixed']:.1f} s")

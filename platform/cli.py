@@ -28,12 +28,15 @@ The import-order test (tests/test_imports.py) allows them here only.
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime
 import logging
 import os
 import shlex
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -190,31 +193,46 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if getattr(args, "dry_run", False):
         return _dry_run(args, sweep)
-    from distillab.plan import bf16_cpu_note, check_checkpoints  # lazy: see the module docstring
+    if args.cmd == "prepare":
+        try:
+            _preflight(sweep, note=False)
+        except ConfigError as e:
+            print(f"distillab: {e}", file=sys.stderr)
+            return 2
+        teacher, student = _prepare(args, sweep)
+        print(f"teacher: {teacher}\nstudent: {student}")
+        return 0
+    return _sweep(args, sweep)
 
-    try:
-        check_checkpoints(sweep)  # before anything starts: configs and tokenizers only
-        note = bf16_cpu_note(sweep) if args.cmd != "prepare" else None
-    except ConfigError as e:
-        print(f"distillab: {e}", file=sys.stderr)
-        return 2
-    if note is not None:
-        print(f"distillab: {note}", file=sys.stderr)
-    from distillab.prepare import prepare
+
+def _preflight(sweep, note: bool = True) -> None:
+    """The checks before anything runs: the checkpoints (`plan.check_checkpoints`: configs
+    and tokenizers) and, with ``note``, the bf16-on-CPU note (printed). Imports `plan` and,
+    through it, what ``prepare`` and the sweep need (without the integrations distillab never
+    uses: `imports.without_unused_integrations`). Raises `config.ConfigError`."""
+    from distillab.imports import without_unused_integrations  # lazy: see the module docstring
+
+    with without_unused_integrations():
+        from distillab.plan import bf16_cpu_note, check_checkpoints  # lazy: see the module docstring
+    check_checkpoints(sweep)  # before anything starts: configs and tokenizers only
+    said = bf16_cpu_note(sweep) if note else None
+    if said is not None:
+        print(f"distillab: {said}", file=sys.stderr)
+
+
+def _prepare(args, sweep):
+    """``[time] start-up`` (interpreter, imports, validation, checks), then `prepare.prepare`
+    and its ``[time]`` line; returns ``(teacher, student)`` directories."""
+    from distillab.prepare import prepare  # lazy: see the module docstring
     from distillab.telemetry import print_time, process_start_time
 
     started = process_start_time()
     if started is not None:
-        print_time("start-up", time.time() - started)  # interpreter, imports, validation
-    t0, wall0 = time.perf_counter(), time.time()
-    started_at = datetime.datetime.fromtimestamp(wall0, datetime.timezone.utc).isoformat(timespec="seconds")
-    teacher, student = prepare(sweep, threads=args.threads, force=args.force)
+        print_time("start-up", time.time() - started)  # interpreter, imports, validation, checks
+    t0 = time.perf_counter()
+    out = prepare(sweep, threads=args.threads, force=args.force)
     print_time("prepare", time.perf_counter() - t0)
-    if args.cmd == "prepare":
-        print(f"teacher: {teacher}\nstudent: {student}")
-        return 0
-    since_start = t0 - (wall0 - started) if started is not None else t0  # perf_counter at process start
-    return _sweep(args, sweep, teacher, student, since_start, started_at)
+    return out
 
 
 def _add_dry_run_args(sw: argparse.ArgumentParser) -> None:
@@ -311,23 +329,53 @@ def _findings(args) -> int:
     return 0
 
 
-def _sweep(args, sweep, teacher, student, t0: float, started_at: str) -> int:
-    """``distillab sweep``: Ray up, the sweep (or its resume), Ray down, the report, and the
-    run's record in the sweep directory (`results.record_run`: the command, ``started_at``,
-    the code's git commit, the stages' wall seconds). ``t0``: `time.perf_counter` at the
-    process's start (``[time] total`` counts from there), or at ``prepare``'s where that is
-    unknown. Exit 1 when trials failed or the sweep was interrupted."""
+def _sweep(args, sweep) -> int:
+    """``distillab sweep``: Ray up, `prepare`, the sweep (or its resume), Ray down, the
+    report, and the run's record in the sweep directory (`results.record_run`: the command,
+    its start, the code's git commit, the stages' wall seconds).
+
+    Ray starts in this, the main thread (where Ray installs its SIGTERM handler), while a
+    second thread runs `_preflight`: the checkpoint checks and, on the way, the imports of
+    torch, transformers, DeepSpeed and Ray Tune. The two overlap (issue 14: 2.2 s of a
+    one-trial run's 26 s, ``benchmarks/sweep_overhead.py --trials --steps 40``). A bad
+    checkpoint still stops the run before anything is written or trained: Ray, already up,
+    is shut down and the exit status is 2. Exit 1 when trials failed or the sweep was
+    interrupted."""
+    import ray  # lazy: see the module docstring
+
+    from distillab.config import ConfigError
+    from distillab.raystart import init_ray
+
+    verbose, perf0, wall0 = 2 if args.verbose else 1, time.perf_counter(), time.time()
+    with ThreadPoolExecutor(1, thread_name_prefix="preflight") as pool:
+        checks = pool.submit(_preflight, sweep)
+        try:
+            init_ray(args.address, dashboard=not args.no_dashboard, verbose=verbose,
+                     cpu_only=sweep.resources.gpus_per_worker == 0)
+            ray_s = time.perf_counter() - perf0
+            checks.result()
+        except ConfigError as e:
+            ray.shutdown()
+            print(f"distillab: {e}", file=sys.stderr)
+            return 2
+    try:
+        return _run_sweep(args, sweep, verbose, ray_s, perf0, wall0)
+    finally:
+        ray.shutdown()
+
+
+def _run_sweep(args, sweep, verbose: int, ray_s: float, perf0: float, wall0: float) -> int:
+    """`_sweep` once Ray is up and the checks passed (``ray_s``: seconds of Ray's start,
+    from ``perf0``/``wall0``, `time.perf_counter`/`time.time` when it began)."""
     import ray  # lazy: see the module docstring
 
     from distillab.results import code_version, load, record_run
-    from distillab.sweep import completed_trials, expected_trials, init_ray, resume_sweep, run_sweep
-    from distillab.telemetry import STAGE_SECONDS, print_time
+    from distillab.sweep import completed_trials, expected_trials, resume_sweep, run_sweep
+    from distillab.telemetry import STAGE_SECONDS, print_time, process_start_time
 
-    verbose = 2 if args.verbose else 1
+    teacher, student = _prepare(args, sweep)
+    print_time("ray.init", ray_s, note=" (beside the start-up's checks and imports)")
     t1 = time.perf_counter()
-    init_ray(args.address, dashboard=not args.no_dashboard, verbose=verbose,
-             cpu_only=sweep.resources.gpus_per_worker == 0)
-    print_time("ray.init", time.perf_counter() - t1)
     try:
         root = resume_sweep(args.resume, teacher, student, verbose=verbose) if args.resume else \
             run_sweep(sweep, teacher, student, verbose=verbose)
@@ -337,11 +385,14 @@ def _sweep(args, sweep, teacher, student, t0: float, started_at: str) -> int:
     finally:
         t2 = time.perf_counter()
         ray.shutdown()
-    print_time("sweep", t2 - t1)
+    print_time("sweep", ray_s + t2 - t1)  # Ray up to down, less prepare
     print_time("ray.shutdown", time.perf_counter() - t2)
     _print_tables(load(root), full=False)
+    started = process_start_time()
+    t0 = perf0 - (wall0 - started) if started is not None else perf0  # perf_counter at the process's start
     print_time("total", time.perf_counter() - t0, note=f"; results: {root}")
     done = completed_trials(root)
+    started_at = datetime.datetime.fromtimestamp(started or wall0, datetime.timezone.utc).isoformat(timespec="seconds")
     record_run(root, {"command": shlex.join(["distillab", *sys.argv[1:]]), "started": started_at, **code_version(),
                       "cpus": os.cpu_count(), "trials_completed": done, "seconds": dict(STAGE_SECONDS)})
     return 0 if done >= expected_trials(sweep) else 1  # interrupted or failed trials
@@ -390,5 +441,26 @@ def default_group_by(res) -> list[str]:
     return [c for c in keys if c in cols]
 
 
+def run() -> None:
+    """The ``distillab`` console script (and ``python -m distillab.cli``): `main`, then the
+    process ends at once with its exit status.
+
+    Python's own end of a process that has imported torch, transformers, DeepSpeed and Ray
+    frees every object of every module one by one: 1.5-1.7 s after the work is done (``python
+    -c "import distillab.plan"`` against the same ending in ``os._exit(0)``, 2026-12-04; its
+    ``atexit`` handlers take 0.03 s of it). `run` first does what that ending does for the
+    work's sake: it waits for any thread still running, runs the ``atexit`` handlers (Ray's
+    shutdown, the trackers' and logging's flushes) and flushes stdout and stderr; then
+    ``os._exit``. An exception out of `main` ends the process the usual way, with its traceback."""
+    status = main()
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()  # CPython's own atexit runner: the handlers, in their order, each once
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status or 0)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -91,15 +91,20 @@ def quiet_report_log() -> None:
 
 
 def process_start_time(pid: int | str = "self") -> float | None:
-    """Unix time (s) at which process ``pid`` started, from Linux's ``/proc`` (the
-    22nd field of ``/proc/<pid>/stat``, clock ticks after boot, plus ``btime`` of
-    ``/proc/stat``); None where ``/proc`` is not there. Resolution: one clock tick (10 ms)."""
+    """Unix time (s) at which process ``pid`` started, from Linux's ``/proc``: the 22nd field
+    of ``/proc/<pid>/stat`` (clock ticks after boot) set against the time since boot now
+    (``CLOCK_BOOTTIME``, the same clock), so that its resolution is one clock tick (10 ms);
+    where that clock is missing, against ``btime`` of ``/proc/stat`` (whole seconds: up to 1 s
+    off). None where ``/proc`` is not there."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         ticks = int(stat.rsplit(")", 1)[1].split()[19])  # fields after "(comm)": state is field 3
+        after_boot = ticks / os.sysconf("SC_CLK_TCK")
+        if hasattr(time, "CLOCK_BOOTTIME"):
+            return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - after_boot)
         btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
                      if line.startswith("btime "))
-        return btime + ticks / os.sysconf("SC_CLK_TCK")
+        return btime + after_boot
     except (OSError, ValueError, StopIteration, IndexError):
         return None
 

@@ -18,6 +18,7 @@ import re
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import polars as pl
@@ -325,3 +326,40 @@ def test_a_sweep_says_which_of_its_trials_ran_before(tmp_path: Path, capsys) -> 
     print_completed_before(root, sweep)
     assert capsys.readouterr().out == (f"[sweep] 1 of {len(sweep.trials)} trials already completed in {root}: their "
                                        "stored results are reported, not rerun (a new --set name=... starts afresh)\n")
+
+
+def test_the_console_script_runs_the_exit_handlers_and_keeps_the_status(tmp_path: Path) -> None:
+    """`cli.run` ends the process with ``os._exit`` (no teardown of every module's objects),
+    after what Python's own exit does for the work: the ``atexit`` handlers run, in their order,
+    and what was printed reaches the pipe; the exit status is `cli.main`'s (2 here: a report of
+    a directory that is no sweep)."""
+    code = ("import atexit, sys\n"
+            "from distillab import cli\n"
+            "atexit.register(lambda: print('registered first, runs last', flush=True))\n"
+            "atexit.register(lambda: print('registered last, runs first'))\n"
+            "print('before', end=' ')\n"
+            f"sys.argv = ['distillab', 'report', {str(tmp_path / 'none')!r}]\n"
+            "cli.run()\n"
+            "print('never')\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stdout.splitlines() == ["before registered last, runs first", "registered first, runs last"]
+    assert "no such sweep directory" in run.stderr
+
+
+def test_a_process_start_time_is_read_to_the_clock_tick() -> None:
+    """`telemetry.process_start_time` (what ``[time] start-up`` and ``[time] total`` count from)
+    of a process started now is now, to within a few clock ticks (``/proc/stat``'s ``btime``
+    alone, whole seconds, was up to 1 s off); None for a process that does not exist."""
+    from distillab.telemetry import process_start_time
+
+    before = time.time()
+    child = subprocess.Popen(["sleep", "5"])
+    after = time.time()
+    try:
+        started = process_start_time(child.pid)
+        assert before - 0.05 <= started <= after + 0.05, (before, started, after)
+    finally:
+        child.kill()
+        child.wait()
+    assert process_start_time(2**22 + 7) is None

@@ -22,7 +22,7 @@ FOLDERS = {"platform": "distillab", "ops": "distillab.ops", "evals": "distillab.
 
 #: Stages in data-path order; a module may import its own stage and earlier ones only.
 STAGES: list[tuple[str, ...]] = [
-    ("registry", "countdown", "taskio"),  # names and primitives, no distillab imports but these
+    ("registry", "countdown", "taskio", "imports", "raystart"),  # names and primitives, no distillab imports but these
     ("mcq", "math_task"),
     ("config",),
     ("ops", "ops.kl", "ops.chunked", "ops.triton_kl", "ops.oracle", "evals", "evals.metrics"),

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import ray
 
 from _checkpoints import llama3_pair, qwen2_pair
 from distillab.cli import main
@@ -111,7 +112,8 @@ def test_paper_dry_run_prints_the_plan_with_stand_in_checkpoints(standins, capsy
 
 @pytest.mark.parametrize("dry", [True, False])
 def test_a_missing_checkpoint_is_one_line_and_exit_2(standins, capsys, tmp_path, dry) -> None:
-    """For the real sweep too: no traceback, nothing started (the check runs before prepare and Ray)."""
+    """For the real sweep too: no traceback, nothing prepared or written (the check runs before
+    prepare; Ray, which starts beside it, is shut down again)."""
     teacher = standins["llama3"][0]
     args = ["--set", "models.teacher_path=/nonexistent/dir", "--set", f"models.student_path={teacher}",
             "--set", f"storage_path={tmp_path}"] + (["--dry-run"] if dry else [])
@@ -120,7 +122,7 @@ def test_a_missing_checkpoint_is_one_line_and_exit_2(standins, capsys, tmp_path,
     assert err.strip().splitlines() == [
         "distillab: models.teacher_path: /nonexistent/dir does not exist (give a checkpoint directory: "
         "--set models.teacher_path=DIR)"]
-    assert not list(tmp_path.iterdir())
+    assert not list(tmp_path.iterdir()) and not ray.is_initialized()
     rc, _, err = _cli(capsys, "prepare", PAPER["paper_llama"], *args[:4])
     assert rc == 2 and "models.teacher_path: /nonexistent/dir does not exist" in err
     rc, _, err = _cli(capsys, "sweep", PAPER["paper_llama"], "--dry-run", "--set", f"models.teacher_path={tmp_path}",

@@ -1,9 +1,9 @@
-"""`sweep.init_ray` on a loaded machine: when Ray's local node does not register within Ray's
+"""`raystart.init_ray` on a loaded machine: when Ray's local node does not register within Ray's
 fixed 30 s (``ray/_private/node.py``: "The current node timed out during startup"), the
 processes that attempt started are ended and Ray is started again, up to
-`sweep.RAY_START_ATTEMPTS` times; likewise when its GCS fails to start (another Ray took the
+`raystart.RAY_START_ATTEMPTS` times; likewise when its GCS fails to start (another Ray took the
 port); any other failure is raised at once. No Ray is started here:
-`sweep._start_local_ray` is replaced by a stand-in that starts a real child process (as
+`raystart._start_local_ray` is replaced by a stand-in that starts a real child process (as
 ``ray.init`` starts the GCS and raylet) and then fails."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import subprocess
 import psutil
 import pytest
 
-from distillab import sweep
+from distillab import raystart
 
 TIMEOUT = Exception("The current node timed out during startup. This could happen because some of the raylet "
                     "failed to startup or the GCS has become overloaded.")
@@ -35,11 +35,11 @@ class FlakyStart:
 
 def test_a_start_up_timeout_ends_the_attempts_processes_and_starts_again(monkeypatch, caplog) -> None:
     start = FlakyStart(fails=2, error=TIMEOUT)
-    monkeypatch.setattr(sweep, "_start_local_ray", start)
+    monkeypatch.setattr(raystart, "_start_local_ray", start)
     bystander = subprocess.Popen(["sleep", "120"])  # started before init_ray: not its to end
     try:
-        with caplog.at_level("WARNING", logger="distillab.sweep"):
-            sweep.init_ray(None, dashboard=False, num_cpus=1)
+        with caplog.at_level("WARNING", logger="distillab.raystart"):
+            raystart.init_ray(None, dashboard=False, num_cpus=1)
         assert start.calls == 3
         # ended (and reaped) by init_ray: a `sleep 120` left alone would still be running
         assert all(c.poll() is not None and not psutil.pid_exists(c.pid) for c in start.children)
@@ -53,37 +53,37 @@ def test_a_start_up_timeout_ends_the_attempts_processes_and_starts_again(monkeyp
 
 def test_a_gcs_that_failed_to_start_is_started_again_on_a_new_port(monkeypatch, caplog) -> None:
     """Ray's error when its GCS exits at start, as seen when another Ray took the port first,
-    is retried; and each start asks the OS for its own port (`sweep._free_port`), so the retry
+    is retried; and each start asks the OS for its own port (`raystart._free_port`), so the retry
     does not meet the taken one again."""
     gcs = RuntimeError("Failed to start GCS.  Last 0 lines of error files:\n\n.Please check .../gcs_server.out for "
                        "details. Last connection error: ... RPC error: InvalidAuthToken: Authentication token is "
                        "missing or incorrect.")
     start = FlakyStart(fails=1, error=gcs)
-    monkeypatch.setattr(sweep, "_start_local_ray", start)
-    with caplog.at_level("WARNING", logger="distillab.sweep"):
-        sweep.init_ray(None, dashboard=False, num_cpus=1)
+    monkeypatch.setattr(raystart, "_start_local_ray", start)
+    with caplog.at_level("WARNING", logger="distillab.raystart"):
+        raystart.init_ray(None, dashboard=False, num_cpus=1)
     assert start.calls == 2 and start.children[0].poll() is not None
     assert "Ray's GCS did not start" in caplog.text and "(attempt 2 of 3)" in caplog.text
     monkeypatch.undo()
 
     seen = []
     monkeypatch.delenv("RAY_GCS_SERVER_PORT", raising=False)
-    monkeypatch.setattr(sweep, "_free_port", iter([41001, 41002]).__next__)
-    monkeypatch.setattr(sweep.ray, "init", lambda **kw: seen.append((os.environ["RAY_GCS_SERVER_PORT"],
+    monkeypatch.setattr(raystart, "_free_port", iter([41001, 41002]).__next__)
+    monkeypatch.setattr(raystart.ray, "init", lambda **kw: seen.append((os.environ["RAY_GCS_SERVER_PORT"],
                                                                      kw["runtime_env"]["env_vars"]["RAY_ADDRESS"])))
     kw = {"runtime_env": {"env_vars": {}}}
-    sweep._start_local_ray(1, False, kw)
-    sweep._start_local_ray(1, False, kw)
+    raystart._start_local_ray(1, False, kw)
+    raystart._start_local_ray(1, False, kw)
     assert [p for p, _ in seen] == ["41001", "41002"] and all(a.endswith(f":{p}") for p, a in seen)
     assert "RAY_GCS_SERVER_PORT" not in os.environ
 
 
 def test_the_last_timeout_and_any_other_failure_are_raised(monkeypatch) -> None:
-    start = FlakyStart(fails=sweep.RAY_START_ATTEMPTS, error=TIMEOUT)
-    monkeypatch.setattr(sweep, "_start_local_ray", start)
+    start = FlakyStart(fails=raystart.RAY_START_ATTEMPTS, error=TIMEOUT)
+    monkeypatch.setattr(raystart, "_start_local_ray", start)
     with pytest.raises(Exception, match="timed out during startup"):
-        sweep.init_ray(None, dashboard=False, num_cpus=1)
-    assert start.calls == sweep.RAY_START_ATTEMPTS
+        raystart.init_ray(None, dashboard=False, num_cpus=1)
+    assert start.calls == raystart.RAY_START_ATTEMPTS
     # the last attempt's processes are Ray's to report on, not ended by init_ray
     assert start.children[-1].poll() is None
     for c in start.children:
@@ -91,9 +91,9 @@ def test_the_last_timeout_and_any_other_failure_are_raised(monkeypatch) -> None:
         c.wait()
 
     other = FlakyStart(fails=1, error=ValueError("Invalid value for num_cpus"))
-    monkeypatch.setattr(sweep, "_start_local_ray", other)
+    monkeypatch.setattr(raystart, "_start_local_ray", other)
     with pytest.raises(ValueError, match="num_cpus"):
-        sweep.init_ray(None, dashboard=False, num_cpus=1)
+        raystart.init_ray(None, dashboard=False, num_cpus=1)
     assert other.calls == 1
     other.children[0].kill()
     other.children[0].wait()

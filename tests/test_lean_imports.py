@@ -1,0 +1,67 @@
+"""`imports.without_unused_integrations`: the packages it hides read as not installed inside
+the block (``import`` fails, ``find_spec`` answers None), are importable again after it, and a
+package already imported is left alone; in a fresh interpreter, the recipe's modules imported
+inside it load neither scikit-learn, SciPy nor MLflow, which they load without it."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from distillab.imports import UNUSED_INTEGRATIONS, without_unused_integrations
+
+
+def test_hidden_inside_the_block_and_importable_after_it() -> None:
+    name = "tabnanny"  # a standard-library module nothing here imports
+    sys.modules.pop(name, None)
+    with without_unused_integrations((name, "json")):
+        with pytest.raises(ImportError):
+            importlib.import_module(name)
+        assert importlib.util.find_spec(name) is None
+        assert importlib.import_module("json").dumps([1]) == "[1]"  # imported before: untouched
+    assert name not in sys.modules
+    assert importlib.import_module(name).__name__ == name
+    assert sys.modules["json"] is not None
+
+
+def test_an_exception_in_the_block_still_unhides() -> None:
+    sys.modules.pop("tabnanny", None)
+    with pytest.raises(RuntimeError), without_unused_integrations(("tabnanny",)):
+        raise RuntimeError("boom")
+    assert "tabnanny" not in sys.modules and importlib.util.find_spec("tabnanny") is not None
+
+
+_PROBE = """
+import sys
+from distillab.imports import UNUSED_INTEGRATIONS, without_unused_integrations
+HIDE = {hide}
+if HIDE:
+    with without_unused_integrations():
+        import distillab.distill
+else:
+    import distillab.distill
+from transformers.utils import is_sklearn_available
+print(sorted(n for n in UNUSED_INTEGRATIONS if n in sys.modules), is_sklearn_available())
+"""
+
+
+@pytest.mark.slow
+def test_the_recipe_imports_without_them() -> None:
+    """The point of it: the recipe (transformers' model classes, DeepSpeed) loads none of
+    `UNUSED_INTEGRATIONS` inside the block, and all of them without it (so this test can fail:
+    they are installed here)."""
+    missing = [n for n in UNUSED_INTEGRATIONS if importlib.util.find_spec(n) is None]
+    if missing:
+        pytest.skip(f"not installed here: {missing}")
+    out = {}
+    for hide in (True, False):
+        run = subprocess.run([sys.executable, "-c", _PROBE.format(hide=hide)], capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
+        out[hide] = run.stdout.strip().splitlines()[-1]
+    assert out[True] == "[] False"
+    assert out[False] == f"{sorted(UNUSED_INTEGRATIONS)} True"
