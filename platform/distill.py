@@ -29,6 +29,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
@@ -151,7 +152,7 @@ class WorkerState:
     evaluator: Evaluator
     init_state: dict
     start_step: int
-    prompts: list[list[int]]
+    prompts: Sequence[list[int]]  # `tasks.RenderedOnUse`: each rendered when first read
     per_worker: int
     source: RolloutSource
     gen: torch.Generator

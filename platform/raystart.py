@@ -81,8 +81,16 @@ RAY_START_RETRIES = {
 RAY_START_ATTEMPTS = 3
 
 
+#: Ray's settings of a local cluster that `init_ray` starts: no Python workers started ahead when the
+#: driver connects (Ray's default starts one per CPU). Every Tune trial actor carries its own runtime
+#: environment (``ray/tune/execution/class_cache.py``), so none can take such a worker; they only took
+#: CPU from the CLI's imports while Ray started (0.4 s each here): a one-trial run 25.0 s against 25.7 s
+#: (3 interleaved runs each, 2026-12-04, `benchmarks/sweep_overhead.py`'s single-trial command).
+LOCAL_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+
+
 def _start_local_ray(num_cpus: int | None, dashboard: bool, kw: dict) -> None:
-    """``ray.init`` of a local Ray on a known GCS port, told to its workers: Ray Train's
+    """``ray.init`` of a local Ray (`LOCAL_SYSTEM_CONFIG`) on a known GCS port, told to its workers: Ray Train's
     PlacementGroupCleaner finds its cluster through RAY_ADDRESS, and without it, beside another
     Ray on the same host, it dies at its first check ("Found multiple active Ray instances") and
     frees no placement group."""
@@ -92,7 +100,7 @@ def _start_local_ray(num_cpus: int | None, dashboard: bool, kw: dict) -> None:
     saved, os.environ["RAY_GCS_SERVER_PORT"] = os.environ.get("RAY_GCS_SERVER_PORT"), port
     try:
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, dashboard_host="127.0.0.1",
-                 **{**kw, "runtime_env": {**kw["runtime_env"], "env_vars": env_vars}})
+                 _system_config=LOCAL_SYSTEM_CONFIG, **{**kw, "runtime_env": {**kw["runtime_env"], "env_vars": env_vars}})
     finally:
         if saved is None:
             del os.environ["RAY_GCS_SERVER_PORT"]

@@ -930,7 +930,7 @@ def start_vllm_actor(trial: TrialConfig, model_path, tokenizer, threads: int):
 # --------------------------------------------------------------------------------------
 
 
-def step_prompts(prompts: list[list[int]], step: int, per_worker: int, rollouts_per_prompt: int) -> list[list[int]]:
+def step_prompts(prompts: Sequence[list[int]], step: int, per_worker: int, rollouts_per_prompt: int) -> list[list[int]]:
     """The prompts of optimizer step ``step`` (0-based) on one rank: a window that
     walks through the rank's shuffled prompt list."""
     lo = (step * per_worker) % max(1, len(prompts) - per_worker)

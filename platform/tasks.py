@@ -24,7 +24,9 @@ The primitives live in `distillab.countdown` (Countdown, prior skills),
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from distillab.config import EvaluationConfig, RLVRConfig, SeedsConfig, TasksConfig, TrialConfig
 from distillab.countdown import (  # noqa: F401  (re-exported: the task primitives' public names)
@@ -149,23 +151,24 @@ class TaskData:
         """The math training problems (``tasks.math``) drawn with ``seed``, test items removed."""
         return math_train_items(self.tasks.math, self.evaluation.math_test_items, self.tasks.test_seed, seed)
 
-    def train_prompts(self, tokenizer, rank: int, role: str = "student") -> list[list[int]]:
-        """Training prompts of the domain, test items excluded, in rank ``rank``'s own
-        shuffled order. ``role="teacher"``: the same problems in the same order rendered
-        with the teacher's conditioning, so entry i of both lists is one problem."""
+    def train_prompts(self, tokenizer, rank: int, role: str = "student") -> "RenderedOnUse":
+        """Training prompts of the domain (token ids), test items excluded, in rank
+        ``rank``'s own shuffled order, each rendered when first read (`RenderedOnUse`).
+        ``role="teacher"``: the same problems in the same order rendered with the teacher's
+        conditioning, so entry i of both lists is one problem."""
         s, seeds = self.seed, self.seeds
         rng = random.Random(s * seeds.shuffle + rank)
         if self.domain == "mcq":
             items = self.train_mcq_items(seeds.train_problems + s)
             rng.shuffle(items)
-            return [mcq_prompt_ids(tokenizer, self.tasks.mcq, it) for it in items]
+            return RenderedOnUse(items, lambda it: mcq_prompt_ids(tokenizer, self.tasks.mcq, it))
         if self.domain == "math":
             items = self.train_math_items(seeds.train_problems + s)
             rng.shuffle(items)
-            return [math_prompt_ids(tokenizer, self.tasks.math, it) for it in items]
+            return RenderedOnUse(items, lambda it: math_prompt_ids(tokenizer, self.tasks.math, it))
         problems = self.train_problems("countdown3", self.train_items, seeds.train_problems + s)
         rng.shuffle(problems)
-        return [countdown_prompt_ids(tokenizer, self.tasks, p, role) for p in problems]
+        return RenderedOnUse(problems, lambda p: countdown_prompt_ids(tokenizer, self.tasks, p, role))
 
     def rlvr_problems(self, cfg: RLVRConfig, rank: int = 0, world: int = 1) -> list[CountdownProblem]:
         """``cfg.train_prompts`` problems of ``cfg.task`` (test items removed), shuffled,
@@ -176,12 +179,42 @@ class TaskData:
         return problems[rank::world]
 
 
-def train_prompts(trial: TrialConfig, tokenizer, rank: int, role: str = "student") -> list[list[int]]:
+class RenderedOnUse(Sequence):
+    """A list of prompts (token ids, ``list[int]`` each) whose entry i is rendered by
+    ``render(items[i])`` when it is first read, then kept: a trial reads the prompts of its
+    own steps only (`rollout.step_prompts`: 640 of the micro study's 19,499 in 40 steps),
+    and rendering each through the chat template and the tokenizer took 0.9-1.0 s of every
+    trial's set-up when all were rendered up front (``TaskData.train_prompts``, 2026-12-04).
+    Indexing, slicing (a ``list``), ``len``, iteration and ``==`` (against any sequence of the
+    same ids) behave as on the rendered list."""
+
+    def __init__(self, items: Sequence[Any], render: Callable[[Any], list[int]]):
+        self._items, self._render = list(items), render
+        self._ids: list[list[int] | None] = [None] * len(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        ids = self._ids[i]
+        if ids is None:
+            ids = self._ids[i] = self._render(self._items[i])
+        return ids
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(other) == len(self) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # mutable cache, list-like: unhashable as a list
+
+
+def train_prompts(trial: TrialConfig, tokenizer, rank: int, role: str = "student") -> RenderedOnUse:
     """`TaskData.train_prompts` of ``trial``."""
     return TaskData.of(trial).train_prompts(tokenizer, rank, role)
 
 
-__all__ = ["TaskData", "train_prompts", "countdown_spec", "countdown_test_split", "problem_key", "test_keys",
+__all__ = ["TaskData", "RenderedOnUse", "train_prompts", "countdown_spec", "countdown_test_split", "problem_key", "test_keys",
            "countdown_prompt_ids", "TEST_SEED_OFFSETS", "item_key", "COUNTDOWN_TASKS", "SKILL_NAMES",
            "PAPER_POOL", "SMALL_POOL", "CountdownSpec", "CountdownProblem", "generate_problems", "solve",
            "render_solution", "extract_answer", "verify_countdown", "score_countdown", "countdown_user_text",

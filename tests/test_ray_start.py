@@ -97,3 +97,27 @@ def test_the_last_timeout_and_any_other_failure_are_raised(monkeypatch) -> None:
     assert other.calls == 1
     other.children[0].kill()
     other.children[0].wait()
+
+
+def test_a_local_ray_starts_no_idle_workers_ahead() -> None:
+    """`raystart.LOCAL_SYSTEM_CONFIG`: the local Ray that `init_ray` starts runs no Python
+    worker before a task or actor asks for one (Ray's default starts one per CPU when the
+    driver connects: two ``ray::IDLE`` processes here)."""
+    import time
+
+    import ray
+
+    raystart.init_ray(None, dashboard=False, num_cpus=2)
+    try:
+        time.sleep(2.0)  # Ray's own start-ahead comes within a second of the driver's connection
+        names = [" ".join(c.cmdline()) for c in psutil.Process().children(recursive=True) if c.is_running()]
+        assert any("raylet" in n for n in names), names  # a running Ray, whose processes are listed
+        assert not [n for n in names if n.startswith("ray::IDLE")], names
+
+        @ray.remote
+        def pid() -> int:
+            return os.getpid()
+
+        assert ray.get(pid.remote(), timeout=120) != os.getpid()  # a worker still starts when asked for
+    finally:
+        ray.shutdown()

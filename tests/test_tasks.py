@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from distillab.config import TrialConfig
 from distillab.models import build_char_tokenizer
 from distillab.tasks import (
     PAPER_POOL,
@@ -14,8 +15,11 @@ from distillab.tasks import (
     SMALL_POOL,
     CountdownProblem,
     CountdownSpec,
+    RenderedOnUse,
     SkillItem,
+    TaskData,
     apply_op,
+    countdown_prompt_ids,
     countdown_user_text,
     extract_answer,
     generate_problems,
@@ -324,3 +328,38 @@ def test_solver_agrees_with_brute_force_on_small_random_instances() -> None:
         ops = tuple(rng.choice(SMALL_POOL) for _ in range(3))
         target = rng.randint(1, 60)
         assert (solve(ops, target) is not None) == (target in reachable(ops)), (ops, target)
+
+
+def test_training_prompts_are_rendered_when_first_read() -> None:
+    """`tasks.RenderedOnUse`: each entry rendered once, on its first read; a slice is the
+    list of the same entries; ``len``, iteration and ``==`` as on the rendered list."""
+    calls: list[int] = []
+
+    def render(x: int) -> list[int]:
+        calls.append(x)
+        return [x, x * x]
+
+    lazy = RenderedOnUse([3, 1, 4, 1, 5], render)
+    eager = [render(x) for x in [3, 1, 4, 1, 5]]
+    calls.clear()
+    assert len(lazy) == 5 and calls == []
+    assert lazy[2] == [4, 16] and lazy[-1] == [5, 25] and calls == [4, 5]
+    assert lazy[1:4] == eager[1:4] and calls == [4, 5, 1, 1]  # entry 2 kept, 1 and 3 rendered now
+    assert lazy[2] is lazy[2] and calls == [4, 5, 1, 1]
+    assert lazy[::-2] == eager[::-2] and lazy == eager and eager == lazy and list(lazy) == eager
+    assert lazy != eager[:4] and lazy != [[0]] * 5 and calls == [4, 5, 1, 1, 3]
+
+
+def test_a_trials_training_prompts_are_its_problems_rendered_in_order() -> None:
+    """`TaskData.train_prompts` renders rank ``rank``'s shuffled training problems, test items
+    removed, through `countdown_prompt_ids`: the same ids as rendering them all up front."""
+    trial = TrialConfig(optimizer={"train_prompts": 60})
+    tok = build_char_tokenizer()
+    data = TaskData.of(trial)
+    problems = data.train_problems("countdown3", data.train_items, trial.seeds.train_problems + trial.seed)
+    random.Random(trial.seed * trial.seeds.shuffle + 1).shuffle(problems)
+    prompts = data.train_prompts(tok, 1)
+    assert len(prompts) == len(problems) > 40
+    assert prompts[7:12] == [countdown_prompt_ids(tok, trial.tasks, p) for p in problems[7:12]]
+    assert prompts == [countdown_prompt_ids(tok, trial.tasks, p) for p in problems]
+    assert prompts != data.train_prompts(tok, 0)  # each rank its own order
