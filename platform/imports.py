@@ -26,12 +26,17 @@ UNUSED_INTEGRATIONS = ("sklearn", "scipy", "mlflow")
 
 
 @contextlib.contextmanager
-def without_unused_integrations(names: tuple[str, ...] = UNUSED_INTEGRATIONS) -> Iterator[None]:
+def without_unused_integrations(names: tuple[str, ...] = UNUSED_INTEGRATIONS,
+                                forget: tuple[str, ...] = ()) -> Iterator[None]:
     """Within the block, the packages ``names`` read as not installed (module docstring);
     a package already imported is left as it is. Use it around the first import of
     transformers' model classes and of DeepSpeed in a process: both remember what they
-    found (later imports of them find the answer cached)."""
+    found (later imports of them find the answer cached). ``forget``: modules that remember
+    what they found too and are dropped from ``sys.modules`` after the block when it first
+    imported them, so that a later import in the process runs them again and finds the
+    packages (`sweep.TUNE_TRACKER_MODULES`)."""
     hidden = [n for n in names if n not in sys.modules]
+    loaded_before = {m for m in forget if m in sys.modules}
     for n in hidden:
         sys.modules[n] = None  # type: ignore[assignment]  # the import system's "not importable" marker
     try:
@@ -40,3 +45,6 @@ def without_unused_integrations(names: tuple[str, ...] = UNUSED_INTEGRATIONS) ->
         for n in hidden:
             if n in sys.modules and sys.modules[n] is None:
                 del sys.modules[n]
+        for m in forget:
+            if m not in loaded_before:
+                sys.modules.pop(m, None)

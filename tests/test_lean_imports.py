@@ -65,3 +65,47 @@ def test_the_recipe_imports_without_them() -> None:
         out[hide] = run.stdout.strip().splitlines()[-1]
     assert out[True] == "[] False"
     assert out[False] == f"{sorted(UNUSED_INTEGRATIONS)} True"
+
+
+def test_a_module_that_saw_a_hidden_package_is_forgotten(tmp_path, monkeypatch) -> None:
+    """``forget``: a listed module first imported inside the block keeps what it found (None
+    for a hidden package) and is dropped after it, so the next import runs it anew and finds
+    the package; one imported before the block is kept."""
+    (tmp_path / "probe_saw.py").write_text("try:\n    import tabnanny as found\nexcept ImportError:\n    found = None\n")
+    (tmp_path / "probe_before.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for m in ("tabnanny", "probe_saw", "probe_before"):
+        sys.modules.pop(m, None)
+    before = importlib.import_module("probe_before")
+    with without_unused_integrations(("tabnanny",), forget=("probe_saw", "probe_before")):
+        assert importlib.import_module("probe_saw").found is None
+    assert "probe_saw" not in sys.modules and sys.modules["probe_before"] is before
+    assert importlib.import_module("probe_saw").found.__name__ == "tabnanny"
+
+
+_TUNE_PROBE = """
+import sys
+from ray.air._internal.usage import _count_callbacks
+from ray.tune.logger import CSVLoggerCallback
+from distillab.imports import without_unused_integrations
+from distillab.sweep import TRACKER_PACKAGES, TUNE_TRACKER_MODULES
+with without_unused_integrations(TRACKER_PACKAGES, forget=TUNE_TRACKER_MODULES):
+    counts = _count_callbacks([CSVLoggerCallback()])
+print(dict(counts), sorted(p for p in ("wandb", "mlflow") if p in sys.modules))
+from ray.air.integrations.wandb import wandb
+from ray.air.integrations.mlflow import mlflow
+print(wandb is not None, mlflow is not None)
+"""
+
+
+@pytest.mark.slow
+def test_tune_counts_a_sweeps_callbacks_without_the_trackers() -> None:
+    """What `sweep._fit` relies on for a sweep without ``tracking``: Ray Tune counts its
+    callbacks (usage statistics) without importing W&B or MLflow, and its tracker modules
+    find both afterwards (a later sweep with ``tracking`` in the same process)."""
+    missing = [n for n in ("wandb", "mlflow") if importlib.util.find_spec(n) is None]
+    if missing:
+        pytest.skip(f"not installed here: {missing}")
+    run = subprocess.run([sys.executable, "-c", _TUNE_PROBE], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-2:] == ["{'CSVLoggerCallback': 1} []", "True True"]
