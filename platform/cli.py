@@ -220,15 +220,18 @@ def _preflight(sweep, note: bool = True) -> None:
         print(f"distillab: {said}", file=sys.stderr)
 
 
-def _prepare(args, sweep):
-    """``[time] start-up`` (interpreter, imports, validation, checks), then `prepare.prepare`
-    and its ``[time]`` line; returns ``(teacher, student)`` directories."""
+def _prepare(args, sweep, ray_s: float | None = None):
+    """``[time] start-up`` (interpreter, imports, validation, checks) and, given ``ray_s``
+    (a sweep's: Ray started in those seconds, `_sweep`), ``[time] ray.init``; then
+    `prepare.prepare` and its ``[time]`` line. Returns ``(teacher, student)`` directories."""
     from distillab.prepare import prepare  # lazy: see the module docstring
     from distillab.telemetry import print_time, process_start_time
 
     started = process_start_time()
     if started is not None:
         print_time("start-up", time.time() - started)  # interpreter, imports, validation, checks
+    if ray_s is not None:
+        print_time("ray.init", ray_s, note=" (overlapped with the start-up: part of its seconds)")
     t0 = time.perf_counter()
     out = prepare(sweep, threads=args.threads, force=args.force)
     print_time("prepare", time.perf_counter() - t0)
@@ -373,8 +376,7 @@ def _run_sweep(args, sweep, verbose: int, ray_s: float, perf0: float, wall0: flo
     from distillab.sweep import completed_trials, expected_trials, resume_sweep, run_sweep
     from distillab.telemetry import STAGE_SECONDS, print_time, process_start_time
 
-    teacher, student = _prepare(args, sweep)
-    print_time("ray.init", ray_s, note=" (beside the start-up's checks and imports)")
+    teacher, student = _prepare(args, sweep, ray_s)
     t1 = time.perf_counter()
     try:
         root = resume_sweep(args.resume, teacher, student, verbose=verbose) if args.resume else \
