@@ -95,8 +95,11 @@ def _env_defaults(verbose: bool = False, local_ray: bool = False) -> None:
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     if not any(Path(d).exists() for d in GPU_DRIVER_FILES):  # no GPU driver: DeepSpeed's CPU accelerator, said
         os.environ.setdefault("DS_ACCELERATOR", "cpu")      # before anything imports it (else it warns on each run)
-    if local_ray:  # token authentication, Ray's default for a new local cluster, said before ray is imported
-        os.environ.setdefault("RAY_AUTH_MODE", "token")  # (so without its "Token authentication is enabled")
+    # token authentication, Ray's default for a new local cluster, said before ray is imported (so
+    # without its "Token authentication is enabled"); once imported (main() called in-process, as in
+    # the tests), Ray has read its mode and a new one would reach only the cluster's processes
+    if local_ray and "ray" not in sys.modules:
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     if not sys.stdout.isatty():  # a file or a pipe: Ray's worker-log prefixes without ANSI colour codes
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     if verbose:  # every line of every worker, undeduplicated

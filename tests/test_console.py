@@ -14,6 +14,7 @@ through the command line:
 from __future__ import annotations
 
 import json
+import os
 import re
 import struct
 import subprocess
@@ -363,3 +364,21 @@ def test_a_process_start_time_is_read_to_the_clock_tick() -> None:
         child.kill()
         child.wait()
     assert process_start_time(2**22 + 7) is None
+
+
+def test_token_auth_is_said_only_before_ray_reads_its_mode(monkeypatch) -> None:
+    """`distillab sweep` asks for Ray's token authentication by environment before Ray is imported;
+    in a process that imported Ray already (main() in-process), Ray has read its mode, and a new
+    one would reach the cluster's processes only (the driver then fails "InvalidAuthToken")."""
+    import ray  # noqa: F401  (imported, as in the tests that call main())
+    from distillab.cli import _env_defaults
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    _env_defaults(local_ray=True)
+    assert "RAY_AUTH_MODE" not in os.environ
+    fresh = ("import os, sys; from distillab.cli import _env_defaults; assert 'ray' not in sys.modules; "
+             "_env_defaults(local_ray=True); print(os.environ['RAY_AUTH_MODE'])")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
+    out = subprocess.run([sys.executable, "-c", fresh], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "token"
