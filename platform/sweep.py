@@ -339,20 +339,31 @@ class CalmReporter(tune.CLIReporter):
     """Tune's ``CLIReporter``, printed once the first trial runs, when a trial ends
     (finished or failed) and otherwise at most every ``max_report_frequency`` seconds,
     instead of every ``max_report_frequency`` seconds whatever happened; without
-    Tune's system lines (scheduler, logical resource usage)."""
+    Tune's system lines (scheduler, logical resource usage).
 
-    def __init__(self, *args, **kwargs):
+    A change (the first trial running, a trial ending) is printed ``settle_s`` seconds
+    after it, or at the end of the sweep, whichever comes first, so that trials which
+    start or end together (a grid's concurrent trials) share one table instead of
+    printing two near-identical ones a fraction of a second apart."""
+
+    def __init__(self, *args, settle_s: float = 2.0, **kwargs):
         super().__init__(*args, **kwargs)
         self._ended: int | None = None
+        self._changed_at: float | None = None
+        self._settle_s = settle_s
 
     def should_report(self, trials, done: bool = False) -> bool:
         if all(t.status == "PENDING" for t in trials):  # nothing to show yet
             return False
         ended = sum(t.status in ("TERMINATED", "ERROR") for t in trials)
+        now = time.time()
         if ended != self._ended:
-            self._ended, self._last_report_time = ended, time.time()
+            self._ended, self._changed_at = ended, now
+        if self._changed_at is not None and (done or now - self._changed_at >= self._settle_s):
+            self._changed_at, self._last_report_time = None, now
             return True
-        return not done and super().should_report(trials, done)
+        # Tune's periodic print, counted from the last table (none before the first one)
+        return not done and self._last_report_time > 0 and super().should_report(trials, done)
 
     def report(self, trials, done: bool, *sys_info: str) -> None:
         super().report(trials, done)

@@ -382,3 +382,35 @@ def test_token_auth_is_said_only_before_ray_reads_its_mode(monkeypatch) -> None:
     out = subprocess.run([sys.executable, "-c", fresh], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "token"
+
+
+def test_trials_that_end_together_share_one_progress_table(monkeypatch) -> None:
+    """`sweep.CalmReporter`: a change is printed settle_s after it (or at the sweep's end), so two
+    trials ending 0.4 s apart print one table, not two near-identical ones; a lone change is printed
+    once, and Tune's periodic print still comes every max_report_frequency seconds."""
+    from types import SimpleNamespace
+
+    import distillab.sweep as sweep
+
+    clock = [1000.0]
+    monkeypatch.setattr(sweep.time, "time", lambda: clock[0])
+    rep = sweep.CalmReporter(max_report_frequency=300, settle_s=2.0)
+    a, b = SimpleNamespace(status="PENDING"), SimpleNamespace(status="PENDING")
+
+    def at(t: float, done: bool = False) -> bool:
+        clock[0] = 1000.0 + t
+        return rep.should_report([a, b], done)
+
+    assert not at(0.0)                      # all pending: nothing to show
+    a.status = b.status = "RUNNING"
+    assert [at(1.0), at(2.5), at(3.0), at(3.1)] == [False, False, True, False]  # running: once, 2 s later
+    assert not at(200.0) and at(303.5) and not at(304.0)  # Tune's own print, 300 s after the last table
+    a.status = "TERMINATED"
+    assert not at(400.0)
+    b.status = "TERMINATED"
+    assert not at(400.4) and not at(402.0) and at(402.4) and not at(402.5)  # one table for both ends
+    assert not at(403.0, done=True)        # the end: already printed
+    a.status = b.status = "RUNNING"        # a change right before the end is printed at the end
+    at(500.0)
+    a.status = "ERROR"
+    assert at(500.3, done=True)
