@@ -512,6 +512,19 @@ def _log_trial_config(callback_cls, sweep: SweepConfig):
     return TrialConfigCallback
 
 
+def _WandbWithoutTuneKeys(callback_cls):
+    """Ray Tune's ``WandbLoggerCallback`` without its ``AUTO_CONFIG_KEYS``: the keys Tune adds
+    to each report (its own ``trial_id``, ``hostname``, ``pid``, ``date``, ...), which Ray's
+    callback writes into the run's config over `tracked_config`'s ``trial_id``
+    (distillab's), and neither logs them as metrics."""
+
+    class WandbWithoutTuneKeys(callback_cls):
+        AUTO_CONFIG_KEYS: list[str] = []
+        _exclude_results = [*callback_cls._exclude_results, *callback_cls.AUTO_CONFIG_KEYS]
+
+    return WandbWithoutTuneKeys
+
+
 def tracker_callbacks(sweep: SweepConfig, quiet: bool = True) -> list:
     """Ray Tune's W&B and MLflow logger callbacks for ``sweep.tracking`` (none unless it
     asks): one run per trial, named by the trial id (`trial_name`), with `tracked_config`
@@ -529,7 +542,7 @@ def tracker_callbacks(sweep: SweepConfig, quiet: bool = True) -> list:
             os.environ["WANDB_MODE"] = w.mode
         wandb_dir = Path(w.dir).expanduser().resolve() if w.dir else root / "wandb"
         wandb_dir.mkdir(parents=True, exist_ok=True)  # W&B writes its runs under <dir>/wandb/
-        out.append(_log_trial_config(WandbLoggerCallback, sweep)(
+        out.append(_log_trial_config(_WandbWithoutTuneKeys(WandbLoggerCallback), sweep)(
             project=w.project, group=w.group or sweep.name, entity=w.entity, tags=list(w.tags),
             upload_checkpoints=False, log_config=False, dir=str(wandb_dir),
             **({"mode": w.mode} if w.mode else {}), **({"settings": wandb.Settings(silent=True)} if quiet else {})))

@@ -240,6 +240,9 @@ def test_trackers_hold_every_trials_config_and_accuracy(run_locally, tmp_path: P
         tid = run["name"]
         assert run["config"]["rollout.policy"] == policy[tid] and run["config"]["optimizer.lr"] == 1e-3
         assert run["config"]["loss.kind"] == "forward" and run["config"]["seed"] == 42
+        # distillab's trial id, not Tune's, and none of the keys Tune adds to a report
+        assert run["config"]["trial_id"] == tid
+        assert not {"hostname", "pid", "node_ip", "experiment_tag", "date"} & (set(run["config"]) | set(run["summary"]))
         assert run["summary"][ACC] == pytest.approx(acc[tid]) and run["summary"]["step"] == 4
         assert run["summary"]["eval/distill/params/sparsity@1e-06"] == pytest.approx(sparsity[tid])
         assert [h["step"] for h in run["history"]] == [4, 4]  # the last step's report, then the final one
