@@ -512,15 +512,18 @@ def _log_trial_config(callback_cls, sweep: SweepConfig):
     return TrialConfigCallback
 
 
+#: What Tune adds to every report about the process that ran it (Ray's ``WandbLoggerCallback.AUTO_CONFIG_KEYS``):
+#: neither tracker logs them (Tune's ``trial_id`` would otherwise replace distillab's in W&B's config).
+TUNE_PROCESS_KEYS = ("trial_id", "experiment_tag", "node_ip", "experiment_id", "hostname", "pid", "date")
+
+
 def _WandbWithoutTuneKeys(callback_cls):
-    """Ray Tune's ``WandbLoggerCallback`` without its ``AUTO_CONFIG_KEYS``: the keys Tune adds
-    to each report (its own ``trial_id``, ``hostname``, ``pid``, ``date``, ...), which Ray's
-    callback writes into the run's config over `tracked_config`'s ``trial_id``
-    (distillab's), and neither logs them as metrics."""
+    """Ray Tune's ``WandbLoggerCallback`` without `TUNE_PROCESS_KEYS`, which Ray's callback
+    writes into the run's config over `tracked_config`'s ``trial_id`` (distillab's)."""
 
     class WandbWithoutTuneKeys(callback_cls):
         AUTO_CONFIG_KEYS: list[str] = []
-        _exclude_results = [*callback_cls._exclude_results, *callback_cls.AUTO_CONFIG_KEYS]
+        _exclude_results = [*callback_cls._exclude_results, *TUNE_PROCESS_KEYS]
 
     return WandbWithoutTuneKeys
 
@@ -555,7 +558,7 @@ def tracker_callbacks(sweep: SweepConfig, quiet: bool = True) -> list:
 
 def _mlflow_callback(sweep: SweepConfig):
     """Ray Tune's ``MLflowLoggerCallback`` logging `tracked_config` as the run's
-    parameters and each report's numbers as metrics at its ``step`` (``@`` → ``_at_``),
+    parameters and each report's numbers (not `TUNE_PROCESS_KEYS`) as metrics at its ``step`` (``@`` → ``_at_``),
     each in one ``log_batch`` call: Ray's callback writes one key per call, and a
     final report's ~200 keys then held the driver 8–20 s per result (SQLite store,
     2 busy cores), long enough for Ray 2.60's report relay to deadlock (`_await_tune_reports`)."""
@@ -583,7 +586,8 @@ def _mlflow_callback(sweep: SweepConfig):
         def log_trial_result(self, iteration: int, trial, result: dict) -> None:
             step, now = int(result.get("step", iteration)), int(time.time() * 1000)
             metrics = [Metric(k.replace("@", "_at_"), float(v), now, step) for k, v in result.items()
-                       if k != "config" and isinstance(v, (int, float)) and not isinstance(v, bool)]
+                       if k != "config" and k not in TUNE_PROCESS_KEYS and isinstance(v, (int, float))
+                       and not isinstance(v, bool)]
             self._batch(self._trial_runs[trial], metrics, "metrics")
 
     return MLflowCallback
