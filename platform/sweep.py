@@ -518,12 +518,18 @@ TUNE_PROCESS_KEYS = ("trial_id", "experiment_tag", "node_ip", "experiment_id", "
 
 
 def _WandbWithoutTuneKeys(callback_cls):
-    """Ray Tune's ``WandbLoggerCallback`` without `TUNE_PROCESS_KEYS`, which Ray's callback
-    writes into the run's config over `tracked_config`'s ``trial_id`` (distillab's)."""
+    """Ray Tune's ``WandbLoggerCallback`` whose runs' config is `tracked_config` alone: without
+    `TUNE_PROCESS_KEYS`, which Ray's callback writes into the config over `tracked_config`'s
+    ``trial_id`` (distillab's), and without each report's ``config`` (Tune's trial config: the
+    runtime context's local paths, the grid point), which its logging actor merges into the
+    run's config even with ``log_config=False``."""
 
     class WandbWithoutTuneKeys(callback_cls):
         AUTO_CONFIG_KEYS: list[str] = []
         _exclude_results = [*callback_cls._exclude_results, *TUNE_PROCESS_KEYS]
+
+        def log_trial_result(self, iteration: int, trial, result: dict) -> None:
+            super().log_trial_result(iteration, trial, {k: v for k, v in result.items() if k != "config"})
 
     return WandbWithoutTuneKeys
 

@@ -234,7 +234,7 @@ def test_trackers_hold_every_trials_config_and_accuracy(run_locally, tmp_path: P
     # its history (a row per report) and its summary (the last value of each key)
     runs = sorted((smoke_sweep / "wandb" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 2, runs
-    seen = {}
+    seen, configs = {}, {}
     for path in runs:
         run = _wandb_run(path)
         tid = run["name"]
@@ -244,6 +244,7 @@ def test_trackers_hold_every_trials_config_and_accuracy(run_locally, tmp_path: P
         assert run["config"]["trial_id"] == tid
         assert not {"hostname", "pid", "node_ip", "experiment_tag", "date"} & (set(run["config"]) | set(run["summary"]))
         assert run["summary"][ACC] == pytest.approx(acc[tid]) and run["summary"]["step"] == 4
+        configs[tid] = set(run["config"]) - {"_wandb", "trial_log_path"}  # W&B's own; Ray's: the trial's Tune folder
         assert run["summary"]["eval/distill/params/sparsity@1e-06"] == pytest.approx(sparsity[tid])
         assert [h["step"] for h in run["history"]] == [4, 4]  # the last step's report, then the final one
         seen[tid] = path
@@ -257,6 +258,8 @@ def test_trackers_hold_every_trials_config_and_accuracy(run_locally, tmp_path: P
     for r in found:
         tid = r.info.run_name
         assert r.data.params["trial_id"] == tid and r.data.params["rollout.policy"] == policy[tid]
+        # both trackers hold the trial's config and nothing else
+        assert set(r.data.params) == configs[tid], set(r.data.params) ^ configs[tid]
         assert r.data.metrics[ACC] == pytest.approx(acc[tid])
         assert r.data.metrics["eval/distill/params/sparsity_at_1e-06"] == pytest.approx(sparsity[tid])  # '@' → '_at_'
         assert "eval/distill/countdown3/pass_at_1" in r.data.metrics and "pid" not in r.data.metrics
