@@ -494,13 +494,25 @@ def tracked_config(sweep: SweepConfig):
     return config
 
 
-def _log_trial_config(callback_cls, sweep: SweepConfig):
-    """``callback_cls`` (a Tune tracker callback, which logs ``trial.config``: Tune's
-    parameters, a grid point and the runtime context) logging `tracked_config` instead."""
+#: What Tune adds to every report about the process that ran it (Ray's ``WandbLoggerCallback.AUTO_CONFIG_KEYS``):
+#: neither tracker logs them (Tune's ``trial_id`` would otherwise replace distillab's in W&B's config).
+TUNE_PROCESS_KEYS = ("trial_id", "experiment_tag", "node_ip", "experiment_id", "hostname", "pid", "date")
+
+
+def _wandb_callback(sweep: SweepConfig):
+    """Ray Tune's ``WandbLoggerCallback`` whose runs' config is `tracked_config` alone. Ray's
+    callback logs ``trial.config`` (Tune's parameters, a grid point and the runtime context);
+    it writes `TUNE_PROCESS_KEYS` into the config, over `tracked_config`'s ``trial_id``
+    (distillab's); and its logging actor merges each report's ``config`` into the run's config
+    even with ``log_config=False``. None of the three here."""
+    from ray.air.integrations.wandb import WandbLoggerCallback  # optional dependency
 
     config = tracked_config(sweep)
 
-    class TrialConfigCallback(callback_cls):
+    class WandbCallback(WandbLoggerCallback):
+        AUTO_CONFIG_KEYS: list[str] = []
+        _exclude_results = [*WandbLoggerCallback._exclude_results, *TUNE_PROCESS_KEYS]
+
         def log_trial_start(self, trial) -> None:
             params, trial.config = trial.config, config(trial.config)
             try:
@@ -508,30 +520,10 @@ def _log_trial_config(callback_cls, sweep: SweepConfig):
             finally:
                 trial.config = params
 
-    TrialConfigCallback.__name__ = TrialConfigCallback.__qualname__ = f"Distillab{callback_cls.__name__}"
-    return TrialConfigCallback
-
-
-#: What Tune adds to every report about the process that ran it (Ray's ``WandbLoggerCallback.AUTO_CONFIG_KEYS``):
-#: neither tracker logs them (Tune's ``trial_id`` would otherwise replace distillab's in W&B's config).
-TUNE_PROCESS_KEYS = ("trial_id", "experiment_tag", "node_ip", "experiment_id", "hostname", "pid", "date")
-
-
-def _WandbWithoutTuneKeys(callback_cls):
-    """Ray Tune's ``WandbLoggerCallback`` whose runs' config is `tracked_config` alone: without
-    `TUNE_PROCESS_KEYS`, which Ray's callback writes into the config over `tracked_config`'s
-    ``trial_id`` (distillab's), and without each report's ``config`` (Tune's trial config: the
-    runtime context's local paths, the grid point), which its logging actor merges into the
-    run's config even with ``log_config=False``."""
-
-    class WandbWithoutTuneKeys(callback_cls):
-        AUTO_CONFIG_KEYS: list[str] = []
-        _exclude_results = [*callback_cls._exclude_results, *TUNE_PROCESS_KEYS]
-
         def log_trial_result(self, iteration: int, trial, result: dict) -> None:
             super().log_trial_result(iteration, trial, {k: v for k, v in result.items() if k != "config"})
 
-    return WandbWithoutTuneKeys
+    return WandbCallback
 
 
 def tracker_callbacks(sweep: SweepConfig, quiet: bool = True) -> list:
@@ -544,14 +536,13 @@ def tracker_callbacks(sweep: SweepConfig, quiet: bool = True) -> list:
     t, root, out = sweep.tracking, sweep.sweep_dir(), []
     if t.wandb is not None:
         import wandb  # optional dependency
-        from ray.air.integrations.wandb import WandbLoggerCallback
 
         w = t.wandb
         if w.mode:  # Ray's callback reads the mode from the environment (offline: no API key asked for)
             os.environ["WANDB_MODE"] = w.mode
         wandb_dir = Path(w.dir).expanduser().resolve() if w.dir else root / "wandb"
         wandb_dir.mkdir(parents=True, exist_ok=True)  # W&B writes its runs under <dir>/wandb/
-        out.append(_log_trial_config(_WandbWithoutTuneKeys(WandbLoggerCallback), sweep)(
+        out.append(_wandb_callback(sweep)(
             project=w.project, group=w.group or sweep.name, entity=w.entity, tags=list(w.tags),
             upload_checkpoints=False, log_config=False, dir=str(wandb_dir),
             **({"mode": w.mode} if w.mode else {}), **({"settings": wandb.Settings(silent=True)} if quiet else {})))
