@@ -41,6 +41,8 @@ from pathlib import Path
 
 import yaml
 
+from distillab.imports import without_unused_integrations  # the standard library only: no cost at start-up
+
 
 #: Lines of Ray's forwarded worker logs that a calm console drops (``RAY_DEDUP_LOGS_SKIP_REGEX``, read
 #: when ray is imported; Ray's session logs keep them). Each is known to be harmless:
@@ -213,8 +215,6 @@ def _preflight(sweep, note: bool = True) -> None:
     and tokenizers) and, with ``note``, the bf16-on-CPU note (printed). Imports `plan` and,
     through it, what ``prepare`` and the sweep need (without the integrations distillab never
     uses: `imports.without_unused_integrations`). Raises `config.ConfigError`."""
-    from distillab.imports import without_unused_integrations  # lazy: see the module docstring
-
     with without_unused_integrations():
         from distillab.plan import bf16_cpu_note, check_checkpoints  # lazy: see the module docstring
     check_checkpoints(sweep)  # before anything starts: configs and tokenizers only
