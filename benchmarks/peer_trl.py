@@ -25,7 +25,7 @@ In-loop: each round runs ``--steps`` steps of each framework in its own fresh pr
 (so neither sees the other's threads, RNG or ``torch.distributed`` state), both from
 the initial student; the order alternates between rounds. A step is one pass of the
 training loop: distillab's `distill.run_worker` loop body (prompts, rollouts, loss,
-update, log, under a `distill.LocalSession`, so without Ray's report); TRL's time
+update, log, under a `session.LocalSession`, so without Ray's report); TRL's time
 between consecutive ``on_step_end`` callbacks (data, generation, loss, backward,
 optimizer, logging hooks). The first ``--warmup`` steps (1) of each round are a warm-up and
 not counted (with ``--compile``, 4: both frameworks compile at their first steps, TRL's
@@ -100,9 +100,10 @@ def one_rank() -> None:
 
 def distillab_worker(args, policy: str, steps: int, results_root: str):
     """A `distill.WorkerState` of the benchmark's trial (`distill.setup_trial` under a
-    `distill.LocalSession`: models, evaluation before training (cached), DeepSpeed, rollout source)."""
+    `session.LocalSession`: models, evaluation before training (cached), DeepSpeed, rollout source)."""
     from distillab.config import RuntimeContext
-    from distillab.distill import LocalSession, setup_trial
+    from distillab.distill import setup_trial
+    from distillab.session import LocalSession
 
     sweep, teacher, student, trial = _setup(args, policy, steps)
     ctx = RuntimeContext(teacher_path=str(teacher), student_path=str(student), results_root=results_root,
@@ -116,7 +117,7 @@ def distillab_step(w, step: int):
     from distillab.distill import log_step, step_metrics
     from distillab.loss import loss_step
     from distillab.optim import optimizer_step
-    from distillab.rollout import step_prompts
+    from distillab.rollout.source import step_prompts
 
     o = w.trial.optimizer
     t0 = time.perf_counter()
@@ -168,10 +169,11 @@ def _print_profile(prof, args) -> None:
 
 def _trl_rows(args, trial, teacher_path, tok):
     """The rows TRL trains on, in step order: OnPD the prompts of each step, OffPD the
-    same cached teacher rollouts distillab reads (`rollout.offpd_rollout_set`)."""
+    same cached teacher rollouts distillab reads (`rollout.source.offpd_rollout_set`)."""
     from distillab.models import load_model
-    from distillab.rollout import TransformersEngine, offpd_rollout_set, step_prompts
-    from distillab.tasks import TaskData
+    from distillab.rollout.engine import TransformersEngine
+    from distillab.rollout.source import offpd_rollout_set, step_prompts
+    from distillab.tasks.data import TaskData
 
     o = trial.optimizer
     if trial.rollout.policy == "offpd":
@@ -188,7 +190,7 @@ def _collator(pad_id: int):
     with labels on the completion tokens only."""
     import torch
 
-    from distillab.rollout import left_pad, pack_rollouts
+    from distillab.rollout.types import left_pad, pack_rollouts
 
     def collate(rows):
         prompts = [r["prompt_ids"] for r in rows]

@@ -9,7 +9,7 @@ random weights), it prints
 - tokens/s of each engine: ``--prompts`` (64) prompts x up to ``--max-tokens`` (128) new
   tokens at τ = 1, the second
   of two timed calls (the first warms the engine up), each engine in its own Ray
-  actor (`rollout.start_rollout_actor`) with all cores;
+  actor (`rollout.actor.start_rollout_actor`) with all cores;
 - engine start-up seconds (actor start to first result);
 - the time of one weight sync into the vLLM engine (`VLLMEngine.update_weights`:
   tensors through Ray's object store, ``reload_weights``, prefix-cache reset) and of
@@ -56,7 +56,7 @@ def _train_step_s(path: Path, rollouts, pad_id: int, threads: int):
     """One forward + backward + AdamW step of the model on the rollouts (token-mean
     cross-entropy on the completion tokens): ``(seconds, trained model)``."""
     from distillab.models import load_model
-    from distillab.rollout import pack_rollouts, position_ids
+    from distillab.rollout.types import pack_rollouts, position_ids
 
     torch.set_num_threads(threads)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -80,7 +80,8 @@ def bench(name: str, path: Path, eos: int, pad: int, vocab: int, threads: int, n
     calls), and for vLLM one weight sync's seconds against one training step's."""
     import ray
 
-    from distillab.rollout import SamplingParams, start_rollout_actor
+    from distillab.rollout.actor import start_rollout_actor
+    from distillab.rollout.types import SamplingParams
 
     prompts = _prompts(vocab, n_prompts)
     row = {"model": name}

@@ -45,10 +45,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer_trl  # noqa: E402  (the shared setting and the timed distillab step)
 
-from distillab.decode import StaticKVDecoder  # noqa: E402
 from distillab.loss import pack_batch  # noqa: E402
 from distillab.ops.chunked import chunked_distill_loss  # noqa: E402
-from distillab.rollout import left_pad  # noqa: E402
+from distillab.rollout.decode import StaticKVDecoder  # noqa: E402
+from distillab.rollout.types import left_pad  # noqa: E402
 
 
 def _clock() -> tuple[float, float]:

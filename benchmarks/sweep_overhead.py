@@ -70,7 +70,7 @@ def trial_phases(root: Path) -> list[dict[str, float]]:
     recorded), ``wall`` (its ``trials`` row) and ``fixed`` (trainable + wall − loop)."""
     import polars as pl
 
-    from distillab.results import load
+    from distillab.analysis.results import load
 
     res = load(root)
     rows = res.trials.select("trial_id", (pl.col("end_time") - pl.col("start_time")).alias("wall")).collect()
@@ -278,9 +278,9 @@ def loop_bound(root: Path, trials: list[dict], baseline: float | None = None) ->
     finish in less than max(Σ loop / c, longest loop) on ``c`` concurrent trials (the
     sweep's ``resources.max_concurrent_trials``; the makespan bound of c equal machines),
     after the OffPD sets that run before them. None when the sweep recorded no
-    ``runs.json`` seconds (`results.record_run`) or no loop. ``baseline``: another sweep's
+    ``runs.json`` seconds (`tables.record_run`) or no loop. ``baseline``: another sweep's
     wall seconds to print both as multiples of."""
-    from distillab.results import run_records
+    from distillab.tables import run_records
 
     runs = run_records(root)
     loops = [t["loop"] for t in trials if t["loop"] == t["loop"]]

@@ -190,16 +190,3 @@ def _compared(t: Tensor, dtype: torch.dtype | None) -> Tensor:
     if dtype is not None and t.is_floating_point():
         t = t.to(dtype)
     return t.to(torch.float64)
-
-
-#: Forgetting's inputs (PROTOCOL.md §4): the ``(task, metric)`` eval compared, and the stages before and after.
-FORGETTING_EVAL = ("ood", "ood_mean")
-FORGETTING_STAGES = ("pre", "distill")
-
-
-def forgetting(before: float, after: float) -> float:
-    """Forgetting ΔOOD = OOD mean after distillation − before (PROTOCOL.md §4):
-    negative = forgotten. ``before``/``after``: the ``ood_mean`` evals (`FORGETTING_EVAL`)
-    at the stages `FORGETTING_STAGES`, each in [0, 1]. The one definition: the final
-    report (``eval/forgetting``) and `distillab.results.forgetting` use it."""
-    return after - before

@@ -8,7 +8,7 @@
 
 Both return rows ``{task: "ood/<name>", metric, value, n}`` and a last row
 ``{task: "ood", metric: "ood_mean"}``: the unweighted mean over tasks, each value in
-[0, 1]. Forgetting is ``ood_mean`` after minus before (`distillab.evals.metrics.forgetting`).
+[0, 1]. Forgetting is ``ood_mean`` after minus before (`distillab.registry.forgetting`).
 `ood_backend(trial)` picks the backend from ``evaluation.ood_backend``.
 """
 
@@ -18,10 +18,11 @@ import os
 from typing import Any, Protocol
 
 from distillab.config import EvaluationConfig, LMEvalConfig, LMEvalTask, SeedsConfig, TasksConfig
-from distillab.countdown import SkillItem, generate_skill_items, score_skill
 from distillab.evals.sampling import sample_batched
-from distillab.rollout import SamplingParams, TransformersEngine
-from distillab.taskio import render_prompt
+from distillab.rollout.engine import TransformersEngine
+from distillab.rollout.types import SamplingParams
+from distillab.tasks.countdown import SkillItem, generate_skill_items, score_skill
+from distillab.tasks.taskio import render_prompt
 
 
 class OODBackend(Protocol):

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from distillab.rollout import RolloutEngine, SamplingParams
+from distillab.rollout.types import RolloutEngine, SamplingParams
 
 __all__ = ["Request", "sample_batched"]
 

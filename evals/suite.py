@@ -5,7 +5,7 @@
   (harder-task generalisation, same checkpoint, no further training), Countdown-4
   when listed, the multiple-choice task (``mcq_items`` > 0; task ``mcq``) and the
   long-reasoning math task (``math_items`` > 0; task ``math``, the last ``\\boxed{}``
-  checked by `distillab.math_task.score_math`);
+  checked by `distillab.tasks.math_task.score_math`);
 - coverage: pass@1 and pass@k from ``pass_n`` samples per prompt at the task's
   ``pass_temperature`` (unbiased estimator, `distillab.evals.metrics.pass_at_k`);
 - style (teacher conditioning, ``evaluation.style``): ``style_share`` of the first
@@ -19,7 +19,7 @@ report key is ``eval/<stage>/<task>/<metric>`` (`distillab.registry`). For inspe
 the first `SAMPLES_PER_TASK` accuracy completions of each Countdown, multiple-choice and
 math task (not the OOD suite's), with their prompts and rewards (1 correct, 0 not), go to
 the ``samples`` table. Test splits
-come from `distillab.tasks.TaskData` (seeded by ``tasks.test_seed``, the same for
+come from `distillab.tasks.data.TaskData` (seeded by ``tasks.test_seed``, the same for
 every trial; training prompts exclude them); the sampling seeds from
 ``trial.seeds`` (`config.SeedsConfig`).
 """
@@ -42,13 +42,15 @@ from distillab.evals.metrics import mean_pass_at_k, update_sparsity
 from distillab.evals.ood import ood_backend
 from distillab.evals.sampling import Request, sample_batched
 from distillab.evals.style import style_share
-from distillab.math_task import math_prompt_ids, score_math
-from distillab.mcq import mcq_prompt_ids, score_mcq
 from distillab.models import DTYPES
 from distillab.registry import eval_key
-from distillab.results import atomic_write_bytes, write_rows
-from distillab.rollout import SamplingParams, TransformersEngine
-from distillab.tasks import CountdownProblem, TaskData, countdown_prompt_ids, score_countdown
+from distillab.rollout.engine import TransformersEngine
+from distillab.rollout.types import SamplingParams
+from distillab.tables import atomic_write_bytes, write_rows
+from distillab.tasks.countdown import CountdownProblem, score_countdown
+from distillab.tasks.data import TaskData, countdown_prompt_ids
+from distillab.tasks.math_task import math_prompt_ids, score_math
+from distillab.tasks.mcq import mcq_prompt_ids, score_mcq
 
 log = logging.getLogger(__name__)
 

@@ -77,13 +77,15 @@ from distillab.ops.kl import (
     _check_mask,
     _check_tau,
     rollout_token_estimate_and_grad,
+    row_coefficients,
     token_divergence_and_grad,
     token_logprobs,
     topk_divergence_and_grad,
 )
+from distillab.ops.triton_kl import check_triton_usable, triton_available, triton_token_divergence_and_grad
 
 __all__ = ["ChunkedOutput", "RowEstimator", "chunked_distill_loss", "estimator_rows", "pad_vocab",
-           "row_coefficients", "check_vocab_sizes", "token_logprobs_from_hidden"]
+           "check_vocab_sizes", "token_logprobs_from_hidden"]
 
 BACKENDS = ("auto", "torch", "triton")
 #: Fewest rows per chunk by default: ∂L/∂W_S += Gᵀ h_S reads and writes the (V, H) accumulator once per
@@ -154,54 +156,6 @@ def pad_vocab(weight: Tensor, new_size: int, bias: Tensor | None = None) -> tupl
     w = torch.cat([weight, weight.new_zeros(extra, H)]) if extra else weight
     b = torch.cat([bias, bias.new_full((extra,), float("-inf"))]) if extra else bias
     return w, b
-
-
-# --------------------------------------------------------------------- row coefficients
-
-
-def row_coefficients(
-    seq_index: Tensor,
-    num_seqs: int,
-    *,
-    reduction: str = "seq_mean",
-    weights: Tensor | None = None,
-    dtype: torch.dtype = torch.float64,
-) -> Tensor:
-    """The c_i of the module docstring: ``reduce_loss(D, mask)`` = Σ_i c_i D_i.
-
-    Args:
-        seq_index: (N,) int64, the sequence (0 ≤ b < num_seqs) of each selected row.
-        num_seqs: B, the number of sequences (weights has B entries).
-        reduction: ``"seq_mean"`` | ``"token_mean"`` | ``"sum"`` (as ``reduce_loss``).
-        weights: optional (B,) per-sequence weights, detached; entries of sequences
-            without rows are ignored (may be NaN).
-        dtype: dtype of the result.
-
-    Returns:
-        (N,) tensor of coefficients, no grad.
-    """
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduction!r}; allowed values: {', '.join(map(repr, REDUCTIONS))}")
-    if seq_index.dim() != 1 or seq_index.dtype not in (torch.int64, torch.int32):
-        raise ValueError(f"seq_index must be a 1-D integer tensor, got {seq_index.dtype} {tuple(seq_index.shape)}")
-    n = seq_index.shape[0]
-    if n and (int(seq_index.min()) < 0 or int(seq_index.max()) >= num_seqs):
-        raise ValueError(f"seq_index values must be in [0, {num_seqs}), got [{int(seq_index.min())}, {int(seq_index.max())}]")
-    with torch.no_grad():
-        if reduction == "seq_mean":
-            counts = torch.bincount(seq_index, minlength=num_seqs).to(dtype)  # (B,)
-            k = (counts > 0).sum().clamp_min(1).to(dtype)
-            coef = 1.0 / (counts[seq_index] * k)
-        elif reduction == "token_mean":
-            coef = torch.full((n,), 1.0 / max(n, 1), dtype=dtype, device=seq_index.device)
-        else:
-            coef = torch.ones(n, dtype=dtype, device=seq_index.device)
-        if weights is not None:
-            if not isinstance(weights, Tensor) or tuple(weights.shape) != (num_seqs,):
-                got = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
-                raise ValueError(f"weights must have shape (B,) = ({num_seqs},), got {got}")
-            coef = coef * weights.detach().to(device=coef.device, dtype=dtype)[seq_index]
-    return coef
 
 
 # ---------------------------------------------------------------------- autograd.Function
@@ -282,11 +236,7 @@ def _row_block(V: int, chunk: int) -> int:
 
 
 def _row_fn(backend: str):
-    if backend == "torch":
-        return token_divergence_and_grad
-    from distillab.ops.triton_kl import triton_token_divergence_and_grad
-
-    return triton_token_divergence_and_grad
+    return token_divergence_and_grad if backend == "torch" else triton_token_divergence_and_grad
 
 
 class RowEstimator(NamedTuple):
@@ -504,14 +454,8 @@ def _pick_backend(backend: str, triton_fits: bool, device: torch.device) -> str:
     """``"auto"``: Triton where it fits (``triton_fits``: estimator full, CUDA, float32) and
     imports, torch otherwise; ``"triton"`` is checked usable on ``device`` (RuntimeError)."""
     if backend == "auto":
-        if triton_fits:
-            from distillab.ops.triton_kl import triton_available
-
-            return "triton" if triton_available() else "torch"
-        return "torch"
+        return "triton" if triton_fits and triton_available() else "torch"
     if backend == "triton":
-        from distillab.ops.triton_kl import check_triton_usable
-
         check_triton_usable(device)
     return backend
 

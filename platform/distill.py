@@ -4,8 +4,8 @@
 
     setup     models, resume, evaluation before training (stage ``pre``), DeepSpeed
               engine, training prompts, rollout source          (`setup_trial`)
-    per step  prompts   the rank's window of its prompt list    (`rollout.step_prompts`)
-              rollouts  OffPD / OnPD / π_λ, cached or sampled   (`rollout.RolloutSource`)
+    per step  prompts   the rank's window of its prompt list    (`rollout.source.step_prompts`)
+              rollouts  OffPD / OnPD / π_λ, cached or sampled   (`rollout.source.RolloutSource`)
               loss      teacher + student forward, divergence   (`loss.loss_step`)
               update    backward, unclipped grad norm, clip, step (`optim.optimizer_step`)
               sync      OnPD: new weights into the vLLM engine  (`RolloutSource.sync`)
@@ -14,8 +14,9 @@
               optional RLVR stage (`rlvr.run_rlvr_stage`) and its evaluation, the
               final report and the final student checkpoint     (`finish`)
 
-The loop talks to Ray only through a `Session` (rank, world size, checkpoint to resume from, ``report``):
-`RaySession` in a ``TorchTrainer`` or a Tune trial actor, `LocalSession` in one process (tests/test_golden.py).
+The loop talks to Ray only through a `session.Session` (rank, world size, checkpoint to resume from,
+``report``): `session.RaySession` in a ``TorchTrainer`` or a Tune trial actor, `session.LocalSession` in
+one process (tests/test_golden.py).
 With ``optimizer.checkpoint_every`` a restarted worker group resumes from the latest
 checkpoint exactly: weights, step, AdamW moments and master weights, LR schedule, the
 random streams and the gradient masks (`optim.save_checkpoint`; tests/test_resume.py).
@@ -26,15 +27,12 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Sequence
 
-import ray.train
-import ray.tune
 import torch
 
 from distillab.config import RuntimeContext, TrialConfig
@@ -44,84 +42,23 @@ from distillab.models import (DTYPES, bf16_matmuls, check_lm_heads, check_same_v
                               load_tokenizer)
 from distillab.optim import (Resume, TouchedParameters, engine_state, gathered_for_generation, load_checkpoint,
                              load_engine_state, optimizer_step, rng_state, save_checkpoint, set_rng_state, setup_engine)
-from distillab.results import report_metrics, with_forgetting
+from distillab.registry import with_forgetting
 from distillab.rlvr import run_rlvr_stage
-from distillab.rollout import RolloutSource, Rollouts, TeacherPrompts, step_prompts
-from distillab.tasks import TaskData
+from distillab.rollout.source import RolloutSource, TeacherPrompts, step_prompts
+from distillab.rollout.types import Rollouts
+from distillab.session import RaySession, Session
+from distillab.tables import report_metrics
+from distillab.tasks.data import TaskData
 from distillab.telemetry import MetricsLog, RayGauges, TrialTimes, quiet_report_log
 
-__all__ = ["Session", "RaySession", "LocalSession", "WorkerState", "setup_models", "setup_trial", "step_metrics",
+__all__ = ["WorkerState", "setup_models", "setup_trial", "step_metrics",
            "log_step", "finish", "run_worker", "train_loop_per_worker", "loss_step"]
+
+
 
 log = logging.getLogger(__name__)
 
 WORKER_ENV = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-class Session(Protocol):
-    """What the recipe needs from its runner: this worker's ``rank`` and the ``world``
-    size, `restore` (``load(directory)`` of the checkpoint to resume from, or None),
-    `report` (metrics and, optionally, a checkpoint directory the session may delete
-    afterwards) and `gauges` (Ray gauges, or None)."""
-
-    rank: int
-    world: int
-
-    def restore(self, load: Callable[[Path], Any]) -> Any: ...
-
-    def report(self, metrics: dict[str, float], checkpoint: Path | None = None) -> None: ...
-
-    def gauges(self, trial_id: str) -> RayGauges | None: ...
-
-
-class RaySession:
-    """`Session` inside a Ray Train worker (``ray.train.get_context`` / ``get_checkpoint`` /
-    ``report``). Every rank passes the checkpoint directory it wrote (rank 0 the weights,
-    each rank its training state; Ray Train merges them into one checkpoint), removed once Ray
-    copied it. ``local_mode`` (`sweep.train_in_trial_actor`): rank 0 of 1, the calls on ``ray.tune``."""
-
-    def __init__(self, local_mode: bool = False):
-        self.api, ctx = (ray.tune, None) if local_mode else (ray.train, ray.train.get_context())
-        self.rank, self.world = (0, 1) if ctx is None else (ctx.get_world_rank(), ctx.get_world_size())
-
-    def restore(self, load: Callable[[Path], Any]) -> Any:
-        ckpt = self.api.get_checkpoint()
-        if ckpt is None:
-            return None
-        with ckpt.as_directory() as d:
-            return load(Path(d))
-
-    def report(self, metrics: dict[str, float], checkpoint: Path | None = None) -> None:
-        wrote = checkpoint is not None and any(Path(checkpoint).iterdir())
-        ckpt = self.api.Checkpoint.from_directory(str(checkpoint)) if wrote else None
-        self.api.report(metrics, checkpoint=ckpt)
-        if checkpoint is not None:
-            shutil.rmtree(checkpoint, ignore_errors=True)
-
-    def gauges(self, trial_id: str) -> RayGauges | None:
-        return RayGauges(trial_id)
-
-
-@dataclass
-class LocalSession:
-    """`Session` of one process (rank 0 of 1): keeps every report in ``reports``, resumes
-    from ``resume_from`` (a checkpoint directory) when given, no gauges."""
-
-    resume_from: str | Path | None = None
-    reports: list[dict[str, float]] = field(default_factory=list)
-    rank: int = 0
-    world: int = 1
-
-    def restore(self, load: Callable[[Path], Any]) -> Any:
-        return None if self.resume_from is None else load(Path(self.resume_from))
-
-    def report(self, metrics: dict[str, float], checkpoint: Path | None = None) -> None:
-        self.reports.append(dict(metrics))
-        if checkpoint is not None:
-            shutil.rmtree(checkpoint, ignore_errors=True)
-
-    def gauges(self, trial_id: str) -> None:
-        return None
 
 
 def setup_models(ctx: RuntimeContext, trial: TrialConfig) -> tuple[Any, Any, Any]:
@@ -151,7 +88,7 @@ class WorkerState:
     evaluator: Evaluator
     init_state: dict
     start_step: int
-    prompts: Sequence[list[int]]  # `tasks.RenderedOnUse`: each rendered when first read
+    prompts: Sequence[list[int]]  # `tasks.data.RenderedOnUse`: each rendered when first read
     per_worker: int
     source: RolloutSource
     gen: torch.Generator
@@ -178,7 +115,7 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
     """Setup: models (in ``trial.precision``; gradient checkpointing and ``resources.compile``
     by `models.configure_passes`), the checkpoint to resume from, the evaluation before
     training (rank 0 of a fresh start; shared across the sweep's trials through
-    `pre_eval_path`), the DeepSpeed engine, the rank's training prompts (`tasks.TaskData`),
+    `pre_eval_path`), the DeepSpeed engine, the rank's training prompts (`tasks.data.TaskData`),
     the rollout source, the loss generator and the gradient masks of ``sparsity_touched``.
     A resumed worker continues exactly (`optim.load_checkpoint`): its engine's AdamW,
     master weights and LR schedule, the masks and, last, every random stream

@@ -33,16 +33,10 @@ import torch
 import torch.nn.functional as F
 
 from distillab.config import LossConfig, TrialConfig
-from distillab.ops.chunked import (
-    chunked_distill_loss,
-    estimator_rows,
-    pad_vocab,
-    row_coefficients,
-    token_logprobs_from_hidden,
-)
-from distillab.ops.kl import STAT_NAMES, engine_mismatch_weights, estimator_loss, token_stats
+from distillab.ops.chunked import chunked_distill_loss, estimator_rows, pad_vocab, token_logprobs_from_hidden
+from distillab.ops.kl import STAT_NAMES, engine_mismatch_weights, estimator_loss, row_coefficients, token_stats
 from distillab.ops.oracle import chunked_oracle, logits_oracle
-from distillab.rollout import Rollouts, engine_logprobs, model_device, pack_rollouts, position_ids
+from distillab.rollout.types import Rollouts, engine_logprobs, model_device, pack_rollouts, position_ids
 
 __all__ = ["Batch", "Forward", "LossOutput", "LOSSES", "DIAGNOSTICS", "pack_batch", "forward", "loss_impl",
            "oracle_due", "oracle", "importance_weights", "diagnostics", "loss_step"]

@@ -224,8 +224,8 @@ def configure_passes(student: PreTrainedModel, teacher: PreTrainedModel, *, grad
       each model's transformer, ``base_model``, through ``nn.Module.compile``: parameter
       names, state dicts and checkpoints are unchanged. The loss's teacher forward and
       student forward and backward call these modules (`loss.forward`); sampling with
-      `decode.StaticKVDecoder` reads the weights and stays eager (models it does not take,
-      `decode.static_decode_supported`, sample with ``generate()``, which then calls the
+      `rollout.decode.StaticKVDecoder` reads the weights and stays eager (models it does not take,
+      `rollout.decode.static_decode_supported`, sample with ``generate()``, which then calls the
       compiled transformer). A process compiles once, at its first training steps (dynamo
       reuses the graphs for the next trial's models in a reused process; one line on the
       console says so); the values equal the eager passes to float32 rounding

@@ -40,13 +40,21 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from distillab.config import ConfigError, SweepConfig, TrialConfig
-from distillab.math_task import math_prompt_ids, math_test_split
-from distillab.mcq import mcq_prompt_ids, mcq_test_split
-from distillab.models import (bf16_in_float32, build_char_tokenizer, check_lm_heads, check_same_vocab,
-                              load_tokenizer, micro_llama_config)
+from distillab.models import (
+    bf16_in_float32,
+    build_char_tokenizer,
+    check_lm_heads,
+    check_same_vocab,
+    load_tokenizer,
+    micro_llama_config,
+)
 from distillab.prepare import prepare_key, refined_teacher_dir
 from distillab.sweep import expected_trials
-from distillab.tasks import countdown_prompt_ids, countdown_test_split, generate_skill_items, render_prompt
+from distillab.tasks.countdown import generate_skill_items
+from distillab.tasks.data import countdown_prompt_ids, countdown_test_split
+from distillab.tasks.math_task import math_prompt_ids, math_test_split
+from distillab.tasks.mcq import mcq_prompt_ids, mcq_test_split
+from distillab.tasks.taskio import render_prompt
 
 __all__ = ["ASSUMED_TFLOPS", "LM_EVAL_TOKENS_PER_ITEM", "CheckpointError", "Role", "Cluster", "Placement",
            "Estimate", "check_checkpoints", "placement", "estimate", "bf16_cpu_note", "dry_run"]

@@ -31,13 +31,15 @@ from transformers import LlamaForCausalLM
 
 from distillab.config import EvaluationConfig, MicroModelConfig, SweepConfig, cache_key
 from distillab.evals.suite import Evaluator
-from distillab.math_task import math_prompt_ids, math_target_text
-from distillab.mcq import mcq_prompt_ids, mcq_target_text
 from distillab.models import build_char_tokenizer, load_model, load_tokenizer, micro_llama_config
 from distillab.optim import TorchStepper, rlvr_schedule
 from distillab.rlvr import lora_policy, run_rlvr
 from distillab.sft import Example, sft_train
-from distillab.tasks import TaskData, countdown_prompt_ids, generate_skill_items, render_prompt, render_solution, solve
+from distillab.tasks.countdown import generate_skill_items, render_solution, solve
+from distillab.tasks.data import TaskData, countdown_prompt_ids
+from distillab.tasks.math_task import math_prompt_ids, math_target_text
+from distillab.tasks.mcq import mcq_prompt_ids, mcq_target_text
+from distillab.tasks.taskio import render_prompt
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,7 @@ def scored_evaluation(sweep: SweepConfig) -> EvaluationConfig:
 
 
 def _exclusion(sweep: SweepConfig, mcq: bool, math: bool = False) -> dict:
-    """The test splits a prepared model must not train on (`tasks.TaskData.excluded` of
+    """The test splits a prepared model must not train on (`tasks.data.TaskData.excluded` of
     `scored_evaluation`; the multiple-choice and math splits when it trains on those tasks),
     for its key."""
     ev = scored_evaluation(sweep)

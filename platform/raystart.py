@@ -41,7 +41,7 @@ def init_ray(address: str | None, dashboard: bool, num_cpus: int | None = None, 
     env_vars = {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
     if verbose < 2:
         env_vars.update({k: os.environ.get(k, v) for k, v in QUIET_WORKER_ENV.items()})
-    # a rollout actor's vLLM: quiet at the default console (`rollout.quiet_vllm`), all of it with --verbose
+    # a rollout actor's vLLM: quiet at the default console (`rollout.actor.quiet_vllm`), all of it with --verbose
     env_vars["VLLM_LOGGING_LEVEL"] = os.environ.get("VLLM_LOGGING_LEVEL", "ERROR" if verbose < 2 else "INFO")
     if cpu_only:
         env_vars["DS_ACCELERATOR"] = os.environ.get("DS_ACCELERATOR", "cpu")

@@ -18,8 +18,14 @@ Where a key appears (``Metric.scope``):
 - ``table``: the ``metrics`` table only (``resume/start_step``).
 
 Adding a key is one line: ``register("kl/jsd", "loss.loss_step", "…")``.
-This module imports no other distillab module but the task names of `countdown`,
-so anything may read it (`config` included).
+
+The names the rest of the code spells the same way live here too: the Countdown tasks
+(`COUNTDOWN_TASKS`), the prior skills of the micro OOD suite (`SKILL_NAMES`), the
+divergences and their estimators (`KINDS`, `ESTIMATORS`, `TOPK_SOURCES`, with the rule
+`check_estimator` that the config, the ops and the chunked path all call), and
+forgetting (`forgetting`, `with_forgetting`: the one definition of ``eval/forgetting``).
+This module imports no other distillab module and no torch, so anything may read it
+(`config`, `ops` and `analysis` included).
 """
 
 from __future__ import annotations
@@ -27,10 +33,52 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from distillab.countdown import COUNTDOWN_TASKS, SKILL_NAMES
-
 __all__ = ["Metric", "METRICS", "PLACEHOLDERS", "register", "find", "require", "check_report_metric",
-           "training_keys", "gauges", "REPORTER_COLUMNS", "FORGETTING_KEY", "eval_key", "SCOPES"]
+           "training_keys", "gauges", "REPORTER_COLUMNS", "FORGETTING_KEY", "FORGETTING_EVAL", "FORGETTING_STAGES",
+           "forgetting", "with_forgetting", "eval_key", "SCOPES", "COUNTDOWN_TASKS", "SKILL_NAMES", "KINDS",
+           "SAMPLED_KINDS", "ESTIMATORS", "ROLLOUT_ESTIMATORS", "TOPK_SOURCES", "check_choice", "check_estimator"]
+
+#: The Countdown variants a trial can score (`config.TasksConfig` holds one `CountdownTaskConfig` each;
+#: `tasks.countdown` generates and verifies them; PROTOCOL.md §5).
+COUNTDOWN_TASKS: tuple[str, ...] = ("countdown2", "countdown3", "countdown4e", "countdown4")
+#: The prior skills of the micro OOD suite (`tasks.countdown.SKILLS` generates them; PROTOCOL.md §8).
+SKILL_NAMES: tuple[str, ...] = ("add", "mul", "reverse", "sort")
+
+#: Token-level divergences (PROTOCOL.md §2): forward KL(π_T‖π_S), reverse KL(π_S‖π_T), generalised JSD(β).
+KINDS: tuple[str, ...] = ("forward", "reverse", "jsd")
+#: The divergences the paper's single-sampled-token estimators exist for (PROTOCOL.md §2).
+SAMPLED_KINDS: tuple[str, ...] = ("forward", "reverse")
+#: Estimators of the divergence (`ops.kl.estimator_loss`): the full vocabulary (the oracle), the paper's
+#: single sampled token, top-k over a support, and the k1/k2/k3 rollout-token estimators of the reverse KL.
+ESTIMATORS: tuple[str, ...] = ("full", "sampled", "topk", "k1", "k2", "k3")
+#: The k1/k2/k3 estimators (Schulman's), which estimate the reverse KL from the rollout's own tokens.
+ROLLOUT_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
+#: Whose top-k tokens form the support of the ``topk`` estimator.
+TOPK_SOURCES: tuple[str, ...] = ("teacher", "student", "union")
+
+
+def check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
+    """Raise ValueError naming ``what``, the value and the allowed values unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r}; allowed values: {', '.join(map(repr, allowed))}")
+
+
+def check_estimator(estimator: str, kind: str) -> None:
+    """The estimator/kind rule, in one place (`config.LossConfig`, `ops.kl.estimator_loss` and
+    `ops.chunked.chunked_distill_loss` call it): ``estimator`` one of `ESTIMATORS`, ``kind`` one of
+    `KINDS`; ``sampled`` exists for forward and reverse KL only (PROTOCOL.md §2); k1, k2 and k3 estimate
+    the reverse KL, so they need ``kind`` reverse.
+
+    Raises:
+        ValueError: an unknown estimator or kind (names the allowed values), or a pair the rule excludes."""
+    check_choice("estimator", estimator, ESTIMATORS)
+    check_choice("divergence kind", kind, KINDS)
+    if estimator == "sampled" and kind not in SAMPLED_KINDS:
+        raise ValueError(f"estimator 'sampled' exists for kind {' and '.join(map(repr, SAMPLED_KINDS))} only "
+                         f"(got {kind!r})")
+    if estimator in ROLLOUT_ESTIMATORS and kind != "reverse":
+        raise ValueError(f"estimator {estimator!r} estimates the reverse KL KL(π_S‖π_T); kind must be 'reverse', "
+                         f"got {kind!r}")
 
 SCOPES = ("step", "rlvr", "final", "table")
 
@@ -112,8 +160,8 @@ register("estimator/grad_cos_reverse", _ORACLE, "cosine between the estimator's 
 register("rollout/length", "distill.step_metrics", "mean completion length (tokens)")
 register("rollout/tokens_per_s", "distill.step_metrics", "completion tokens sampled per second (fresh rollouts)",
          gauge="distillab_rollout_tokens_per_s")
-register("rollout/student_loglik", "rollout.SpectrumEngine", "mean per-token log π_S of the λ-spectrum rollouts")
-register("rollout/teacher_loglik", "rollout.SpectrumEngine", "mean per-token log π_T of the λ-spectrum rollouts")
+register("rollout/student_loglik", "rollout.spectrum.SpectrumEngine", "mean per-token log π_S of the λ-spectrum rollouts")
+register("rollout/teacher_loglik", "rollout.spectrum.SpectrumEngine", "mean per-token log π_T of the λ-spectrum rollouts")
 register("time/step_s", "distill.step_metrics", "wall seconds of the step")
 register("time/rollout_s", "distill.step_metrics", "wall seconds spent getting the step's rollouts")
 register("time/sync_s", "distill.step_metrics", "wall seconds of the OnPD weight sync into the vLLM engine")
@@ -170,10 +218,22 @@ for _key, _producer, _doc in (
 ):
     register(_key, _producer, _doc, scope="final")
 
-#: Forgetting (PROTOCOL.md §4): ``evals.metrics.forgetting`` of the OOD mean before and after distillation.
+#: Forgetting (PROTOCOL.md §4): `forgetting` of the OOD mean before and after distillation.
 FORGETTING_KEY = "eval/forgetting"
-register(FORGETTING_KEY, "evals.metrics.forgetting", "OOD mean after distillation − before (negative = forgotten)",
+register(FORGETTING_KEY, "registry.with_forgetting", "OOD mean after distillation − before (negative = forgotten)",
          scope="final")
+#: Forgetting's inputs (PROTOCOL.md §4): the ``(task, metric)`` eval compared, and the stages before and after.
+FORGETTING_EVAL = ("ood", "ood_mean")
+FORGETTING_STAGES = ("pre", "distill")
+
+
+def forgetting(before, after):
+    """Forgetting ΔOOD = OOD mean after distillation − before (PROTOCOL.md §4):
+    negative = forgotten. ``before``/``after``: the ``ood_mean`` evals (`FORGETTING_EVAL`)
+    at the stages `FORGETTING_STAGES`, each in [0, 1] (floats, or Polars expressions:
+    `analysis.results.forgetting` applies it to columns). The one definition: the final
+    report (`with_forgetting`) and `analysis.results.forgetting` use it."""
+    return after - before
 
 
 def eval_key(stage: str, task: str, metric: str) -> str:
@@ -233,3 +293,13 @@ REPORTER_COLUMNS: dict[str, str] = {
         ("rollout/tokens_per_s", "tok/s"), ("eval/distill/countdown3/accuracy", "acc"), (FORGETTING_KEY, "dOOD"),
     )
 }
+
+
+def with_forgetting(report: dict[str, float]) -> dict[str, float]:
+    """``report`` (``eval/<stage>/<task>/<metric>`` keys) plus ``eval/forgetting``
+    (`forgetting` of the OOD means before and after) when both are there."""
+    (task, metric), (before, after) = FORGETTING_EVAL, FORGETTING_STAGES
+    pre, post = report.get(eval_key(before, task, metric)), report.get(eval_key(after, task, metric))
+    if pre is None or post is None:
+        return dict(report)
+    return {**report, FORGETTING_KEY: forgetting(pre, post)}

@@ -28,27 +28,18 @@ from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 from distillab.config import RuntimeContext, SeedsConfig, TrialConfig
 from distillab.ops.kl import token_logprobs
 from distillab.optim import TorchStepper, rlvr_schedule, setup_engine
-from distillab.rollout import (  # noqa: F401  (ActorSampler, policy_weights: re-exported)
-    ActorSampler,
-    Rollouts,
-    SamplingParams,
-    TransformersEngine,
-    engine_logprobs,
-    model_device,
-    pack_rollouts,
-    policy_weights,
-    position_ids,
-    resolve_engine,
-    start_vllm_actor,
-)
-from distillab.tasks import CountdownProblem, TaskData, countdown_prompt_ids, extract_answer, score_countdown
+from distillab.rollout.actor import ActorSampler, policy_weights, resolve_engine, start_vllm_actor
+from distillab.rollout.engine import TransformersEngine
+from distillab.rollout.types import Rollouts, SamplingParams, engine_logprobs, model_device, pack_rollouts, position_ids
+from distillab.tasks.countdown import CountdownProblem, extract_answer, score_countdown
+from distillab.tasks.data import TaskData, countdown_prompt_ids
 from distillab.telemetry import MetricsLog
 
 
 def countdown_reward(completion: str, problem: CountdownProblem, *, correct: float = 2.0,
                      format_reward: float = 0.0) -> float:
     """Reward of one completion (PROTOCOL.md §6): ``correct`` (2.0) when the verifier
-    accepts its ``<answer>`` (`tasks.score_countdown`; model text is parsed, never
+    accepts its ``<answer>`` (`tasks.countdown.score_countdown`; model text is parsed, never
     evaluated), else 0, plus ``format_reward`` (≤ 0.5) when it has exactly one
     ``<answer>...</answer>`` block.
 
@@ -327,11 +318,11 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
     ``rlvr/ratio_mean``, ``rlvr/kl``, ``rlvr/grad_norm``, ``rlvr/lr`` and
     ``rlvr/sampler_logp_gap``: the mean over completion tokens of log π_old − the
     sampler's logprob: 0 when the sampler holds the trained weights and reports
-    log softmax(z/τ) before top-p (`rollout.TransformersEngine`; measured |gap| < 3e-7 on
+    log softmax(z/τ) before top-p (`rollout.engine.TransformersEngine`; measured |gap| < 3e-7 on
     the micro RLVR sweep), or at ``top_p`` 1; vLLM reports logprobs after top-p, so there
     it is the log of the kept nucleus mass (≤ 0) below top-p 1. A stale engine shows here.
     Returns the per-step metrics.
-    ``sampler`` (default: a `rollout.TransformersEngine` over ``stepper.module``, which
+    ``sampler`` (default: a `rollout.engine.TransformersEngine` over ``stepper.module``, which
     always samples with the current weights) is any object with
     ``generate(prompt_ids, SamplingParams) -> Rollouts`` and ``sync(module)``, called
     before each step's sampling (`ActorSampler`: the vLLM engine).
@@ -399,7 +390,7 @@ def run_rlvr_stage(trial: TrialConfig, ctx: RuntimeContext, engine, tok, trial_i
     The stage trains ``engine.module`` itself, its LoRA wrapper (``rlvr.lora``; merged
     back afterwards) or, with ``rlvr.lora.load_in_4bit``, adapters on a 4-bit copy
     whose trained policy is written back (`lora_policy`). With ``rlvr.engine`` resolving
-    to vLLM the samples come from a `rollout.RolloutActor` started from the student's
+    to vLLM the samples come from a `rollout.actor.RolloutActor` started from the student's
     checkpoint and synced to the trained weights before every step (`ActorSampler`),
     else from the module itself. With W workers each samples ``prompts_per_step / W``
     prompts of a disjoint stride (the sweep checks divisibility) and DeepSpeed averages

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from distillab.optim import lr_lambda
-from distillab.rollout import model_device, pack_rollouts, position_ids
+from distillab.rollout.types import model_device, pack_rollouts, position_ids
 
 log = logging.getLogger(__name__)
 

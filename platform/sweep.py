@@ -18,14 +18,14 @@ interrupted sweep with ``Tuner.restore``.
 Results land under ``<storage_path>/<name>/``: ``sweep.json`` (the validated
 config, for ``--resume``), the Tune experiment (``tune/``), the Train runs
 (``train/<trial_id>``) and the Parquet tables (``trials``, ``metrics``, ``evals``)
-that `distillab.results.load` reads.
+that `distillab.analysis.results.load` reads.
 
 Console (``verbose``, `raystart.init_ray`): at the default level a sweep prints Tune's
 progress table when a trial changes status (`CalmReporter`), one line per finished
 stage of each trial (`evals.suite.evaluate_stage`) and errors; Ray Train's INFO
 logs, Hugging Face progress bars, Ray's known-harmless warnings and a rollout actor's
 vLLM start-up notes stay out of it (the CLI's ``RAY_DEDUP_LOGS_SKIP_REGEX``,
-`rollout.quiet_vllm`; everything stays in Ray's session logs).
+`rollout.actor.quiet_vllm`; everything stays in Ray's session logs).
 ``verbose=2`` (``distillab sweep --verbose``) brings all of it back. Trackers:
 Tune's W&B and MLflow logger callbacks when the YAML's ``tracking`` section asks
 (`tracker_callbacks`); Tune's own CSV and JSON loggers always, its TensorBoard
@@ -72,10 +72,11 @@ from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 from tqdm.auto import tqdm
 
+from distillab.analysis.results import load, pareto_front, trial_metrics
 from distillab.config import RuntimeContext, SweepConfig, TrialConfig, apply_point, point_of
 from distillab.imports import without_unused_integrations
 from distillab.registry import REPORTER_COLUMNS
-from distillab.results import load, pareto_front, report_metrics, trial_metrics, write_rows
+from distillab.tables import report_metrics, write_rows
 from distillab.telemetry import TrialTimes, print_time
 
 log = logging.getLogger(__name__)
@@ -249,13 +250,14 @@ def train_in_trial_actor(config: dict[str, Any]) -> None:
     """`distill.train_loop_per_worker` in the calling Tune trial actor (``resources.local_mode``;
     Ray Train's local mode, ``ScalingConfig(num_workers=0)``, runs the train function in-process
     the same way but keeps its reports from Tune): a one-process ``torch.distributed`` group
-    (`optim.init_single_process_group`), then the recipe with a local-mode `distill.RaySession`.
+    (`optim.init_single_process_group`), then the recipe with a local-mode `session.RaySession`.
     ``config`` as for `train_loop_per_worker`. The recipe is imported here, in the actor (see the
     module docstring's lazy imports)."""
     import torch  # lazy, with the recipe: see the module docstring
 
     with without_unused_integrations():
-        from distillab.distill import RaySession, run_worker
+        from distillab.distill import run_worker
+        from distillab.session import RaySession
         from distillab.optim import init_single_process_group
 
     init_single_process_group()
@@ -425,13 +427,14 @@ def build_search(sweep: SweepConfig):
 
 def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: int | None = None) -> int:
     """Generate, before any trial starts, the OffPD rollout sets that the sweep's
-    trials with ``rollout.offpd_reuse`` will read (`rollout.offpd_rollout_set`),
-    each distinct set once, in a `rollout.RolloutActor` of the configured engine
+    trials with ``rollout.offpd_reuse`` will read (`rollout.source.offpd_rollout_set`),
+    each distinct set once, in a `rollout.actor.RolloutActor` of the configured engine
     with all ``threads`` (default: the machine's cores). Sets already cached are
     skipped. Ray must be initialised. Returns how many sets were generated (a
     progress bar over them on a terminal)."""
     from distillab.models import load_tokenizer  # lazy: see the module docstring
-    from distillab.rollout import offpd_rollout_path, offpd_rollout_set, resolve_engine, start_rollout_actor
+    from distillab.rollout.actor import resolve_engine, start_rollout_actor
+    from distillab.rollout.source import offpd_rollout_path, offpd_rollout_set
 
     world = sweep.resources.num_workers
     todo: dict[Path, tuple[TrialConfig, int]] = {}

@@ -16,7 +16,7 @@ from pathlib import Path
 from ray.util.metrics import Gauge
 
 from distillab.registry import gauges
-from distillab.results import write_rows
+from distillab.tables import write_rows
 
 __all__ = ["MetricsLog", "RayGauges", "TrialTimes", "process_start_time", "quiet_report_log", "print_time",
            "STAGE_SECONDS"]

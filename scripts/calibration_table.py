@@ -13,7 +13,7 @@ after distillation.
 Prints a Markdown table (one row per trial, sorted by policy, KL, master weights, LR).
 ``--rlvr``: one row per trial with an RLVR stage instead: its λ, KL, distillation and RLVR
 LRs, the mean training reward over the stage's first and last ``--window`` steps
-(`results.rlvr_reward_summary`) and Countdown-3 accuracy, Countdown-4E pass@10 and
+(`analysis.results.rlvr_reward_summary`) and Countdown-3 accuracy, Countdown-4E pass@10 and
 Countdown-4 accuracy after distillation and after RLVR. ``--models``: the arguments are
 sweep YAMLs; one row per prepared micro model they name (teacher and student, each once), the
 scores `distillab prepare` evaluated it with (its ``prepare.json``: float32, all threads of
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import polars as pl
 
+from distillab.analysis.results import load, rlvr_reward_summary, trial_metrics
 from distillab.config import load_sweep
 from distillab.prepare import prepare_key
-from distillab.results import load, rlvr_reward_summary, trial_metrics
 
 COLUMNS = {
     "rollout.policy": "policy",

@@ -20,7 +20,7 @@ import argparse
 
 import polars as pl
 
-from distillab.results import load, trial_metrics
+from distillab.analysis.results import load, trial_metrics
 
 METRICS = ["eval/distill/countdown3/accuracy", "eval/distill/countdown3/pass@10", "eval/distill/countdown4e/pass@10",
            "eval/distill/params/sparsity@1e-06", "eval/forgetting"]

@@ -31,8 +31,10 @@ def generate(teacher: str, out: str, threads: int, max_num_seqs: int) -> None:
 
     from distillab.config import load_sweep
     from distillab.models import load_tokenizer
-    from distillab.rollout import SamplingParams, VLLMEngine, rollout_seed, step_prompts
-    from distillab.tasks import TaskData
+    from distillab.rollout.actor import VLLMEngine
+    from distillab.rollout.source import rollout_seed, step_prompts
+    from distillab.rollout.types import SamplingParams
+    from distillab.tasks.data import TaskData
 
     torch.set_num_threads(threads)
     trial = load_sweep(REPO / "search_spaces" / "micro.yaml").trials[0]

@@ -19,10 +19,10 @@ def spectrum_table(sweep, *, lambdas=(-2.0, -1.0, 0.0, 1.0, 2.0), prompts: int =
     """Prepare (cached) the sweep's micro models and run `loglik_along_lambda` on
     ``prompts`` Countdown-3 training prompts, ``n`` samples each, at the trial's
     rollout settings (τ_S, τ_T, top-p, max tokens, α, c)."""
-    from distillab.tasks import train_prompts
     from distillab.models import load_model, load_tokenizer
     from distillab.prepare import prepare
-    from distillab.rollout import loglik_along_lambda
+    from distillab.rollout.spectrum import loglik_along_lambda
+    from distillab.tasks.data import train_prompts
 
     torch.set_num_threads(threads)
     teacher_dir, student_dir = prepare(sweep, threads=threads)

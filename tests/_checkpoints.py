@@ -42,7 +42,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from distillab.countdown import CountdownSpec, generate_problems, render_solution, solve
+from distillab.tasks.countdown import CountdownSpec, generate_problems, render_solution, solve
 
 #: The families' pre-tokenizer regexes (their tokenizer.json files): Llama-3 keeps up to three digits together
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"

@@ -9,8 +9,7 @@ from types import ModuleType
 
 import torch
 
-from distillab.rollout import Rollouts
-
+from distillab.rollout.types import Rollouts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,7 +26,7 @@ def load_script(path: str) -> ModuleType:
 
 
 class AlwaysEngine:
-    """A generation engine (``generate(prompts, sampling_params) -> rollout.Rollouts``) that writes
+    """A generation engine (``generate(prompts, sampling_params) -> rollout.types.Rollouts``) that writes
     the same completion ``text`` for every sample (hand-countable evaluation rows)."""
 
     def __init__(self, tok, text: str):
@@ -60,7 +59,6 @@ def one_gloo_rank():
     import deepspeed.comm as ds_comm
     import torch.distributed as dist
     from deepspeed.utils import groups
-
     from fixtures.record_golden import init_one_rank
 
     groups._release_process_group_references()

@@ -74,7 +74,7 @@ def smoke_sweep(tmp_path_factory) -> Path:
     ``distillab sweep search_spaces/smoke.yaml --no-dashboard`` (2 trials, offpd and onpd;
     micro models cached under ``<repo>/.cache/models``; its own local Ray) as a subprocess.
     Its console output (stdout and stderr, as a terminal shows them) is
-    ``<storage>/console.txt``. Returns the sweep directory (``distillab.results.load``
+    ``<storage>/console.txt``. Returns the sweep directory (``distillab.analysis.results.load``
     reads it). Use only from slow tests."""
     storage = tmp_path_factory.mktemp("smoke_sweep")
     sets = [f"storage_path={storage}", f"models.cache_dir={CACHE / 'models'}"]

@@ -11,16 +11,19 @@ import os
 import polars as pl
 import pytest
 import torch
-
-from _checkpoints import BPE_VOCAB, bpe_tokenizer, llama3_pair, padded_vocab, qwen2_pair
+from _checkpoints import BPE_VOCAB, llama3_pair, padded_vocab, qwen2_pair
 from _helpers import one_gloo_rank
+
+from distillab.analysis.results import load
 from distillab.config import RuntimeContext, TrialConfig
-from distillab.countdown import CountdownSpec, generate_problems, render_solution, solve
-from distillab.distill import LocalSession, run_worker
+from distillab.distill import run_worker
+from distillab.session import LocalSession
 from distillab.models import check_lm_heads, check_same_vocab, load_model, load_tokenizer
-from distillab.results import load
-from distillab.rollout import SamplingParams, TransformersEngine
-from distillab.tasks import TaskData, countdown_prompt_ids, render_prompt, score_countdown
+from distillab.rollout.engine import TransformersEngine
+from distillab.rollout.types import SamplingParams
+from distillab.tasks.countdown import CountdownSpec, generate_problems, render_solution, score_countdown, solve
+from distillab.tasks.data import TaskData, countdown_prompt_ids
+from distillab.tasks.taskio import render_prompt
 
 torch.set_num_threads(1)
 
@@ -198,7 +201,7 @@ def test_vllm_engine_loads_the_qwen_layout_and_syncs_the_tied_student(pairs) -> 
         pytest.importorskip("vllm")
     import ray
 
-    from distillab.rollout import start_rollout_actor
+    from distillab.rollout.actor import start_rollout_actor
 
     tok = load_tokenizer(pairs["qwen2"][0])
     prompt = render_prompt(tok, "Countdown.", "25 7 3 -> 96")

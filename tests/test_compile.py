@@ -10,14 +10,14 @@ import logging
 
 import pytest
 import torch
+from _helpers import EngineStandIn
+from fixtures.record_golden import golden_models, golden_trial
 from torch._dynamo.utils import counters
 
 from distillab.config import SweepConfig, TrialConfig
 from distillab.loss import loss_step
 from distillab.models import bf16_matmuls, configure_passes, load_model
-from distillab.rollout import Rollouts
-from _helpers import EngineStandIn
-from fixtures.record_golden import golden_models, golden_trial
+from distillab.rollout.types import Rollouts
 
 
 @pytest.fixture(scope="module")

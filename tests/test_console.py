@@ -37,7 +37,7 @@ ACC = "eval/distill/countdown3/accuracy"
 def _final_accuracy(root: Path, task: str = "countdown3", metric: str = "accuracy") -> dict[str, float]:
     """trial id → its Countdown-3 accuracy (or ``task``'s ``metric``) after distillation,
     from the ``evals`` table."""
-    from distillab.results import load
+    from distillab.analysis.results import load
 
     ev = load(root).evals.filter((pl.col("stage") == "distill") & (pl.col("task") == task)
                                  & (pl.col("metric") == metric)).collect()
@@ -218,7 +218,7 @@ def test_an_interrupted_sweep_offers_one_way_to_resume(tmp_path: Path) -> None:
 def test_trackers_hold_every_trials_config_and_accuracy(run_locally, tmp_path: Path) -> None:
     pytest.importorskip("wandb")
     mlflow = pytest.importorskip("mlflow")
-    from distillab.results import load
+    from distillab.analysis.results import load
 
     sweep = load_sweep(SMOKE, {"storage_path": str(tmp_path), "models.cache_dir": str(REPO / ".cache" / "models"),
                                "trial.optimizer.steps": 4, "tracking": {"wandb": {"mode": "offline"}, "mlflow": {}}})
@@ -318,8 +318,8 @@ def test_the_driver_console_drops_tunes_resume_hint_and_optunas_notes(caplog) ->
 def test_a_sweep_says_which_of_its_trials_ran_before(tmp_path: Path, capsys) -> None:
     """A sweep run again under the same name (same directory, same trial ids) says that its
     completed trials are not rerun; trials of another config in that directory do not count."""
-    from distillab.results import write_rows
     from distillab.sweep import print_completed_before
+    from distillab.tables import write_rows
 
     sweep = load_sweep(SMOKE, {"storage_path": str(tmp_path)})
     root = sweep.sweep_dir()
@@ -377,6 +377,7 @@ def test_token_auth_is_said_only_before_ray_reads_its_mode(monkeypatch) -> None:
     in a process that imported Ray already (main() in-process), Ray has read its mode, and a new
     one would reach the cluster's processes only (the driver then fails "InvalidAuthToken")."""
     import ray  # noqa: F401  (imported, as in the tests that call main())
+
     from distillab.cli import _env_defaults
 
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)

@@ -1,6 +1,6 @@
 """Same config, same seed, same thread count: the same bits (issue 17). `distillab prepare`'s
 SFT and evaluation of the micro models (search_spaces/smoke.yaml) and two short trials of the
-real recipe (OnPD forward KL, the λ-spectrum with reverse KL; `distill.LocalSession`) run twice,
+real recipe (OnPD forward KL, the λ-spectrum with reverse KL; `session.LocalSession`) run twice,
 each time in a fresh process with another string-hash seed (PYTHONHASHSEED), on 2 threads:
 every tensor of the prepared models and of the trained students, every metric of every step
 (wall-clock times aside) and every eval must be bitwise equal (tests/fixtures/determinism_run.py
@@ -50,7 +50,7 @@ def test_micro_and_micro_rlvr_teachers_differ_in_data() -> None:
     exclusion to every trial of the sweep: its models are micro_rlvr.yaml's."""
     from distillab.config import load_sweep
     from distillab.prepare import SFT_STREAMS, prepare_key, scored_evaluation
-    from distillab.tasks import TaskData, problem_key, test_keys
+    from distillab.tasks.data import TaskData, problem_key, test_keys
 
     spaces = REPO / "search_spaces"
     micro, rlvr, findings = (load_sweep(spaces / f) for f in ("micro.yaml", "micro_rlvr.yaml", "micro_findings.yaml"))

@@ -13,7 +13,7 @@ import torch
 from distillab.loss import pack_batch
 from distillab.optim import TorchStepper
 from distillab.rlvr import _token_logprobs
-from distillab.rollout import Rollouts, model_device, pack_rollouts
+from distillab.rollout.types import Rollouts, model_device, pack_rollouts
 
 PROMPTS = [[5, 6, 7], [8, 9]]
 COMPLETIONS = [[10, 11], [12, 13, 14]]
@@ -35,7 +35,7 @@ class DeviceCheckingLM(torch.nn.Module):
 
 
 def test_model_device_of_modules_and_wrappers() -> None:
-    """`rollout.model_device`: a module's parameter device, a wrapper's ``module``'s (TorchStepper
+    """`rollout.types.model_device`: a module's parameter device, a wrapper's ``module``'s (TorchStepper
     is not a module), CPU for a module without parameters."""
     assert model_device(torch.nn.Linear(2, 2)) == torch.device("cpu")
     meta = torch.nn.Linear(2, 2, device="meta")

@@ -122,8 +122,8 @@ def test_killed_worker_resumes_from_checkpoint(tmp_path: Path, local_mode: bool)
     actor (Tune retries the trial). Either way the trial resumes from that checkpoint."""
     import ray
 
+    from distillab.analysis.results import load
     from distillab.prepare import prepare
-    from distillab.results import load
     from distillab.sweep import run_sweep
 
     steps, every = 200, 50
@@ -178,7 +178,7 @@ def _cli(*args: str) -> list[str]:
 
 
 def test_killed_driver_then_resume(tmp_path: Path) -> None:
-    from distillab.results import load
+    from distillab.analysis.results import load
 
     sets = ["--set", f"storage_path={tmp_path}", "--set", f"models.cache_dir={CACHE / 'models'}",
             "--set", "resources.max_concurrent_trials=1", "--set", "trial.optimizer.steps=40",
@@ -230,8 +230,8 @@ def test_two_node_cluster_loses_a_node(tmp_path: Path) -> None:
     import ray
     from ray.cluster_utils import Cluster
 
+    from distillab.analysis.results import load
     from distillab.prepare import prepare
-    from distillab.results import load
     from distillab.sweep import run_sweep
 
     steps, every = 200, 40
@@ -280,7 +280,7 @@ def test_two_node_cluster_loses_a_node(tmp_path: Path) -> None:
 
 
 def test_ray_job_submit(tmp_path: Path) -> None:
-    from distillab.results import load
+    from distillab.analysis.results import load
 
     ray_bin = str(Path(sys.executable).with_name("ray"))
     gcs, dash, mport = _free_port(), _free_port(), _free_port()

@@ -13,7 +13,8 @@ import pytest
 
 from _helpers import one_gloo_rank
 from distillab.config import RuntimeContext, TrialConfig
-from distillab.distill import LocalSession, run_worker
+from distillab.distill import run_worker
+from distillab.session import LocalSession
 from fixtures.record_golden import CASES, case_name, golden_models, golden_trial, per_step
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -31,7 +32,7 @@ def models(one_rank, tmp_path_factory):
 
 @pytest.mark.parametrize("policy, kind, variant", CASES)
 def test_golden_loss_and_grad_norm(models, tmp_path, policy, kind, variant) -> None:
-    """The recipe runs without Ray Train (`distill.LocalSession`): the worker's reports
+    """The recipe runs without Ray Train (`session.LocalSession`): the worker's reports
     and its metrics table hold the recorded sequences."""
     teacher, student = models
     trial_id = case_name(policy, kind, variant)

@@ -1,11 +1,17 @@
-"""The shape of the code (DESIGN.md, issue 13), read from the source with ``ast``:
+"""The shape of the code (DESIGN.md "The data path of one trial"), read from the source with ``ast``.
 
-- imports follow the data path: no module imports one of a later stage (a lower stage
-  such as tasks, models, ops, evals.metrics or rollout never imports distill, rlvr,
-  sweep or cli);
-- ``from distillab…`` imports sit at module top, except the documented ``ops.chunked`` ↔
-  ``ops.triton_kl`` cycle and the lazy imports of ``cli`` and ``sweep`` (documented, with
-  the measured import time, in each module docstring);
+The layers are the folders: each package (``tasks``, ``rollout``, ``analysis``, ``ops``,
+``evals``) is one node, each flat module of ``platform/`` another, and an edge is an import.
+There is no hand-kept list of stages and no exemption:
+
+- no module imports itself back through others (the module graph has no cycle) and no folder
+  does either (the folder graph has no cycle), so the layers are the folder graph's
+  topological order, printed by `test_layers_are_read_from_the_folders`;
+- the lower folders (tasks, ops, rollout, evals) never reach the recipe (loss, distill, rlvr,
+  prepare) or the driver (sweep, plan, cli), and ``analysis`` reads only the registry and the
+  results tables (it never imports torch, the evaluations or the recipe);
+- ``from distillab…`` imports sit at module top, except in the modules whose docstring says
+  why under "Lazy imports:" with a measurement (cli's start-up, the Tune trial actor's);
 - no function in ``platform/``, ``ops/`` or ``evals/`` is over 80 lines, its docstring not
   counted (the count of the repository's before-stop hook).
 """
@@ -13,44 +19,40 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"platform": "distillab", "ops": "distillab.ops", "evals": "distillab.evals"}
-
-#: Stages in data-path order; a module may import its own stage and earlier ones only.
-STAGES: list[tuple[str, ...]] = [
-    ("registry", "countdown", "taskio", "imports", "raystart"),  # names and primitives, no distillab imports but these
-    ("mcq", "math_task"),
-    ("config",),
-    ("ops", "ops.kl", "ops.chunked", "ops.triton_kl", "ops.oracle", "evals", "evals.metrics"),
-    ("results", "models"),
-    ("tasks",),
-    ("decode",),
-    ("rollout",),
-    ("evals.sampling", "evals.style", "evals.ood", "evals.suite", "loss", "optim", "telemetry", "sft"),
-    ("rlvr",),
-    ("distill", "prepare"),
-    ("sweep", "plots", "plan"),
-    ("findings",),
-    ("cli",),
-]
-RANK = {name: i for i, stage in enumerate(STAGES) for name in stage}
-#: Function-level imports allowed: the documented cycle (ops/__init__.py, ops/triton_kl.py) and the lazy imports of
-#: cli and sweep (each documented, with its measured import time, in its module docstring).
-CYCLE = {("ops.chunked", "ops.triton_kl"), ("ops.triton_kl", "ops.chunked")}
+#: What each layer of DESIGN.md must never import (the data path flows one way).
+RECIPE_AND_DRIVER = {"loss", "distill", "rlvr", "prepare", "sweep", "plan", "cli"}
+LOWER = ("tasks", "ops", "rollout", "evals")
 LAZY_MODULES = ("cli", "sweep")
 
 
 def _modules() -> dict[str, Path]:
+    """``{"tasks.countdown": path, "config": path, "ops.kl": path, ...}`` for every source module."""
     out = {}
     for folder, package in FOLDERS.items():
-        for path in sorted((REPO / folder).glob("*.py")):
-            name = f"{package}.{path.stem}" if path.stem != "__init__" else package
-            out[name.removeprefix("distillab.")] = path
+        for path in sorted((REPO / folder).rglob("*.py")):
+            parts = list(path.relative_to(REPO / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([package, *parts]).removeprefix("distillab").lstrip(".")] = path
     return out
+
+
+MODULES = _modules()
+PACKAGES = sorted({name.split(".")[0] for name in MODULES if "." in name} | {"ops", "evals"})
+
+
+def unit(module: str) -> str:
+    """The folder node of ``module``: its package (``rollout.types`` → ``rollout``), or itself if flat."""
+    return module.split(".")[0]
 
 
 def _imports(path: Path) -> list[tuple[str, bool, int]]:
@@ -66,44 +68,86 @@ def _imports(path: Path) -> list[tuple[str, bool, int]]:
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names if a.name.startswith("distillab")]
         for name in names:
-            out.append((name.removeprefix("distillab.").removeprefix("distillab"), id(node) in inner, node.lineno))
+            out.append((name.removeprefix("distillab").lstrip("."), id(node) in inner, node.lineno))
     return out
 
 
-def test_every_module_has_a_stage() -> None:
-    missing = sorted(set(_modules()) - set(RANK))
-    assert not missing, f"modules without a stage in tests/test_imports.py STAGES: {missing}"
+def _graph(of=lambda m: m) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        graph.setdefault(of(name), set())
+        for target, _, _ in _imports(path):
+            if of(target) != of(name):
+                graph[of(name)].add(of(target))
+    return graph
 
 
-def test_no_module_imports_a_later_stage() -> None:
-    bad = []
-    for name, path in _modules().items():
-        for target, inside, line in _imports(path):
-            if target not in RANK:
-                bad.append(f"{path.relative_to(REPO)}:{line} imports unknown module distillab.{target}")
-            elif RANK[target] > RANK[name] and (name, target) not in CYCLE:
-                bad.append(f"{path.relative_to(REPO)}:{line} ({name}) imports the later stage {target}")
+def test_every_import_names_a_module() -> None:
+    bad = [f"{path.relative_to(REPO)}:{line} imports unknown module distillab.{t}"
+           for name, path in MODULES.items() for t, _, line in _imports(path) if t not in MODULES]
     assert not bad, "\n".join(bad)
 
 
-def test_lower_stages_never_reach_the_recipe() -> None:
-    """The issue's rule, spelled out (implied by the stage order)."""
-    lower, higher = ("tasks", "models", "ops.kl", "ops.chunked", "evals.metrics", "rollout"), {"distill", "rlvr",
-                                                                                               "sweep", "cli"}
-    mods = _modules()
-    for name in lower:
-        assert not {t for t, _, _ in _imports(mods[name])} & higher, name
+def test_no_module_imports_itself_back() -> None:
+    try:
+        tuple(TopologicalSorter(_graph()).static_order())
+    except CycleError as e:
+        pytest.fail(f"import cycle between modules: {' -> '.join(e.args[1])}")
+
+
+def test_layers_are_read_from_the_folders() -> None:
+    """The folder graph has no cycle; its topological generations are the layers."""
+    sorter = TopologicalSorter(_graph(unit))
+    try:
+        sorter.prepare()
+    except CycleError as e:
+        pytest.fail(f"import cycle between folders: {' -> '.join(e.args[1])}")
+    layers = []
+    while sorter.is_active():
+        ready = sorted(sorter.get_ready())
+        layers.append(ready)
+        sorter.done(*ready)
+    print("layers, lowest first:", layers)
+    assert {"registry", "config"} <= set(layers[0]) | set(layers[1])
+    assert set(PACKAGES) >= {"tasks", "rollout", "analysis", "ops", "evals"}
+
+
+def test_lower_folders_never_reach_the_recipe() -> None:
+    bad = [f"{path.relative_to(REPO)}:{line} ({name}) imports distillab.{t}"
+           for name, path in MODULES.items() if unit(name) in LOWER
+           for t, _, line in _imports(path) if unit(t) in RECIPE_AND_DRIVER | {"analysis"}]
+    assert not bad, "\n".join(bad)
+
+
+def test_analysis_reads_only_the_registry_and_the_tables() -> None:
+    bad = [f"{path.relative_to(REPO)}:{line} ({name}) imports distillab.{t}"
+           for name, path in MODULES.items() if unit(name) == "analysis"
+           for t, _, line in _imports(path) if unit(t) not in ("analysis", "registry", "tables")]
+    assert not bad, "\n".join(bad)
+
+
+def test_analysis_and_report_load_no_torch() -> None:
+    """``import distillab.analysis`` (every module of it) and ``distillab report --help`` load no torch."""
+    code = ("import sys; import distillab.analysis.results, distillab.analysis.plots, distillab.analysis.findings; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'deepspeed')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+    code = ("import sys, contextlib, io\nfrom distillab.cli import main\n"
+            "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+            "    main(['report', '--help'])\nprint('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
 
 
 def test_imports_of_distillab_sit_at_module_top() -> None:
     bad = []
-    for name, path in _modules().items():
+    for name, path in MODULES.items():
         for target, inside, line in _imports(path):
-            if inside and (name, target) not in CYCLE and name not in LAZY_MODULES:
+            if inside and name not in LAZY_MODULES:
                 bad.append(f"{path.relative_to(REPO)}:{line} imports distillab.{target} inside a function")
     assert not bad, "\n".join(bad)
     for name in LAZY_MODULES:  # allowed only where the module documents why, with a measurement
-        doc = ast.get_docstring(ast.parse(_modules()[name].read_text())) or ""
+        doc = ast.get_docstring(ast.parse(MODULES[name].read_text())) or ""
         assert "Lazy imports:" in doc and " s" in doc, name
 
 
@@ -119,8 +163,7 @@ def _function_lengths(path: Path):
             yield node.name, node.lineno, n
 
 
-@pytest.mark.parametrize("path", sorted(p for d in ("platform", "ops", "evals") for p in (REPO / d).glob("*.py")),
-                         ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", sorted(MODULES.values()), ids=lambda p: str(p.relative_to(REPO)))
 def test_no_function_over_80_lines(path: Path) -> None:
     long = [f"{name} (line {line}): {n} lines" for name, line, n in _function_lengths(path) if n > 80]
     assert not long, long

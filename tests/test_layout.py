@@ -30,9 +30,10 @@ def test_platform_dir_has_no_init() -> None:
 
 
 def test_subpackages_import() -> None:
-    for name in ("distillab.ops", "distillab.evals", "distillab.tasks"):
+    for name in ("distillab.ops", "distillab.evals", "distillab.tasks", "distillab.rollout", "distillab.analysis"):
         mod = importlib.import_module(name)
         assert mod.__name__ == name
-    import distillab.tasks
+        assert Path(mod.__file__).resolve().parent.name == name.split(".")[-1]
+    import distillab.tasks.data
 
-    assert Path(distillab.tasks.__file__).resolve() == REPO / "platform" / "tasks.py"
+    assert Path(distillab.tasks.data.__file__).resolve() == REPO / "platform" / "tasks" / "data.py"

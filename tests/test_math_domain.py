@@ -9,13 +9,14 @@ import re
 from pathlib import Path
 
 import pytest
+from _helpers import AlwaysEngine
 from pydantic import ValidationError
 
-from _helpers import AlwaysEngine
 from distillab.config import EvaluationConfig, MathTaskConfig, TasksConfig, TrialConfig, load_sweep
 from distillab.evals.sampling import sample_batched
 from distillab.evals.suite import Evaluator
-from distillab.math_task import (
+from distillab.models import build_char_tokenizer
+from distillab.tasks.math_task import (
     generate_arithmetic_chains,
     math_prompt_ids,
     math_target_text,
@@ -23,7 +24,6 @@ from distillab.math_task import (
     math_train_items,
     score_math,
 )
-from distillab.models import build_char_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures"
@@ -75,7 +75,7 @@ def test_domain_config_and_splits() -> None:
 
 def test_training_prompts_and_prepare_demonstrations() -> None:
     from distillab.prepare import _examples, prepare_key
-    from distillab.tasks import train_prompts
+    from distillab.tasks.data import train_prompts
 
     tok = build_char_tokenizer()
     trial = TrialConfig(domain="math", evaluation={"math_items": 40}, tasks={"math": {"train_items": 300}})

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from _helpers import AlwaysEngine
 from pydantic import ValidationError
 
-from _helpers import AlwaysEngine
 from distillab.config import EvaluationConfig, MCQTaskConfig, TasksConfig, TrialConfig, load_sweep
 from distillab.evals.sampling import sample_batched
 from distillab.evals.suite import Evaluator
-from distillab.mcq import item_key, mcq_prompt_ids, mcq_target_text, mcq_test_split, mcq_train_items
 from distillab.models import build_char_tokenizer
+from distillab.tasks.mcq import item_key, mcq_prompt_ids, mcq_target_text, mcq_test_split, mcq_train_items
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures"
@@ -57,7 +57,7 @@ def test_file_splits_and_their_errors() -> None:
 
 
 def test_training_prompts_and_sft_targets() -> None:
-    from distillab.tasks import train_prompts
+    from distillab.tasks.data import train_prompts
 
     tok = build_char_tokenizer()
     trial = TrialConfig(domain="mcq", evaluation={"mcq_items": 50}, tasks={"mcq": {"train_items": 300}})
@@ -93,7 +93,7 @@ def test_prepare_adds_mcq_demonstrations_and_keys_them() -> None:
 
 
 def test_mcq_rows_against_hand_counted_answers() -> None:
-    from distillab.mcq import score_mcq
+    from distillab.tasks.mcq import score_mcq
 
     tok = build_char_tokenizer()
     cfg = EvaluationConfig(mcq_items=40, pass_items=20, pass_n=4, pass_k=(1, 4))
@@ -118,7 +118,7 @@ def test_mcq_rows_against_hand_counted_answers() -> None:
 
 @pytest.mark.slow
 def test_smoke_trial_in_the_mcq_domain(run_locally, tmp_path) -> None:
-    from distillab.results import load
+    from distillab.analysis.results import load
 
     sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
         "storage_path": str(tmp_path), "models.cache_dir": str(REPO / ".cache" / "models"),
@@ -132,7 +132,7 @@ def test_smoke_trial_in_the_mcq_domain(run_locally, tmp_path) -> None:
     got = {(r["stage"], r["metric"]) for r in ev.iter_rows(named=True)}
     assert got == {(s, m) for s in ("pre", "distill") for m in ("accuracy", "pass@1", "pass@2")}
     assert ev.filter(pl.col("metric") == "accuracy")["n"].to_list() == [8] * 4
-    from distillab.plots import summary_table
+    from distillab.analysis.plots import summary_table
 
     table = summary_table(res)
     assert "mcq acc" in table.columns and table.height == 2

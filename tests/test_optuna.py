@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 
 def _run(run_locally, tmp_path: Path, **overrides):
-    from distillab.results import load
+    from distillab.analysis.results import load
 
     sweep = load_sweep(OPTUNA, {"storage_path": str(tmp_path), "models.cache_dir": str(CACHE / "models"), **overrides})
     return sweep, load(run_locally(sweep))
@@ -42,7 +42,7 @@ def _check_trials(sweep, res) -> pl.DataFrame:
 
 
 def test_optuna_single_objective_reports_best(run_locally, tmp_path: Path, capsys) -> None:
-    from distillab.results import trial_metrics
+    from distillab.analysis.results import trial_metrics
 
     metric = "eval/distill/countdown3/accuracy"
     sweep, res = _run(run_locally, tmp_path, **{"search.metric": metric, "search.mode": "max", "search.num_samples": 2})
@@ -55,7 +55,7 @@ def test_optuna_single_objective_reports_best(run_locally, tmp_path: Path, capsy
 
 
 def test_optuna_multi_objective_pareto_front(run_locally, tmp_path: Path, capsys) -> None:
-    from distillab.results import trial_metrics
+    from distillab.analysis.results import trial_metrics
 
     sweep, res = _run(run_locally, tmp_path, **{"search.num_samples": 4})
     _check_trials(sweep, res)
@@ -78,7 +78,7 @@ def test_optuna_multi_objective_pareto_front(run_locally, tmp_path: Path, capsys
 def test_optuna_on_the_multiple_choice_objective(run_locally, tmp_path: Path, capsys) -> None:
     """``search.metric: eval/distill/mcq/accuracy`` (the second domain's headline, rejected as
     an objective before issue 13): the Optuna sweep runs and reports it as the best trial's."""
-    from distillab.results import trial_metrics
+    from distillab.analysis.results import trial_metrics
 
     metric = "eval/distill/mcq/accuracy"
     sweep, res = _run(run_locally, tmp_path, **{

@@ -9,16 +9,15 @@ from pathlib import Path
 
 import pytest
 import ray
-
 from _checkpoints import llama3_pair, qwen2_pair
+
+import distillab.models as models
 from distillab.cli import main
 from distillab.config import SweepConfig, TrialConfig, load_sweep
-from distillab.countdown import countdown_user_text
 from distillab.models import build_char_tokenizer
-import distillab.models as models
-import distillab.plan as plan
 from distillab.plan import Cluster, bf16_cpu_note, check_checkpoints, estimate, placement
-from distillab.tasks import countdown_test_split
+from distillab.tasks.countdown import countdown_user_text
+from distillab.tasks.data import countdown_test_split
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = {n: REPO / "search_spaces" / f"{n}.yaml" for n in ("paper_llama", "paper_qwen", "paper_spectrum")}
@@ -239,7 +238,7 @@ def test_estimate_of_the_math_domain_by_hand() -> None:
     """The math domain distils and scores math prompts: their mean length (the chat template's
     3 role tokens, the system prompt, the problem, one id per character) makes the rollout
     sequence, and the evaluation adds math accuracy + pass@k samples to the Countdown ones."""
-    from distillab.math_task import math_test_split
+    from distillab.tasks.math_task import math_test_split
 
     tok = build_char_tokenizer()
     trial = TrialConfig.model_validate({

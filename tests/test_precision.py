@@ -1,6 +1,6 @@
 """Training precision (issue 16 item 3): ``trial.precision``, ``trial.master_weights``,
 ``trial.gradient_checkpointing`` and ``trial.attn_implementation`` in the real
-per-worker loop (`distill.LocalSession`, the random micro models of tests/test_golden.py)
+per-worker loop (`session.LocalSession`, the random micro models of tests/test_golden.py)
 and in one DeepSpeed optimizer step on a hand-made parameter."""
 
 from __future__ import annotations
@@ -8,15 +8,16 @@ from __future__ import annotations
 import polars as pl
 import pytest
 import torch
+from _helpers import one_gloo_rank
 from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+from fixtures.record_golden import golden_models, golden_trial
 
 from distillab import models as models_module
+from distillab.analysis.results import load
 from distillab.config import OptimizerConfig, ResourcesConfig, RuntimeContext, TrialConfig
-from distillab.distill import LocalSession, run_worker, setup_trial
+from distillab.distill import run_worker, setup_trial
+from distillab.session import LocalSession
 from distillab.optim import optimizer_step, setup_engine
-from distillab.results import load
-from _helpers import one_gloo_rank
-from fixtures.record_golden import golden_models, golden_trial
 
 #: bf16 keeps 8 significand bits: one step of relative precision is 2^-8 (0.39 %). Rounding
 #: every weight of both models and every activation of their layers to bf16 (relative error up

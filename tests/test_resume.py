@@ -1,6 +1,6 @@
 """Exact resume (issue 16 item 6): a trial of 40 steps checkpointed at step 20
 (``optimizer.checkpoint_every``), resumed from that checkpoint in a fresh worker
-(`distill.LocalSession` with ``resume_from``: nothing is killed), gives the per-step
+(`session.LocalSession` with ``resume_from``: nothing is killed), gives the per-step
 losses and gradient norms of steps 21–40 of the uninterrupted run to 1e-6, and the same
 final evaluation. The checkpoint carries the weights (safetensors) and each rank's
 training state: AdamW moments, LR schedule, the random streams (torch, the loss
@@ -14,13 +14,14 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
-from distillab.config import RuntimeContext, TrialConfig
-from distillab.distill import LocalSession, run_worker
-from distillab.optim import TRAINING_STATE, load_checkpoint
-from distillab.results import load
 from _helpers import one_gloo_rank
 from fixtures.record_golden import golden_models, golden_trial
+
+from distillab.analysis.results import load
+from distillab.config import RuntimeContext, TrialConfig
+from distillab.distill import run_worker
+from distillab.session import LocalSession
+from distillab.optim import TRAINING_STATE, load_checkpoint
 
 STEPS, AT = 40, 20
 

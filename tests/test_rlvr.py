@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from distillab.rlvr import countdown_reward, dapo_loss, group_advantages
-from distillab.tasks import CountdownProblem
+from distillab.tasks.countdown import CountdownProblem
 
 
 def test_group_advantages_equal_rewards_are_zero_not_nan() -> None:
@@ -100,8 +100,9 @@ def test_run_rlvr_with_lora_trains_only_the_adapters_and_merges_them() -> None:
 
     from distillab.config import LoRAConfig, RLVRConfig, TasksConfig
     from distillab.models import build_char_tokenizer, micro_llama_config
-    from distillab.rlvr import TorchStepper, apply_lora, merge_lora, rlvr_schedule, run_rlvr
-    from distillab.tasks import CountdownProblem
+    from distillab.optim import TorchStepper, rlvr_schedule
+    from distillab.rlvr import apply_lora, merge_lora, run_rlvr
+    from distillab.tasks.countdown import CountdownProblem
 
     tok = build_char_tokenizer()
     torch.manual_seed(0)
@@ -156,7 +157,7 @@ def test_policy_weights_of_a_lora_model_are_merged_under_plain_names_and_trainin
     """What the vLLM engine gets in a LoRA RLVR stage: W + (α/r)·B·A for every wrapped
     projection under the plain model's names (float64 reference), the other weights
     as they are; afterwards the peft model computes what it computed before."""
-    from distillab.rlvr import policy_weights
+    from distillab.rollout.actor import policy_weights
 
     tok, plain, peft_model = _micro_lora_model()
     g = torch.Generator().manual_seed(3)
@@ -190,7 +191,7 @@ class _CopySampler:
     def __init__(self, model, tok, stale: bool):
         import copy
 
-        from distillab.rollout import TransformersEngine
+        from distillab.rollout.engine import TransformersEngine
 
         self.copy = copy.deepcopy(model).eval()
         if hasattr(self.copy, "merge_and_unload"):  # the engine holds a plain model
@@ -199,7 +200,7 @@ class _CopySampler:
         self.stale, self.syncs = stale, 0
 
     def sync(self, module) -> None:
-        from distillab.rlvr import policy_weights
+        from distillab.rollout.actor import policy_weights
 
         self.syncs += 1
         if not self.stale:
@@ -215,7 +216,8 @@ def test_run_rlvr_samples_from_a_synced_engine_and_a_stale_one_shows_in_the_logp
     weights (synced before each step, merged LoRA weights included), non-zero from the
     second step on when it keeps the initial ones."""
     from distillab.config import RLVRConfig, TasksConfig
-    from distillab.rlvr import TorchStepper, rlvr_schedule, run_rlvr
+    from distillab.optim import TorchStepper, rlvr_schedule
+    from distillab.rlvr import run_rlvr
 
     problems = [CountdownProblem((1, 2, 3), 6), CountdownProblem((2, 5, 4), 40)]
     gaps = {}
@@ -244,7 +246,9 @@ def test_qlora_trains_adapters_on_a_4bit_base_and_writes_the_trained_policy_back
 
     from distillab.config import LoRAConfig, RLVRConfig, TasksConfig
     from distillab.models import build_char_tokenizer, micro_llama_config
-    from distillab.rlvr import TorchStepper, merge_into, policy_weights, quantized_lora, rlvr_schedule, run_rlvr
+    from distillab.optim import TorchStepper, rlvr_schedule
+    from distillab.rlvr import merge_into, quantized_lora, run_rlvr
+    from distillab.rollout.actor import policy_weights
 
     tok = build_char_tokenizer()
     torch.manual_seed(0)

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from distillab.rollout import Rollouts
-from distillab.tasks import CountdownProblem
+from distillab.rollout.types import Rollouts
+from distillab.tasks.countdown import CountdownProblem
 
 PROBLEMS = [CountdownProblem((1, 2, 3), 6), CountdownProblem((2, 5, 4), 40), CountdownProblem((3, 3, 1), 9),
             CountdownProblem((7, 2, 5), 19)]

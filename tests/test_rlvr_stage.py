@@ -47,7 +47,7 @@ def test_smoke_trial_with_rlvr_stage(run_locally, tmp_path, workers) -> None:
     """Smoke trials distil, then run 12 GRPO steps, with every stage evaluated: on one Train
     worker, one sweep of two trials side by side (full fine-tuning through DeepSpeed, and
     LoRA on a 4-bit copy); data-parallel over two Train workers, full fine-tuning."""
-    from distillab.results import load, rlvr_reward_summary
+    from distillab.analysis.results import load, rlvr_reward_summary
 
     qlora = workers == 1 and importlib.util.find_spec("bitsandbytes") is not None
     grid = {"rollout.policy": ["offpd"]}
@@ -71,7 +71,7 @@ def _check_rlvr_trial(res, tid: str) -> None:
     """Every stage evaluated on every Countdown task; each of the 12 RLVR steps logged once,
     rewards in range, the LR warmed up over 3 steps then decayed (cosine); the reward
     summary's first and last windows are the means of the logged rewards."""
-    from distillab.results import rlvr_reward_summary
+    from distillab.analysis.results import rlvr_reward_summary
 
     ev = res.evals.filter(pl.col("trial_id") == tid).collect()
     got = {(r["stage"], r["task"]) for r in ev.filter(pl.col("metric") == "accuracy").iter_rows(named=True)}

@@ -9,8 +9,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from distillab.analysis.results import load, pareto_front, trial_metrics
 from distillab.config import ConfigError, load_sweep
-from distillab.results import load, pareto_front, report_metrics, trial_metrics, write_rows
+from distillab.tables import report_metrics, write_rows
 
 REPO = Path(__file__).resolve().parents[1]
 OPTUNA = REPO / "search_spaces" / "smoke_optuna.yaml"
@@ -105,8 +106,8 @@ def test_build_search_over_a_union_of_grids() -> None:
 def test_completed_trials_counts_rows_of_different_configs(tmp_path) -> None:
     """Trials rows of a union of grids carry different config columns (an RLVR stage's ``rlvr.*``
     in one grid, ``rlvr`` null in the other): every row is counted, by status."""
-    from distillab.results import write_rows
     from distillab.sweep import completed_trials
+    from distillab.tables import write_rows
 
     rows = {"a": {"status": "completed", "rlvr": None}, "b": {"status": "completed", "rlvr.task": "countdown4"},
             "c": {"status": "failed", "rlvr.task": "countdown4", "rlvr.steps": 4}}

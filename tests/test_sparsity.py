@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from distillab.config import EvaluationConfig, RuntimeContext, TrialConfig
-from distillab.distill import LocalSession, run_worker
+from distillab.distill import run_worker
+from distillab.session import LocalSession
 from distillab.evals.suite import sparsity_rows
 from distillab.optim import TouchedParameters
 from distillab.registry import check_report_metric, eval_key

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_micro_trials_through_tune(smoke_sweep):
-    from distillab.results import load
+    from distillab.analysis.results import load
 
     sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml")
     steps = sweep.trial.optimizer.steps
@@ -68,7 +68,8 @@ def test_local_mode_trials_equal_the_worker_groups(smoke_sweep, tmp_path):
     import subprocess
     import sys
 
-    from distillab.results import load, run_records
+    from distillab.analysis.results import load
+    from distillab.tables import run_records
 
     cmd = [sys.executable, "-m", "distillab.cli", "sweep", str(REPO / "search_spaces" / "smoke.yaml"), "--no-dashboard"]
     sets = (f"storage_path={tmp_path}", f"models.cache_dir={REPO / '.cache' / 'models'}", "resources.local_mode=true")
@@ -114,7 +115,7 @@ def divergence_and_estimator_sweep(run_locally, tmp_path_factory):
     OffPD ``loss.kind: [forward, reverse, jsd]`` with ``loss.beta`` 0.5, 3 steps; and OnPD
     reverse KL ``loss.estimator: [full, topk, k3]`` (the cell every estimator applies to)
     with the oracle at both of 2 steps. Returns ``(sweep, results)``."""
-    from distillab.results import load
+    from distillab.analysis.results import load
 
     tmp_path = tmp_path_factory.mktemp("divergences")
     sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
@@ -155,7 +156,7 @@ def test_smoke_grid_over_the_estimators(divergence_and_estimator_sweep):
     """``loss.estimator: [full, topk, k3]`` (OnPD reverse KL) with the oracle at both of 2 steps:
     three trials complete, named by their estimator; at steps 1 and 2 each logs estimator/bias
     and estimator/grad_cos: 0 and 1 for full, a real gap for the others; figure (h) draws them."""
-    from distillab.plots import fig_estimator, figure_notes
+    from distillab.analysis.plots import fig_estimator, figure_notes
 
     sweep, res = divergence_and_estimator_sweep
     assert [t.trial_id.split("-lr")[0] for t in sweep.trials[3:]] == [

@@ -1,5 +1,5 @@
 """ZeRO 3 (issue 16 item 5) on two gloo ranks: the real per-worker loop
-(`distill.run_worker` with `distill.LocalSession` per rank) under ``optimizer.zero_stage``
+(`distill.run_worker` with `session.LocalSession` per rank) under ``optimizer.zero_stage``
 3, with every parameter partitioned (``zero3_persistence_threshold: 0``; the student's
 lm_head is kept whole for the fused loss), against ZeRO 0 on the same seed. OnPD, so
 the student generates every step's rollouts with its parameters gathered
@@ -15,11 +15,12 @@ import polars as pl
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-from distillab.config import RuntimeContext, TrialConfig
-from distillab.distill import LocalSession, run_worker
-from distillab.results import load
 from fixtures.record_golden import golden_models, golden_trial
+
+from distillab.analysis.results import load
+from distillab.config import RuntimeContext, TrialConfig
+from distillab.distill import run_worker
+from distillab.session import LocalSession
 
 STEPS = 3
 

@@ -11,15 +11,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_ood import FIX, MC_YAML, QA_YAML, TASKS
 from transformers import LlamaForCausalLM
 
 from distillab.config import EvaluationConfig, LMEvalConfig, TasksConfig, TrialConfig, load_sweep
 from distillab.evals.suite import Evaluator, evaluate_stage
 from distillab.models import build_char_tokenizer, micro_llama_config
-from distillab.registry import METRICS, REPORTER_COLUMNS, check_report_metric, find, gauges, training_keys
-from distillab.results import with_forgetting
-
-from test_ood import MC_YAML, QA_YAML, TASKS, FIX
+from distillab.registry import (
+    METRICS,
+    REPORTER_COLUMNS,
+    check_report_metric,
+    find,
+    gauges,
+    training_keys,
+    with_forgetting,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE_EVAL = dict(id_items=4, pass_items=2, pass_n=2, pass_k=(1, 2), ood_items=2, max_tokens=8,
@@ -99,7 +105,7 @@ def test_unknown_keys_and_asha_keys() -> None:
 
 
 def test_readers_of_the_registry() -> None:
-    from distillab import plots
+    from distillab.analysis import plots
     from distillab.telemetry import RayGauges  # noqa: F401  (reads registry.gauges)
 
     for key in REPORTER_COLUMNS:

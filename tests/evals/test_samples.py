@@ -9,13 +9,12 @@ import torch
 from _helpers import AlwaysEngine
 from transformers import LlamaForCausalLM
 
+from distillab.analysis.results import load
 from distillab.config import EvaluationConfig, TasksConfig, TrialConfig
-from distillab.countdown import render_solution, solve
 from distillab.evals.sampling import sample_batched
 from distillab.evals.suite import SAMPLES_PER_TASK, Evaluator, evaluate_stage
 from distillab.models import build_char_tokenizer, micro_llama_config
-from distillab.results import load
-from distillab.tasks import score_countdown
+from distillab.tasks.countdown import render_solution, score_countdown, solve
 
 EVAL = dict(id_items=12, pass_items=2, pass_n=2, pass_k=(1, 2), ood_items=2, max_tokens=8,
             countdown_tasks=("countdown3",))

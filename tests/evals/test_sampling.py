@@ -12,7 +12,8 @@ from transformers import LlamaForCausalLM
 
 from distillab.evals.sampling import sample_batched
 from distillab.models import build_char_tokenizer, micro_llama_config
-from distillab.rollout import SamplingParams, TransformersEngine
+from distillab.rollout.engine import TransformersEngine
+from distillab.rollout.types import SamplingParams
 
 
 class CountingEngine(TransformersEngine):

@@ -9,18 +9,13 @@ import math
 import pytest
 import torch
 
-from distillab.ops.chunked import (
-    ChunkedOutput,
-    chunked_distill_loss,
-    check_vocab_sizes,
-    pad_vocab,
-    row_coefficients,
-)
+from distillab.ops.chunked import ChunkedOutput, check_vocab_sizes, chunked_distill_loss, pad_vocab
 from distillab.ops.kl import (
     STAT_NAMES,
     distill_loss,
     entropy_and_cross_entropy,
     reduce_loss,
+    row_coefficients,
     token_divergence,
     token_divergence_and_grad,
 )

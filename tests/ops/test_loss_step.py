@@ -9,14 +9,13 @@ import math
 
 import pytest
 import torch
+from _helpers import EngineStandIn
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from distillab.config import LossConfig, TrialConfig
 from distillab.loss import loss_step
 from distillab.ops.kl import distill_loss, token_divergence
-from distillab.rollout import Rollouts, pack_rollouts, position_ids
-
-from _helpers import EngineStandIn
+from distillab.rollout.types import Rollouts, pack_rollouts, position_ids
 
 V, PAD = 41, 0
 
@@ -192,8 +191,8 @@ def _per_sequence_losses(trial, student, teacher, rollouts, pad_id) -> list[floa
 @pytest.mark.parametrize("impl", ["reference", "chunked"])
 @pytest.mark.parametrize("policy", ["offpd", "onpd"])
 def test_importance_weight_in_the_loss(char_models, impl, policy) -> None:
-    from distillab.rollout import sample_rollouts, step_prompts
-    from distillab.tasks import train_prompts
+    from distillab.rollout.source import sample_rollouts, step_prompts
+    from distillab.tasks.data import train_prompts
 
     tok, teacher, student = char_models
     trial, plain = _iw_trial(policy, impl, True), _iw_trial(policy, impl, False)

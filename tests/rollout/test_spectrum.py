@@ -11,16 +11,9 @@ from _helpers import REPO, load_script
 from transformers import LlamaForCausalLM
 
 from distillab.models import build_char_tokenizer, micro_llama_config
-from distillab.rollout import (
-    SPECTRUM_CLIP,
-    SamplingParams,
-    SpectrumEngine,
-    TransformersEngine,
-    pack_rollouts,
-    plausibility_mask,
-    position_ids,
-    spectrum_logits,
-)
+from distillab.rollout.engine import TransformersEngine
+from distillab.rollout.spectrum import SPECTRUM_CLIP, SpectrumEngine, plausibility_mask, spectrum_logits
+from distillab.rollout.types import SamplingParams, pack_rollouts, position_ids
 
 torch.set_num_threads(1)
 NEG = float("-inf")
@@ -217,7 +210,7 @@ def test_recorded_logliks_and_logprobs_match_a_rescoring(tok, models, lam: float
 def test_loglik_moves_with_lambda(tok, models) -> None:
     """Figure 4's check on two random models: along λ = −2 … 2 the mean student
     log-likelihood of the samples rises and the teacher's falls."""
-    from distillab.rollout import loglik_along_lambda
+    from distillab.rollout.spectrum import loglik_along_lambda
 
     student, teacher = models
     rows = loglik_along_lambda(student, teacher, tok, _prompts(tok) * 4, [-2.0, -1.0, 0.0, 1.0, 2.0],

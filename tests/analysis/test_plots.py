@@ -1,4 +1,4 @@
-"""Figures and the Markdown report from result frames (`distillab.plots`), the
+"""Figures and the Markdown report from result frames (`distillab.analysis.plots`), the
 `distillab report --plots` command, and the analysis notebook executed headless."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from distillab import plots
-from distillab.results import final_table, load, write_rows
+from distillab.analysis import plots
+from distillab.analysis.results import final_table, load
+from distillab.tables import write_rows
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NOTEBOOK = REPO / "notebooks" / "analysis.ipynb"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SKILLS = ("arith", "copy")

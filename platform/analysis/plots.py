@@ -1,6 +1,6 @@
-"""Figures of a sweep, drawn from the Polars result frames (``distillab.results``).
+"""Figures of a sweep, drawn from the Polars result frames (``distillab.analysis.results``).
 
-One function per figure, each taking a :class:`~distillab.results.Results` and
+One function per figure, each taking a :class:`~distillab.analysis.results.Results` and
 returning a ``matplotlib.figure.Figure``; the notebook (``notebooks/analysis.ipynb``)
 and ``distillab report PATH --plots DIR`` both call them, so there is one drawing
 code path. Figures are built on the Agg canvas directly (no ``pyplot``, no global
@@ -15,7 +15,7 @@ backend switch), so this works headless and inside Jupyter alike.
     (g) :func:`fig_tensor_sparsity` update sparsity S_τ per tensor kind, per swept configuration
     (h) :func:`fig_estimator`   the oracle: each estimator's bias and gradient cosine against steps
 
-and the figures of ``distillab findings`` (`distillab.findings`): :func:`fig_accuracy_lr`
+and the figures of ``distillab findings`` (`distillab.analysis.findings`): :func:`fig_accuracy_lr`
 (accuracy against LR per policy × KL), :func:`fig_coverage_gap` (pass@k − pass@1 against
 LR and along λ) and :func:`fig_hard_pass_lambda` (Countdown-4E pass@k along λ, before and
 after RLVR).
@@ -24,8 +24,8 @@ Every value is a mean over seeds (completed trials only) with SEM error bars. A
 panel whose data are absent (no λ column, no ``rlvr`` stage, ...) shows
 "no data: <why>" instead of failing; :func:`figure_notes` returns those lines.
 
-    >>> from distillab.results import load
-    >>> from distillab.plots import write_report
+    >>> from distillab.analysis.results import load
+    >>> from distillab.analysis.plots import write_report
     >>> write_report(load("runs/micro"), "docs/figures")      # doctest: +SKIP
 """
 
@@ -41,7 +41,7 @@ import polars as pl
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from distillab.results import (
+from distillab.analysis.results import (
     Results,
     aggregate,
     config_columns,
@@ -547,7 +547,7 @@ def fig_estimator(res: Results) -> Figure:
 def fig_accuracy_lr(res: Results, task: str = ID_TASK) -> Figure:
     """Countdown-3 (or ``task``'s) accuracy against learning rate, one line per rollout policy × KL
     direction, mean ± SEM over seeds (finding 1: policy gives no consistent advantage; reverse KL
-    is the more LR-sensitive direction). `distillab.findings` draws it over the policy × KL grid."""
+    is the more LR-sensitive direction). `distillab.analysis.findings` draws it over the policy × KL grid."""
     fig, axes = _new_figure(1, "accuracy against learning rate", width=6.0)
     _panel_lines(fig, axes[0], res, "id_accuracy", LR, [POLICY, KL, *_extra(res, (POLICY, KL, LR))], task=task)
     return fig

@@ -10,15 +10,9 @@ from transformers import LlamaForCausalLM
 
 from distillab.config import TrialConfig
 from distillab.models import build_char_tokenizer, micro_llama_config
-from distillab.rollout import (
-    TransformersEngine,
-    offpd_rollout_path,
-    offpd_rollout_set,
-    rollout_seed,
-    sample_rollouts,
-    step_prompts,
-)
-from distillab.tasks import train_prompts
+from distillab.rollout.engine import TransformersEngine
+from distillab.rollout.source import offpd_rollout_path, offpd_rollout_set, rollout_seed, sample_rollouts, step_prompts
+from distillab.tasks.data import train_prompts
 
 
 @pytest.fixture(scope="module")
@@ -141,17 +135,17 @@ def test_pre_eval_is_shared_between_trials_with_the_same_student_and_settings(to
 
 
 def test_resolve_engine(monkeypatch) -> None:
-    import distillab.rollout as rollout
+    import distillab.rollout.actor as actor
 
-    assert rollout.resolve_engine("transformers", batched=True) == "transformers"
-    assert rollout.resolve_engine("vllm", batched=False) == "vllm"
-    monkeypatch.setattr(rollout, "vllm_available", lambda: True)
+    assert actor.resolve_engine("transformers", batched=True) == "transformers"
+    assert actor.resolve_engine("vllm", batched=False) == "vllm"
+    monkeypatch.setattr(actor, "vllm_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert rollout.resolve_engine("auto", batched=True) == "vllm"  # a whole OffPD set in one call
-    assert rollout.resolve_engine("auto", batched=False) == "transformers"  # per-step sampling on CPU
+    assert actor.resolve_engine("auto", batched=True) == "vllm"  # a whole OffPD set in one call
+    assert actor.resolve_engine("auto", batched=False) == "transformers"  # per-step sampling on CPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert rollout.resolve_engine("auto", batched=False) == "vllm"
-    monkeypatch.setattr(rollout, "vllm_available", lambda: False)
-    assert rollout.resolve_engine("auto", batched=True) == "transformers"
+    assert actor.resolve_engine("auto", batched=False) == "vllm"
+    monkeypatch.setattr(actor, "vllm_available", lambda: False)
+    assert actor.resolve_engine("auto", batched=True) == "transformers"
     with pytest.raises(ValueError, match="rollout.engine must be 'auto', 'vllm' or 'transformers', got 'sglang'"):
-        rollout.resolve_engine("sglang", batched=True)
+        actor.resolve_engine("sglang", batched=True)

@@ -19,14 +19,10 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-#: The paper's large operand pool for Countdown-3 and Countdown-4 (PROTOCOL.md §5).
-PAPER_POOL: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 25, 50, 75)
-#: Countdown-4E operands: 1..10.
-SMALL_POOL: tuple[int, ...] = tuple(range(1, 11))
+from distillab.config import PAPER_POOL, SMALL_POOL
+from distillab.registry import SKILL_NAMES
 
 OPS = ("+", "-", "*", "/")
-#: The Countdown variants a trial can score (`config.TasksConfig` holds one `CountdownTaskConfig` each).
-COUNTDOWN_TASKS: tuple[str, ...] = ("countdown2", "countdown3", "countdown4e", "countdown4")
 
 
 @dataclass(frozen=True)
@@ -259,7 +255,8 @@ SKILLS: dict[str, Callable[[random.Random], SkillItem]] = {
 
 
 #: The prior-skill tasks of the micro OOD suite.
-SKILL_NAMES: tuple[str, ...] = tuple(SKILLS)
+if tuple(SKILLS) != SKILL_NAMES:  # the registry's names are these generators' keys, in order
+    raise AssertionError(f"registry.SKILL_NAMES {SKILL_NAMES} differ from the skills generated here {tuple(SKILLS)}")
 
 
 def generate_skill_items(task: str, n: int, seed: int) -> list[SkillItem]:
@@ -280,8 +277,6 @@ def score_skill(completion: str, item: SkillItem) -> bool:
 
 
 __all__ = [
-    "PAPER_POOL",
-    "SMALL_POOL",
     "CountdownSpec",
     "CountdownProblem",
     "generate_problems",
@@ -297,8 +292,6 @@ __all__ = [
     "generate_skill_items",
     "score_skill",
     "apply_op",
-    "COUNTDOWN_TASKS",
-    "SKILL_NAMES",
 ]
 
 

@@ -1,5 +1,5 @@
 r"""Batched sampling from a Llama-family causal LM with a static KV cache: the decode
-loop of `rollout.TransformersEngine` and the λ-spectrum sampler, without the
+loop of `rollout.engine.TransformersEngine` and the λ-spectrum sampler, without the
 per-token Python work of ``generate()``.
 
     prefill    one forward pass over the left-padded prompts (B, T), K/V written into a
@@ -19,7 +19,7 @@ output capturing, mask construction, ``DynamicCache`` concatenation,
 ``prepare_inputs_for_generation``, stopping-criteria objects and per-step logits lists.
 With generate()'s positions (``arange`` over the padded width: transformers 5
 ``generate`` passes no ``position_ids``), the scores equal ``generate()``'s and, under
-the same global RNG state, so do the sampled tokens (tests/test_decode.py checks
+the same global RNG state, so do the sampled tokens (tests/rollout/test_decode.py checks
 token for token, and the logprobs to 1e-6).
 
 `static_decode_supported` says which models take this path (Llama / Qwen2 with SDPA
@@ -131,7 +131,7 @@ class StaticKVDecoder:
         max_new: most tokens that will be generated (cache width T + max_new).
         positions: (B, T + max_new) int64 position of every slot (default:
             `generate_positions`, what ``generate()`` uses; the λ-spectrum's second model
-            passes ``rollout.position_ids`` continued by one per generated token).
+            passes ``rollout.types.position_ids`` continued by one per generated token).
 
     Call `prefill` once with the (B, T) prompt ids, then `step` with each (B,) new token;
     both return the (B, V) float32 logits of the last position.

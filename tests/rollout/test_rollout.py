@@ -7,14 +7,8 @@ import torch
 from transformers import LlamaForCausalLM
 
 from distillab.models import build_char_tokenizer, micro_llama_config
-from distillab.rollout import (
-    Rollouts,
-    SamplingParams,
-    TransformersEngine,
-    left_pad,
-    pack_rollouts,
-    position_ids,
-)
+from distillab.rollout.engine import TransformersEngine
+from distillab.rollout.types import Rollouts, SamplingParams, left_pad, pack_rollouts, position_ids
 
 torch.set_num_threads(1)
 

@@ -12,9 +12,9 @@ and its seeds, and gives
   or the teacher's conditioning) and rank (`TaskData.train_prompts`), and the RLVR
   problems per rank (`TaskData.rlvr_problems`).
 
-The primitives live in `distillab.countdown` (Countdown, prior skills),
-`distillab.mcq` (multiple choice), `distillab.math_task` (long-reasoning math) and
-`distillab.taskio` (prompt rendering, local files); their public names are re-exported here.
+The primitives live in `distillab.tasks.countdown` (Countdown, prior skills),
+`distillab.tasks.mcq` (multiple choice), `distillab.tasks.math_task` (long-reasoning math) and
+`distillab.tasks.taskio` (prompt rendering, local files); their public names are re-exported here.
 
     >>> data = TaskData(TasksConfig(), EvaluationConfig(id_items=4, pass_items=2))
     >>> len(data.test_split("countdown3"))
@@ -28,13 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from distillab.config import EvaluationConfig, RLVRConfig, SeedsConfig, TasksConfig, TrialConfig
-from distillab.countdown import (  # noqa: F401  (re-exported: the task primitives' public names)
-    COUNTDOWN_TASKS,
-    PAPER_POOL,
-    SKILL_NAMES,
+from distillab.config import PAPER_POOL, SMALL_POOL, EvaluationConfig, RLVRConfig, SeedsConfig, TasksConfig, TrialConfig
+from distillab.registry import COUNTDOWN_TASKS, SKILL_NAMES
+from distillab.tasks.countdown import (
     SKILLS,
-    SMALL_POOL,
     CountdownProblem,
     CountdownSpec,
     SkillItem,
@@ -50,9 +47,9 @@ from distillab.countdown import (  # noqa: F401  (re-exported: the task primitiv
     solve,
     verify_countdown,
 )
-from distillab.math_task import MathItem, math_prompt_ids, math_test_split, math_train_items
-from distillab.mcq import MCQItem, item_key, mcq_prompt_ids, mcq_test_split, mcq_train_items
-from distillab.taskio import read_local_split, render_prompt  # noqa: F401  (re-exported)
+from distillab.tasks.math_task import MathItem, math_prompt_ids, math_test_split, math_train_items
+from distillab.tasks.mcq import MCQItem, item_key, mcq_prompt_ids, mcq_test_split, mcq_train_items
+from distillab.tasks.taskio import read_local_split, render_prompt
 
 #: Offset of each Countdown test split's seed from ``tasks.test_seed`` (others: `OTHER_TEST_OFFSET`).
 TEST_SEED_OFFSETS = {"countdown3": 0, "countdown4e": 1}
@@ -135,7 +132,7 @@ class TaskData:
     def excluded(self) -> set[ProblemKey]:
         """`problem_key` of every item of every scored Countdown test split
         (``evaluation.countdown_tasks``): no training list contains one. (The
-        multiple-choice test split is excluded by `mcq.mcq_train_items`.)"""
+        multiple-choice test split is excluded by `tasks.mcq.mcq_train_items`.)"""
         return test_keys(self.tasks, self.evaluation.countdown_test_items, tuple(self.evaluation.countdown_tasks))
 
     def train_problems(self, name: str, n: int, seed: int) -> list[CountdownProblem]:
@@ -182,7 +179,7 @@ class TaskData:
 class RenderedOnUse(Sequence):
     """A list of prompts (token ids, ``list[int]`` each) whose entry i is rendered by
     ``render(items[i])`` when it is first read, then kept: a trial reads the prompts of its
-    own steps only (`rollout.step_prompts`: 640 of the micro study's 19,499 in 40 steps),
+    own steps only (`rollout.source.step_prompts`: 640 of the micro study's 19,499 in 40 steps),
     and rendering each through the chat template and the tokenizer took 0.9-1.0 s of every
     trial's set-up when all were rendered up front (``TaskData.train_prompts``, 2026-12-04).
     Indexing, slicing (a ``list``), ``len``, iteration and ``==`` (against any sequence of the

@@ -4,22 +4,14 @@ the final report table (DESIGN.md "Results schema")."""
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import polars as pl
 import pytest
 
-from distillab import results
-from distillab.results import (
-    aggregate,
-    config_columns,
-    final_table,
-    format_table,
-    joined_evals,
-    load,
-    write_rows,
-)
+from distillab import tables
+from distillab.analysis.results import aggregate, config_columns, final_table, format_table, joined_evals, load
+from distillab.tables import write_rows
 
 
 def _eval(trial_id: str, stage: str, step: int, value: float, metric: str = "accuracy") -> dict:
@@ -60,10 +52,10 @@ def test_roundtrip_all_tables(tmp_path: Path) -> None:
 
 def test_missing_tables_are_empty_with_schema(tmp_path: Path) -> None:
     res = load(tmp_path)
-    for table in results.TABLES:
+    for table in tables.TABLES:
         frame = getattr(res, table).collect()
         assert frame.height == 0
-        assert frame.columns == [c.name for c in results.SCHEMAS[table]]
+        assert frame.columns == [c.name for c in tables.SCHEMAS[table]]
     assert final_table(res, []).height == 0
     with pytest.raises(FileNotFoundError):
         load(tmp_path / "nope")
@@ -89,7 +81,7 @@ def test_failed_write_leaves_old_file_and_no_temp(tmp_path: Path, monkeypatch) -
     # A crash after the temp file was written (here: in os.replace) cleans it up.
     def boom(*_a, **_k):
         raise OSError("disk gone")
-    monkeypatch.setattr(results.os, "replace", boom)
+    monkeypatch.setattr(tables.os, "replace", boom)
     with pytest.raises(OSError, match="disk gone"):
         write_rows(tmp_path, "evals", [_eval("t0", "pre", 0, 0.9)], key="t0__pre__0")
     monkeypatch.undo()
@@ -270,7 +262,7 @@ def _by_kind(df: pl.DataFrame) -> dict[str, dict]:
 
 
 def test_forgetting_and_gains_by_hand(tmp_path: Path) -> None:
-    from distillab.results import forgetting, generalisation_gain, rlvr_gain, stage_delta
+    from distillab.analysis.results import forgetting, generalisation_gain, rlvr_gain, stage_delta
 
     res = load(_hand_sweep(tmp_path))
     per_trial = forgetting(res).sort("trial_id").collect()
@@ -301,7 +293,7 @@ def test_forgetting_and_gains_by_hand(tmp_path: Path) -> None:
 
 
 def test_trial_counts_exclude_and_count_failed(tmp_path: Path) -> None:
-    from distillab.results import trial_counts
+    from distillab.analysis.results import trial_counts
 
     res = load(_hand_sweep(tmp_path))
     counts = _by_kind(trial_counts(res, ["loss.kind"]))
@@ -321,7 +313,7 @@ def test_trial_counts_exclude_and_count_failed(tmp_path: Path) -> None:
 
 
 def test_filter_trials(tmp_path: Path) -> None:
-    from distillab.results import filter_trials, forgetting
+    from distillab.analysis.results import filter_trials, forgetting
 
     res = load(_hand_sweep(tmp_path))
     fwd = filter_trials(res, **{"loss.kind": "forward"})
@@ -349,7 +341,7 @@ def test_filter_trials(tmp_path: Path) -> None:
 
 
 def test_final_evals_keeps_failed_on_request(tmp_path: Path) -> None:
-    from distillab.results import final_evals
+    from distillab.analysis.results import final_evals
 
     res = load(_hand_sweep(tmp_path))
     done = final_evals(res).collect()

@@ -16,15 +16,30 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from distillab.findings import (
-    INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, Stat, cell_table, decide, f1, f2, f3, f4, f5, format_verdicts,
-    mean_of, trial_values, value_range, write_findings,
+from distillab.analysis.findings import (
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    Stat,
+    cell_table,
+    decide,
+    f1,
+    f2,
+    f3,
+    f4,
+    f5,
+    format_verdicts,
+    mean_of,
+    trial_values,
+    value_range,
+    write_findings,
 )
-from distillab.results import SCHEMAS, Results
+from distillab.analysis.results import Results
+from distillab.tables import SCHEMAS
 
 DELTA = {42: 0.01, 43: 0.0, 44: -0.01}
 S0 = 0.01 / math.sqrt(3)
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LRS = (1e-4, 3e-4, 1e-3)
 LR_SPEC = 3e-4
 LAMBDAS = (-2.0, -1.0, 0.0, 1.0, 2.0)
@@ -234,7 +249,7 @@ def test_f3_f4_f5_not_reproduced() -> None:
 def test_power_and_ratio_notes_by_hand() -> None:
     """The evidence notes of failed clauses: a non-positive difference is not a matter of power;
     a positive one within 2 SEM needs ceil(n · (2 SEM / d)²) seeds; a ratio is a / b."""
-    from distillab.findings import Stat, power_note, ratio_note
+    from distillab.analysis.findings import Stat, power_note, ratio_note
 
     assert power_note(Stat(0.05, 0.01), 3) == ""  # clear: 0.05 > 0.02
     # F5 forward of the study: z = -0.04 / 0.036 = -1.1: the other way, not clearly; 2 SEM = 0.072
@@ -257,7 +272,7 @@ def test_power_and_ratio_notes_by_hand() -> None:
 def test_not_reproduced_section_names_the_failed_clauses() -> None:
     """findings.md's "Not reproduced" section: F3 with a flat reverse KL (its (b) difference is 0:
     not a matter of power; its (a) ratio), nothing for the reproduced findings."""
-    from distillab.findings import not_reproduced_lines
+    from distillab.analysis.findings import not_reproduced_lines
 
     flat = _with(base_cells(), lambda c: c[0] == "spectrum" and c[2] == "reverse", acc=0.1)
     result = decide(study(flat))
@@ -410,7 +425,7 @@ def _write_micro_findings(root) -> None:
     """The trials rows `sweep.run_trial` writes for search_spaces/micro_findings.yaml (every config
     column), with the evals of the base study, as Parquet under ``root``."""
     from distillab.config import load_sweep
-    from distillab.results import write_rows
+    from distillab.tables import write_rows
 
     sweep = load_sweep(REPO / "search_spaces" / "micro_findings.yaml")
     grid_lrs = sorted({t.optimizer.lr for t in sweep.trials if t.rollout.policy != "spectrum"})
@@ -426,9 +441,9 @@ def _write_micro_findings(root) -> None:
 
 
 def test_real_trial_rows_of_micro_findings_from_disk(tmp_path) -> None:
-    """Read back with `results.load`, no config column of the real trials rows tells two seeds of
+    """Read back with `analysis.results.load`, no config column of the real trials rows tells two seeds of
     a cell apart, and every finding is decided (reproduced) as on the frames above."""
-    from distillab.results import load
+    from distillab.analysis.results import load
 
     _write_micro_findings(tmp_path)
     verdicts = decide(load(tmp_path))["all"]
@@ -465,10 +480,10 @@ def test_cli_findings(tmp_path, capsys) -> None:
 
 
 def test_findings_md_names_the_run_that_produced_the_results(tmp_path) -> None:
-    """A sweep directory's run records (`results.record_run`, one per invocation, a resume adds one)
+    """A sweep directory's run records (`tables.record_run`, one per invocation, a resume adds one)
     reach findings.md: the command, the commit, the CPUs and each stage's wall seconds."""
     from distillab.cli import main
-    from distillab.results import record_run, run_records
+    from distillab.tables import record_run, run_records
 
     root = tmp_path / "micro_findings"
     _write_micro_findings(root)
@@ -493,24 +508,24 @@ def test_the_deciding_code_is_recorded_before_findings_writes_anything(tmp_path,
     """findings.md's "these verdicts" line takes the code version before the figures are drawn:
     written into a tracked folder (docs/), they would otherwise mark the checkout modified.
     Stand-in: a code version that is dirty once the output folder holds a file."""
-    import distillab.findings as fnd
+    import distillab.analysis.findings as fnd
 
     out = tmp_path / "out"
     out.mkdir()
     monkeypatch.setattr(fnd, "code_version", lambda: {"commit": "c0ffee", "dirty": any(out.iterdir())})
     res = study()
     md = write_findings(res, out, decide(res, only=["F4"]), ["runs/x"])["findings"].read_text()
-    assert "- these verdicts: `distillab.findings` at commit `c0ffee`\n" in md
+    assert "- these verdicts: `distillab.analysis.findings` at commit `c0ffee`\n" in md
 
 
 def test_code_version_of_a_git_checkout(tmp_path, monkeypatch) -> None:
-    """`results.code_version`: HEAD of the checkout and whether a tracked file is modified
+    """`tables.code_version`: HEAD of the checkout and whether a tracked file is modified
     (untracked files do not count); None outside a git checkout."""
     import subprocess
 
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # tmp_path may lie inside this clone
 
-    from distillab.results import code_version
+    from distillab.tables import code_version
 
     def git(*args):
         return subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True, text=True).stdout

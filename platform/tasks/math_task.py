@@ -37,7 +37,7 @@ from typing import Mapping
 
 from math_verify import parse, verify
 
-from distillab.taskio import read_local_split, render_prompt
+from distillab.tasks.taskio import read_local_split, render_prompt
 
 
 @dataclass(frozen=True)
@@ -185,7 +185,7 @@ def math_train_items(cfg, exclude_test: int, test_seed: int, seed: int) -> list[
 
 def math_prompt_ids(tokenizer, cfg, item: MathItem) -> list[int]:
     """Prompt token ids: ``cfg.system_prompt`` and the problem, rendered with the tokenizer's
-    chat template (`taskio.render_prompt`)."""
+    chat template (`tasks.taskio.render_prompt`)."""
     return render_prompt(tokenizer, cfg.system_prompt, item.problem)
 
 

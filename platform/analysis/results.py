@@ -1,19 +1,12 @@
-"""Results of a sweep: long, tidy Parquet tables written atomically, read as
-Polars LazyFrames, aggregated as mean ± SEM over seeds (DESIGN.md "Results
-schema", PROTOCOL.md §4).
-
-Layout under a sweep's storage path (local filesystem)::
-
-    <root>/trials/<key>.parquet     one row per trial: status, times, config columns
-    <root>/metrics/<key>.parquet    training diagnostics per step
-    <root>/evals/<key>.parquet      evaluation results per (stage, step)
-    <root>/samples/<key>.parquet    generated texts with rewards, for inspection
-
-Each writer unit (a trial's eval at one step, a trial's row, ...) owns one file
-named by its ``key``; rewriting a key replaces the file, so a retried or resumed
-trial never duplicates rows, and a crash never leaves a half-written file.
+"""Results of a sweep read as Polars LazyFrames and aggregated as mean ± SEM over seeds
+(DESIGN.md "Results schema", PROTOCOL.md §4). The tables are written by the recipe through
+`distillab.tables` (schema, atomic writes); this module reads them: `load` (one sweep or
+several, with a ``sweep`` column), `joined_evals`, `aggregate`, `final_table`, the per-trial
+derived quantities (`forgetting`, `generalisation_gain`, `rlvr_gain`, `stage_delta`), the
+search objectives (`trial_metrics`, `pareto_front`) and the table formatting of the CLI.
 
     >>> import tempfile
+    >>> from distillab.tables import write_rows
     >>> root = tempfile.mkdtemp()
     >>> _ = write_rows(root, "evals", [dict(trial_id="t0", stage="pre", step=0,
     ...     task="countdown3", metric="accuracy", value=0.25, n=200)], key="t0__pre__0")
@@ -23,326 +16,19 @@ trial never duplicates rows, and a crash never leaves a half-written file.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import numbers
 import os
-import re
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import polars as pl
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from distillab.evals.metrics import FORGETTING_EVAL, FORGETTING_STAGES
-from distillab.evals.metrics import forgetting as forgetting_value
-from distillab.registry import FORGETTING_KEY, eval_key
+from distillab.registry import FORGETTING_EVAL, FORGETTING_STAGES
+from distillab.registry import forgetting as forgetting_value
+from distillab.tables import EVAL_COLUMNS, STAGES, TABLES, TRIAL_COLUMNS, report_dict, scan_table, table_files
 
-__all__ = [
-    "TABLES",
-    "is_sweep_dir",
-    "STAGES",
-    "SCHEMAS",
-    "Results",
-    "write_rows",
-    "load",
-    "config_columns",
-    "joined_evals",
-    "aggregate",
-    "final_table",
-    "format_table",
-    "final_evals",
-    "filter_trials",
-    "trial_counts",
-    "stage_delta",
-    "forgetting",
-    "generalisation_gain",
-    "rlvr_gain",
-    "mean_sem_text",
-    "FORGETTING_KEY",
-    "with_forgetting",
-    "report_metrics",
-    "trial_metrics",
-    "pareto_front",
-]
-
-TABLES: tuple[str, ...] = ("trials", "metrics", "evals", "samples")
-
-#: Allowed ``stage`` values per table (``samples`` takes any string).
-STAGES: dict[str, tuple[str, ...]] = {
-    "metrics": ("distill", "rlvr"),
-    "evals": ("pre", "distill", "rlvr"),
-}
-
-_STR, _INT, _FLOAT = "str", "int", "float"
-_ARROW = {_STR: pa.string(), _INT: pa.int64(), _FLOAT: pa.float64()}
-_POLARS = {_STR: pl.String, _INT: pl.Int64, _FLOAT: pl.Float64}
-
-
-@dataclass(frozen=True)
-class _Column:
-    name: str
-    kind: str  # _STR | _INT | _FLOAT
-    nullable: bool = False
-
-
-#: Fixed columns of each table. ``trials`` also holds one column per config field.
-SCHEMAS: dict[str, tuple[_Column, ...]] = {
-    "trials": (
-        _Column("trial_id", _STR),
-        _Column("status", _STR),
-        _Column("error", _STR, nullable=True),
-        _Column("start_time", _FLOAT),  # unix seconds
-        _Column("end_time", _FLOAT),
-        _Column("checkpoint", _STR, nullable=True),
-    ),
-    "metrics": (
-        _Column("trial_id", _STR),
-        _Column("stage", _STR),
-        _Column("step", _INT),
-        _Column("name", _STR),
-        _Column("value", _FLOAT),
-    ),
-    "evals": (
-        _Column("trial_id", _STR),
-        _Column("stage", _STR),
-        _Column("step", _INT),
-        _Column("task", _STR),
-        _Column("metric", _STR),
-        _Column("value", _FLOAT),
-        _Column("n", _INT),
-    ),
-    "samples": (
-        _Column("trial_id", _STR),
-        _Column("stage", _STR),
-        _Column("step", _INT),
-        _Column("task", _STR),
-        _Column("prompt", _STR),
-        _Column("completion", _STR),
-        _Column("reward", _FLOAT),
-    ),
-}
-
-_TRIAL_FIXED = tuple(c.name for c in SCHEMAS["trials"])
-_EVAL_COLUMNS = tuple(c.name for c in SCHEMAS["evals"])
-_KEY_RE = re.compile(r"[A-Za-z0-9_.+@-]+")
 _STAGE_ORDER = {"pre": 0, "distill": 1, "rlvr": 2}
-
-
-def _polars_schema(table: str) -> pl.Schema:
-    return pl.Schema({c.name: _POLARS[c.kind] for c in SCHEMAS[table]})
-
-
-# --------------------------------------------------------------------------- writing
-
-
-def _check_table(table: str) -> None:
-    if table not in TABLES:
-        raise ValueError(f"table must be one of {list(TABLES)}, got {table!r}")
-
-
-def _check_key(key: str) -> None:
-    if not isinstance(key, str) or not key:
-        raise ValueError(f"key must be a non-empty string, got {key!r}")
-    if "/" in key or "\\" in key or os.sep in key or (os.altsep and os.altsep in key):
-        raise ValueError(f"key must not contain path separators, got {key!r}")
-    if ".." in key:
-        raise ValueError(f"key must not contain '..', got {key!r}")
-    if key.startswith(".") or not _KEY_RE.fullmatch(key):
-        raise ValueError(
-            f"key must match [A-Za-z0-9_.+@-]+ and not start with '.', got {key!r}"
-        )
-
-
-def _check_value(table: str, col: str, kind: str, value: Any, row: int) -> None:
-    where = f"{table}.{col} (row {row})"
-    if kind == _STR:
-        ok = isinstance(value, str)
-    elif kind == _INT:
-        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    if not ok:
-        raise ValueError(f"{where}: expected {kind}, got {type(value).__name__} {value!r}")
-
-
-def _config_array(col: str, values: list[Any]) -> pa.Array:
-    """One config column of ``trials``: str, int, float or bool (None allowed)."""
-    for i, v in enumerate(values):
-        if v is not None and not isinstance(v, (str, numbers.Real)):  # bool is Real
-            raise ValueError(
-                f"trials.{col} (row {i}): config values must be str/int/float/bool/None, got "
-                f"{type(v).__name__}; flatten nested config first (TrialConfig.flat())"
-            )
-    try:
-        return pa.array(values)  # ints and floats mixed → float64
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-        raise ValueError(f"trials.{col}: values of mixed types across rows: {e}") from None
-
-
-def _to_arrow(table: str, rows: list[dict[str, Any]]) -> pa.Table:
-    """Validate ``rows`` against the table's schema and build the Arrow table."""
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise ValueError(f"rows must be a list of dicts for table {table!r}")
-    fixed = SCHEMAS[table]
-    fixed_names = {c.name for c in fixed}
-    for i, row in enumerate(rows):
-        for c in fixed:
-            if c.name not in row and not c.nullable:
-                raise ValueError(f"{table}: row {i} is missing required column {c.name!r}")
-    extra: list[str] = []
-    for row in rows:
-        extra.extend(k for k in row if k not in fixed_names and k not in extra)
-    if extra and table != "trials":
-        raise ValueError(
-            f"{table}: unknown column(s) {extra}; allowed: {[c.name for c in fixed]}"
-        )
-    for k in extra:
-        if not isinstance(k, str) or not k:
-            raise ValueError(f"trials: config column names must be non-empty strings, got {k!r}")
-
-    arrays: list[pa.Array] = []
-    fields: list[pa.Field] = []
-    for c in fixed:
-        values = [row.get(c.name) for row in rows]
-        for i, v in enumerate(values):
-            if v is None:
-                if not c.nullable:
-                    raise ValueError(f"{table}.{c.name} (row {i}): must not be None")
-            else:
-                _check_value(table, c.name, c.kind, v, i)
-        if c.name == "stage" and table in STAGES:
-            bad = sorted({v for v in values if v not in STAGES[table]})
-            if bad:
-                raise ValueError(f"{table}.stage must be one of {list(STAGES[table])}, got {bad}")
-        arrays.append(pa.array(values, type=_ARROW[c.kind]))
-        fields.append(pa.field(c.name, _ARROW[c.kind], nullable=c.nullable))
-    for k in extra:
-        arr = _config_array(k, [row.get(k) for row in rows])
-        arrays.append(arr)
-        fields.append(pa.field(k, arr.type))
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Persist a rename (POSIX); a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_rows(root: str | Path, table: str, rows: list[dict[str, Any]], *, key: str) -> Path:
-    """Write ``rows`` as ``<root>/<table>/<key>.parquet``, atomically, replacing
-    any file of the same key.
-
-    Validation happens before anything touches the disk. The bytes are then
-    written to a hidden temporary file in the same directory, fsynced, and moved
-    over the target with ``os.replace`` (atomic on POSIX and Windows), so readers
-    see the old file or the new one, never a partial one, and an error leaves the
-    old file intact and no temporary file behind.
-
-    Args:
-        root: the sweep's storage path (a local directory; created if needed).
-        table: one of :data:`TABLES`.
-        rows: dicts, one per row. Fixed columns per :data:`SCHEMAS` (str columns take
-            ``str``; int columns integers, not bools; float columns ints or floats).
-            ``trials`` rows also carry every config field as a flattened dotted key
-            (``"loss.kind"``) with a str/int/float/bool/None value (see
-            ``TrialConfig.flat()``); ``error`` and ``checkpoint`` may be omitted
-            (null). May be empty (an empty file replaces the key's rows).
-        key: the writer's unit, e.g. ``f"{trial_id}__{stage}__{step}"``: characters
-            ``[A-Za-z0-9_.+@-]``, no path separators, no ``..``, no leading dot.
-
-    Returns:
-        The path of the written file.
-
-    Raises:
-        ValueError: unknown table (names the allowed ones), bad key, a missing
-            required column or an unknown column (named), a None or wrongly typed
-            value (column and row named), a ``stage`` not allowed for the table.
-    """
-    _check_table(table)
-    _check_key(key)
-    arrow = _to_arrow(table, rows)
-    buf = pa.BufferOutputStream()
-    pq.write_table(arrow, buf)
-    data = buf.getvalue()
-
-    return atomic_write_bytes(Path(root) / table / f"{key}.parquet", data)
-
-
-#: the sweep directory's file of run records (`record_run`)
-RUNS_FILE = "runs.json"
-
-
-def code_version(path: str | Path | None = None) -> dict[str, Any]:
-    """The code that is running: ``{"commit": <git HEAD>, "dirty": <tracked files modified>}``
-    of the git checkout holding ``path`` (default: this package's source, so an editable
-    install in a clone names its commit); both None where that is not a git checkout or
-    git is missing."""
-    where = Path(path) if path is not None else Path(__file__).resolve().parent
-    try:
-        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10)
-        if head.returncode != 0:
-            return {"commit": None, "dirty": None}
-        status = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return {"commit": None, "dirty": None}
-    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
-
-
-def record_run(root: str | Path, record: dict[str, Any]) -> Path:
-    """Append ``record`` (JSON-able: the command, the code version, the stages' wall seconds)
-    to ``<root>/runs.json``, a list with one record per invocation that wrote into the sweep
-    directory (a resumed sweep adds one); written atomically. Returns the file's path."""
-    path = Path(root) / RUNS_FILE
-    runs = run_records(root)
-    return atomic_write_bytes(path, json.dumps([*runs, record], indent=1).encode())
-
-
-def run_records(root: str | Path) -> list[dict[str, Any]]:
-    """The records of ``<root>/runs.json`` (`record_run`), oldest first; [] when there are none."""
-    path = Path(root) / RUNS_FILE
-    return json.loads(path.read_text()) if path.exists() else []
-
-
-def atomic_write_bytes(target: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``target`` atomically: a hidden temporary file in the same
-    directory (created if needed), fsynced, then ``os.replace``; on any error the old
-    file stays intact and no temporary file is left. Returns ``target`` as a Path."""
-    target = Path(target)
-    directory = target.parent
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{target.stem}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(memoryview(data))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
-    return target
-
-
-# --------------------------------------------------------------------------- reading
 
 
 @dataclass(frozen=True)
@@ -355,37 +41,17 @@ class Results:
     samples: pl.LazyFrame
 
 
-def _files(root: Path, table: str) -> list[Path]:
-    directory = root / table
-    if not directory.is_dir():
-        return []
-    return sorted(
-        p for p in directory.glob("*.parquet") if p.is_file() and not p.name.startswith(".")
-    )
-
-
-def _scan(root: Path, table: str) -> pl.LazyFrame:
-    files = _files(root, table)
-    if not files:
-        return pl.LazyFrame(schema=_polars_schema(table))
-    if table != "trials":
-        return pl.scan_parquet(files, schema=_polars_schema(table), hive_partitioning=False)
-    # Config columns may differ between trials (and ints vs floats): per-file scans.
-    frames = [pl.scan_parquet(f, hive_partitioning=False) for f in files]
-    return pl.concat(frames, how="diagonal_relaxed")
-
-
 def is_sweep_dir(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a sweep directory: it holds the ``sweep.json`` a sweep writes when
     it starts, or a ``trials`` table (results written by hand or by `write_rows`)."""
     root = Path(path)
-    return (root / "sweep.json").is_file() or bool(_files(root, "trials"))
+    return (root / "sweep.json").is_file() or bool(table_files(root, "trials"))
 
 
 def _load_one(root: Path) -> Results:
     if not root.is_dir():
         raise FileNotFoundError(f"results path {str(root)!r} is not a directory")
-    return Results(*(_scan(root, t) for t in TABLES))
+    return Results(*(scan_table(root, t) for t in TABLES))
 
 
 def load(path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> Results:
@@ -438,7 +104,7 @@ def _trial_keys(res: Results) -> list[str]:
 
 def config_columns(res: Results) -> list[str]:
     """The config columns of ``res.trials``: all but the fixed ones and ``sweep``."""
-    return [c for c in _names(res.trials) if c not in _TRIAL_FIXED and c != "sweep"]
+    return [c for c in _names(res.trials) if c not in TRIAL_COLUMNS and c != "sweep"]
 
 
 def joined_evals(res: Results) -> pl.LazyFrame:
@@ -513,7 +179,7 @@ def final_table(res: Results, group_by: list[str]) -> pl.DataFrame:
     for col in group_by:
         if col not in trial_cols:
             raise ValueError(f"final_table: group_by column {col!r} is not a trials column")
-        if col in _EVAL_COLUMNS:
+        if col in EVAL_COLUMNS:
             raise ValueError(f"final_table: group_by column {col!r} clashes with an evals column")
     group = list(group_by) or ["__all__"]
     lit_all = [pl.lit(0).alias("__all__")] if not group_by else []
@@ -571,9 +237,6 @@ def format_table(df: pl.DataFrame) -> str:
         tbl_formatting="ASCII_MARKDOWN",
     ):
         return str(df)
-
-
-# --------------------------------------------------------------------------- selections
 
 
 def final_evals(res: Results, *, completed_only: bool = True) -> pl.LazyFrame:
@@ -703,8 +366,8 @@ def stage_delta(
 
 def forgetting(res: Results) -> pl.LazyFrame:
     """ΔOOD per trial: mean OOD score after distillation − before (PROTOCOL.md §4;
-    negative = forgotten): `stage_delta` of `evals.metrics.FORGETTING_EVAL` with
-    ``value`` = `evals.metrics.forgetting` (before, after)."""
+    negative = forgotten): `stage_delta` of `registry.FORGETTING_EVAL` with
+    ``value`` = `registry.forgetting` (before, after)."""
     (task, metric), (before, after) = FORGETTING_EVAL, FORGETTING_STAGES
     return stage_delta(res, task, metric, before=before, after=after).with_columns(
         forgetting_value(pl.col("before"), pl.col("after")).alias("value"))
@@ -721,39 +384,6 @@ def rlvr_gain(res: Results, task: str = "countdown4e", metric: str = "accuracy")
     """RLVR gain per trial: accuracy after RLVR − after distillation (empty when no
     trial has ``rlvr`` evals)."""
     return stage_delta(res, task, metric, before="distill", after="rlvr")
-
-
-# --------------------------------------------------------------------------- search objectives
-
-
-def with_forgetting(report: dict[str, float]) -> dict[str, float]:
-    """``report`` (``eval/<stage>/<task>/<metric>`` keys) plus ``eval/forgetting``
-    (`evals.metrics.forgetting` of the OOD means before and after) when both are there."""
-    (task, metric), (before, after) = FORGETTING_EVAL, FORGETTING_STAGES
-    pre, post = report.get(eval_key(before, task, metric)), report.get(eval_key(after, task, metric))
-    if pre is None or post is None:
-        return dict(report)
-    return {**report, FORGETTING_KEY: forgetting_value(pre, post)}
-
-
-def _report_dict(evals: pl.DataFrame) -> dict[str, float]:
-    """`with_forgetting` of ``{"eval/<stage>/<task>/<metric>": value}`` from one trial's final evals."""
-    return with_forgetting({eval_key(s, t, m): float(v)
-                            for s, t, m, v in evals.select("stage", "task", "metric", "value").iter_rows()})
-
-
-def report_metrics(root: str | Path, trial_id: str) -> dict[str, float]:
-    """The evaluation part of a trial's final report, rebuilt from ``<root>/evals``:
-    the same keys ``distill`` reports to Ray Tune (``eval/<stage>/<task>/<metric>``,
-    the last step of each stage, and ``eval/forgetting``). For trials whose report is
-    not in memory: a completed trial the sweep skips, and the stages a resumed worker
-    did not run itself. Empty if the trial has no evals yet."""
-    if not _files(Path(root), "evals"):
-        return {}
-    ev = _scan(Path(root), "evals").filter(pl.col("trial_id") == trial_id).collect()
-    last = ev.group_by("stage").agg(pl.col("step").max().alias("_last"))
-    ev = ev.join(last, on="stage").filter(pl.col("step") == pl.col("_last"))
-    return _report_dict(ev)
 
 
 def rlvr_reward_summary(res: Results, window: int = 10) -> pl.DataFrame:
@@ -782,7 +412,7 @@ def trial_metrics(res: Results) -> pl.DataFrame:
     fe = final_evals(res).collect()
     rows = []
     for key_vals, group in fe.group_by(keys, maintain_order=True):
-        rows.append({**dict(zip(keys, key_vals)), **_report_dict(group)})
+        rows.append({**dict(zip(keys, key_vals)), **report_dict(group)})
     wide = pl.DataFrame(rows) if rows else pl.DataFrame(schema={k: pl.String for k in keys})
     return res.trials.filter(pl.col("status") == "completed").collect().join(wide, on=keys, how="inner")
 

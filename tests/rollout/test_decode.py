@@ -9,18 +9,12 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from distillab.decode import StaticKVDecoder, generate_positions, sample_tokens, static_decode_supported
 from distillab.models import build_char_tokenizer, micro_llama_config
 from distillab.ops.kl import token_logprobs
-from distillab.rollout import (
-    SamplingParams,
-    SpectrumEngine,
-    TransformersEngine,
-    _CachedForward,
-    _other_stepper,
-    left_pad,
-    position_ids,
-)
+from distillab.rollout.decode import StaticKVDecoder, generate_positions, sample_tokens, static_decode_supported
+from distillab.rollout.engine import TransformersEngine
+from distillab.rollout.spectrum import SpectrumEngine, _CachedForward, _other_stepper
+from distillab.rollout.types import SamplingParams, left_pad, position_ids
 
 torch.set_num_threads(1)
 
@@ -152,13 +146,13 @@ def test_supported_models(tok) -> None:
 
 def test_engine_falls_back_to_generate_with_the_same_rollouts(tok, monkeypatch) -> None:
     """`TransformersEngine` gives the same rollouts on both paths (static decoder, generate())."""
-    import distillab.rollout as rollout
+    import distillab.rollout.engine as engine
 
     model = _llama(tok)
     prompts = [tok("10 7 3 -> 21", add_special_tokens=False)["input_ids"], tok("ab", add_special_tokens=False)["input_ids"]]
     sp = SamplingParams(temperature=0.8, top_p=0.95, max_tokens=8, n=3, seed=11)
     fast = TransformersEngine(model, tok.eos_token_id, tok.pad_token_id).generate(prompts, sp)
-    monkeypatch.setattr(rollout, "static_decode_supported", lambda m: False)
+    monkeypatch.setattr(engine, "static_decode_supported", lambda m: False)
     slow = TransformersEngine(model, tok.eos_token_id, tok.pad_token_id).generate(prompts, sp)
     assert fast.completion_ids == slow.completion_ids and fast.finish_reasons == slow.finish_reasons
     for a, b in zip(fast.logprobs, slow.logprobs):
@@ -168,8 +162,8 @@ def test_engine_falls_back_to_generate_with_the_same_rollouts(tok, monkeypatch) 
 @pytest.mark.parametrize("lam", [0.5, -1.5])
 def test_spectrum_other_model_on_both_paths(tok, monkeypatch, lam) -> None:
     """The λ-spectrum's second model stepped by the static decoder or by its own forward
-    (`rollout._CachedForward`): the same rollouts, logprobs and log-likelihoods to 1e-6."""
-    import distillab.rollout as rollout
+    (`rollout.spectrum._CachedForward`): the same rollouts, logprobs and log-likelihoods to 1e-6."""
+    import distillab.rollout.spectrum as spectrum
 
     student, teacher = _llama(tok, 0), _llama(tok, 5)
     prompts = [tok("12 5 -> 7", add_special_tokens=False)["input_ids"], tok("abc", add_special_tokens=False)["input_ids"]]
@@ -177,7 +171,7 @@ def test_spectrum_other_model_on_both_paths(tok, monkeypatch, lam) -> None:
     eng = SpectrumEngine(student, teacher, tok.eos_token_id, tok.pad_token_id, lam=lam, tau_s=1.0, tau_t=0.5)
     assert isinstance(_other_stepper(teacher, torch.ones(1, 2, dtype=torch.long), 2), StaticKVDecoder)
     fast = eng.generate(prompts, sp)
-    monkeypatch.setattr(rollout, "static_decode_supported", lambda m: False)
+    monkeypatch.setattr(spectrum, "static_decode_supported", lambda m: False)
     assert isinstance(_other_stepper(teacher, torch.ones(1, 2, dtype=torch.long), 2), _CachedForward)
     slow = eng.generate(prompts, sp)
     assert fast.completion_ids == slow.completion_ids

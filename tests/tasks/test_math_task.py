@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from distillab.math_task import MathItem, extract_boxed, load_math, math_equivalent, score_math
+from distillab.tasks.math_task import MathItem, extract_boxed, load_math, math_equivalent, score_math
 
-FIX = Path(__file__).parent / "fixtures"
+FIX = Path(__file__).parents[1] / "fixtures"
 
 
 @pytest.mark.parametrize("text, boxed", [

@@ -7,24 +7,18 @@ import random
 
 import pytest
 
-from distillab.config import TrialConfig
+from distillab.config import PAPER_POOL, SMALL_POOL, TrialConfig
 from distillab.models import build_char_tokenizer
-from distillab.tasks import (
-    PAPER_POOL,
+from distillab.tasks.countdown import (
     SKILLS,
-    SMALL_POOL,
     CountdownProblem,
     CountdownSpec,
-    RenderedOnUse,
     SkillItem,
-    TaskData,
     apply_op,
-    countdown_prompt_ids,
     countdown_user_text,
     extract_answer,
     generate_problems,
     generate_skill_items,
-    render_prompt,
     render_solution,
     score_countdown,
     score_skill,
@@ -32,6 +26,8 @@ from distillab.tasks import (
     solve,
     verify_countdown,
 )
+from distillab.tasks.data import RenderedOnUse, TaskData, countdown_prompt_ids
+from distillab.tasks.taskio import render_prompt
 
 # --------------------------------------------------------------------------------------
 # verifier
@@ -331,7 +327,7 @@ def test_solver_agrees_with_brute_force_on_small_random_instances() -> None:
 
 
 def test_training_prompts_are_rendered_when_first_read() -> None:
-    """`tasks.RenderedOnUse`: each entry rendered once, on its first read; a slice is the
+    """`tasks.data.RenderedOnUse`: each entry rendered once, on its first read; a slice is the
     list of the same entries; ``len``, iteration and ``==`` as on the rendered list."""
     calls: list[int] = []
 

