@@ -80,3 +80,16 @@ def test_site_builds_strictly(tmp_path):
     assert r.returncode == 0, f"sphinx-build failed:\n{r.stdout[-4000:]}\n{r.stderr[-8000:]}"
     assert (tmp_path / "html" / "reference" / "config.html").exists()
     shutil.rmtree(tmp_path / "html", ignore_errors=True)
+
+
+def test_readme_example_is_a_valid_four_trial_sweep(tmp_path):
+    from distillab.config import load_sweep
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    example = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
+    assert "extends: search_spaces/micro.yaml" in example
+    (tmp_path / "my_study.yaml").write_text(example.replace("search_spaces/micro.yaml",
+                                                            str(ROOT / "search_spaces" / "micro.yaml")))
+    sweep = load_sweep(tmp_path / "my_study.yaml")
+    assert sweep.name == "my_study" and len(sweep.trials) == 4
+    assert {t.loss.kind for t in sweep.trials} == {"forward", "jsd"}
