@@ -6,7 +6,7 @@
 #
 # Prints one line per row as it finishes, then a table (row, pass / fail / skip, seconds, reason);
 # every row's output goes to $OUT/gpu_check.log (or .cache/gpu_check.log). Rows and what they check:
-# benchmarks/gpu_check.py's docstring and the README ("The GPU check"). Without CUDA the GPU rows are
+# benchmarks/gpu_check.py's docstring and docs/cluster.md ("The GPU check"). Without CUDA the GPU rows are
 # skipped and the CPU rows run (CI runs it that way: tests/test_gpu_check.py). Exit 1 if a row failed.
 #
 # distillab is installed (no dependencies, nothing downloaded) only where it is not importable yet,

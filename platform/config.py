@@ -53,9 +53,13 @@ class CountdownTaskConfig(_Strict):
     """A Countdown variant (PROTOCOL.md §5): operands drawn with replacement from
     ``pool``, ``n_operands`` of them, targets in ``[target_min, target_max]``."""
 
+    #: the operand pool (drawn with replacement)
     pool: tuple[int, ...]
+    #: operands per problem
     n_operands: int = Field(ge=2, le=6)
+    #: smallest target
     target_min: int = Field(default=1, ge=1)
+    #: largest target
     target_max: int = Field(ge=1)
 
     @model_validator(mode="after")
@@ -86,13 +90,19 @@ class MCQTaskConfig(_Strict):
     schema of `distillab.tasks.mcq`, ``field_map`` for other column names), e.g. Science or
     MedReason. The option letter goes inside ``<answer></answer>``."""
 
+    #: ``synthetic`` (the micro task) or ``files`` (``train_path`` / ``test_path``)
     source: Literal["synthetic", "files"] = "synthetic"
+    #: ``source: files``: the training items (JSONL or Parquet)
     train_path: str | None = None
+    #: ``source: files``: the test items (JSONL or Parquet)
     test_path: str | None = None
+    #: ``source: files``: the files' column names for the schema's (schema name → column)
     field_map: dict[str, str] = {}
+    #: the system prompt of the multiple-choice task
     system_prompt: str = "Multiple choice."
     #: the prompt's last line (the answer format); "" for none (micro models learn the format from SFT)
     instruction: str = MCQ_INSTRUCTION
+    #: ``source: synthetic``: training questions generated
     train_items: int = Field(default=20_000, ge=1)
 
     @model_validator(mode="after")
@@ -112,12 +122,19 @@ class MathTaskConfig(_Strict):
     `tasks.math_task.load_math`; ``field_map`` for other column names), e.g. Numina-MATH. The
     worked ``solution`` of a row is the teacher's SFT demonstration."""
 
+    #: ``synthetic`` (arithmetic chains) or ``files`` (``train_path`` / ``test_path``)
     source: Literal["synthetic", "files"] = "synthetic"
+    #: ``source: files``: the training problems (JSONL or Parquet, MATH schema)
     train_path: str | None = None
+    #: ``source: files``: the test problems (JSONL or Parquet, MATH schema)
     test_path: str | None = None
+    #: ``source: files``: the files' column names for the schema's (schema name → column)
     field_map: dict[str, str] = {}
+    #: the system prompt of the math task
     system_prompt: str = "Math."
+    #: ``source: synthetic``: additions/subtractions per problem
     chain_length: int = Field(default=6, ge=2, le=12)
+    #: ``source: synthetic``: training problems generated
     train_items: int = Field(default=20_000, ge=1)
 
     @model_validator(mode="after")
@@ -131,20 +148,26 @@ class TasksConfig(_Strict):
 
     #: one-step Countdown: a prior skill of the micro student (knows format and arithmetic, not the search)
     countdown2: CountdownTaskConfig = CountdownTaskConfig(pool=PAPER_POOL, n_operands=2, target_max=1000)
+    #: Countdown-3: the in-distribution task
     countdown3: CountdownTaskConfig = CountdownTaskConfig(pool=PAPER_POOL, n_operands=3, target_max=1000)
+    #: Countdown-4E: four small operands, the generalisation task
     countdown4e: CountdownTaskConfig = CountdownTaskConfig(pool=SMALL_POOL, n_operands=4, target_max=1000)
+    #: Countdown-4: four operands from the paper's pool (RLVR's task)
     countdown4: CountdownTaskConfig = CountdownTaskConfig(pool=PAPER_POOL, n_operands=4, target_max=10_000)
+    #: the prior skills forming the micro OOD suite
     ood_skills: tuple[Literal[SKILL_NAMES], ...] = SKILL_NAMES
     #: seed of the test splits (fixed across trials so every trial sees the same items)
     test_seed: int = 1_000_003
     #: system prompt and task prompt (``{nums}``, ``{target}``) of Countdown
     system_prompt: str = "Countdown."
+    #: the Countdown task prompt (must contain ``{nums}`` and ``{target}``)
     user_template: str = "{nums} -> {target}"
     #: show the operands largest-first in the prompt (the instance is a multiset)
     sort_operands: bool = True
     #: teacher conditioning (the paper's style-transfer experiment): the teacher sees this system prompt
     #: and/or task template instead of the student's, for its rollouts and its scoring (None = the student's)
     teacher_system_prompt: str | None = None
+    #: the teacher's task prompt under teacher conditioning (null: the student's)
     teacher_user_template: str | None = None
     #: the multiple-choice task (``trial.domain: mcq``)
     mcq: MCQTaskConfig = MCQTaskConfig()
@@ -183,18 +206,27 @@ class TasksConfig(_Strict):
 class MicroModelConfig(_Strict):
     """A micro Llama built from config and trained by `distillab prepare`."""
 
+    #: hidden size (a multiple of ``num_heads``, head_dim ≥ 32)
     hidden_size: int = Field(ge=32)
+    #: transformer layers
     num_layers: int = Field(ge=1)
+    #: attention heads
     num_heads: int = Field(ge=1)
+    #: MLP width
     intermediate_size: int = Field(ge=1)
+    #: longest sequence (tokens) the model is built for
     max_position_embeddings: int = Field(default=256, ge=16)
     #: SFT optimizer steps, batch (sequences) and peak LR (cosine, warm-up)
     sft_steps: int = Field(ge=1)
+    #: SFT batch (sequences per optimizer step)
     sft_batch_size: int = Field(default=64, ge=1)
+    #: SFT peak learning rate (cosine decay after the warm-up)
     sft_lr: float = Field(default=3e-3, gt=0)
+    #: SFT warm-up steps
     sft_warmup: int = Field(default=50, ge=0)
     #: SFT data: Countdown demonstrations per task name, and examples per prior skill
     countdown_examples: dict[Literal["countdown2", "countdown3", "countdown4e", "countdown4"], int] = {}
+    #: SFT examples per prior skill (the micro OOD suite's tasks)
     skill_examples: int = Field(default=0, ge=0)
     #: multiple-choice demonstrations (``tasks.mcq``; the study's second domain)
     mcq_examples: int = Field(default=0, ge=0)
@@ -220,17 +252,23 @@ class ModelsConfig(_Strict):
     ``from_pretrained``) or, when the path is null, the micro model that
     `distillab prepare` builds and caches under ``cache_dir/<config hash>``."""
 
+    #: the teacher's checkpoint directory (``from_pretrained``); null: the micro teacher of ``micro_teacher``
     teacher_path: str | None = None
+    #: the student's checkpoint directory (``from_pretrained``); null: the micro student of ``micro_student``
     student_path: str | None = None
+    #: where ``prepare`` caches the micro models (``<cache_dir>/<config hash>``) and trials share OffPD sets
     cache_dir: str = ".cache/models"
+    #: the micro teacher's architecture and SFT (used when ``teacher_path`` is null)
     micro_teacher: MicroModelConfig = MicroModelConfig(
         hidden_size=128, num_layers=4, num_heads=4, intermediate_size=256, sft_steps=3000,
         countdown_examples={"countdown3": 40_000, "countdown4e": 20_000},
     )
+    #: the micro student's architecture and SFT (used when ``student_path`` is null)
     micro_student: MicroModelConfig = MicroModelConfig(
         hidden_size=128, num_layers=3, num_heads=4, intermediate_size=256, sft_steps=800,
         countdown_examples={"countdown3": 500}, skill_examples=20_000,
     )
+    #: seed of ``prepare``'s SFT data and training
     prepare_seed: int = 0
     #: optional GRPO refinement of the teacher after SFT (PROTOCOL.md §6; `prepare.refine_teacher`):
     #: the same GRPO/DAPO code as the RLVR stage, e.g. ``correct_reward: 2.0``, ``format_reward: 0.5``
@@ -267,21 +305,34 @@ class RolloutConfig(_StrictAliased):
     the trials start).
     """
 
+    #: who samples the rollouts: ``offpd`` the teacher, ``onpd`` the student, ``spectrum`` π_λ between them
     policy: Literal["offpd", "onpd", "spectrum"] = "offpd"
+    #: λ of ``policy: spectrum`` (−1 teacher, 1 student, beyond on either side); YAML key ``lambda``
     lambda_: float | None = Field(default=None, ge=-2.0, le=2.0, alias="lambda")
+    #: π_λ's plausibility threshold (tokens below ``alpha`` × the max probability of either model are dropped)
     alpha: float = Field(default=0.2, gt=0, le=1)
+    #: π_λ's clip of the teacher/student log-ratio
     clip_c: float = Field(default=2.0 * math.log(3.0), ge=0)
+    #: the teacher's sampling temperature τ_T
     tau_t: float = Field(default=0.5, gt=0)
+    #: the student's sampling temperature τ_S
     tau_s: float = Field(default=1.0, gt=0)
+    #: nucleus sampling of the rollouts
     top_p: float = Field(default=1.0, gt=0, le=1)
+    #: longest completion (tokens)
     max_tokens: int = Field(default=48, ge=1)
+    #: the sampler: ``transformers``, ``vllm`` (a Ray actor), or ``auto`` (vLLM where faster)
     engine: Literal["auto", "transformers", "vllm"] = "auto"
+    #: vLLM engine: sync the student's weights into it every that many optimizer steps
     sync_every: int = Field(default=1, ge=1)
+    #: OffPD: generate the teacher's rollouts once and reuse them across trials with the same key
     offpd_reuse: bool = False
     #: vLLM engine: KV-cache size in whole GiB on CPU (``VLLM_CPU_KVCACHE_SPACE``), share of GPU
     #: memory on GPUs, and the longest prompt + completion it must hold (tokens).
     vllm_kv_cache_gib: int = Field(default=1, ge=1)
+    #: vLLM on GPUs: its share of GPU memory
     vllm_gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)
+    #: vLLM: the longest prompt + completion it must hold (tokens)
     vllm_max_model_len: int = Field(default=512, ge=16)
 
     @model_validator(mode="after")
@@ -325,9 +376,11 @@ class LossConfig(_Strict):
     ``estimator/grad_cos`` (`ops.oracle`; no extra model forward, the training gradient
     unchanged)."""
 
+    #: ``forward`` KL(π_T‖π_S), ``reverse`` KL(π_S‖π_T), or ``jsd`` JSD(β)
     kind: Literal["forward", "reverse", "jsd"] = "forward"
     #: JSD(β) interpolation weight in [0, 1]: M = β π_T + (1 − β) π_S (read by ``kind: jsd`` only)
     beta: float = Field(default=0.5, ge=0.0, le=1.0)
+    #: how the divergence is estimated: ``full``, ``sampled``, ``topk``, or ``k1``/``k2``/``k3`` on the rollout token
     estimator: Literal["full", "sampled", "topk", "k1", "k2", "k3"] = "full"
     #: top-k support size per model (``estimator: topk``; ties at the k-th logit are kept, so |S| ≥ k)
     top_k: int = Field(default=64, ge=1)
@@ -339,8 +392,11 @@ class LossConfig(_Strict):
     k_gradient: Literal["auto", "score", "pathwise"] = "auto"
     #: the full-vocabulary oracle every that many steps (0 = off; `ops.oracle`)
     oracle_every: int = Field(default=10, ge=0)
+    #: the teacher's temperature in the loss
     tau_t: float = Field(default=0.5, gt=0)
+    #: the student's temperature in the loss
     tau_s: float = Field(default=1.0, gt=0)
+    #: how token losses become the batch loss: mean per sequence then over sequences, mean over tokens, or sum
     reduction: Literal["seq_mean", "token_mean", "sum"] = "seq_mean"
     #: How the loss is computed (all give the same numbers; tests pin it):
     #: ``reference`` full (B, T, V) logits from the models and ``ops.kl`` (the float64-safe
@@ -390,15 +446,25 @@ class OptimizerConfig(_Strict):
     """AdamW (no weight decay), linear warm-up then constant LR, global-norm
     clipping (``clip: null`` turns it off; the unclipped norm is logged either way)."""
 
+    #: peak learning rate (after the warm-up, held constant)
     lr: float = Field(default=1e-5, gt=0)
+    #: AdamW's β1, β2
     betas: tuple[float, float] = (0.9, 0.999)
+    #: AdamW's ε
     eps: float = Field(default=1e-8, gt=0)
+    #: AdamW's decoupled weight decay
     weight_decay: float = Field(default=0.0, ge=0)
+    #: linear LR warm-up steps
     warmup_steps: int = Field(default=10, ge=0)
+    #: global gradient-norm clip (null: off; the unclipped norm is logged either way)
     clip: float | None = Field(default=1.0, gt=0)
+    #: distillation optimizer steps
     steps: int = Field(default=150, ge=1)
+    #: prompts per optimizer step, over all workers
     prompts_per_step: int = Field(default=32, ge=1)
+    #: rollouts sampled per prompt
     rollouts_per_prompt: int = Field(default=1, ge=1)
+    #: training problems generated for distillation
     train_prompts: int = Field(default=20_000, ge=1)
     #: DeepSpeed ZeRO stage (0-3; under 3 the student is gathered whole on every rank for generation:
     #: evaluation, OnPD/λ rollouts)
@@ -406,6 +472,7 @@ class OptimizerConfig(_Strict):
     #: ZeRO 3: parameters of at most this many elements stay whole on every rank (DeepSpeed's
     #: ``stage3_param_persistence_threshold``); the student's lm_head always does (the fused loss reads it)
     zero3_persistence_threshold: int = Field(default=100_000, ge=0)
+    #: checkpoint every that many steps (0: at the end only); what a restarted worker resumes from
     checkpoint_every: int = Field(default=0, ge=0)
 
     @field_validator("betas")
@@ -426,8 +493,11 @@ class LMEvalTask(_Strict):
     key of its standard metric in lm-eval's results (``"<metric>,<filter>"``) and a
     ``scale`` that maps that metric to [0, 1] (EQ-Bench reports 0–100)."""
 
+    #: the task's registered lm-eval name
     task: str = Field(min_length=1)
+    #: its metric key in lm-eval's results, ``<metric>,<filter>``
     metric: str = Field(pattern=r"^[^,]+,[^,]+$")
+    #: divides the metric to map it to [0, 1]
     scale: float = Field(default=1.0, gt=0)
 
 
@@ -458,11 +528,17 @@ class LMEvalConfig(_Strict):
     for the ``evaluate`` library's code_eval metric). The hub tasks download their
     datasets: run with ``HF_HUB_OFFLINE=0`` or with them already in ``HF_HOME``."""
 
+    #: the lm-eval-harness tasks (default: the paper's seven OOD benchmarks)
     tasks: tuple[LMEvalTask, ...] = PAPER_OOD_SUITE
+    #: items per task (null: all)
     limit: int | None = Field(default=500, ge=1)
+    #: a folder of extra task YAMLs
     include_path: str | None = None
+    #: lm-eval's batch size
     batch_size: int = Field(default=8, ge=1)
+    #: lm-eval's longest sequence (null: the model's)
     max_length: int | None = Field(default=None, ge=1)
+    #: allow tasks that execute model-written code (HumanEval-style)
     allow_code_execution: bool = False
 
     @model_validator(mode="after")
@@ -486,8 +562,11 @@ class StyleConfig(_Strict):
     ``language`` (ISO 639-1, e.g. ``de``); ``kind: regex``: ``pattern`` (Python
     ``re``) is found in the answer."""
 
+    #: ``language`` (detected language) or ``regex`` (a pattern found)
     kind: Literal["language", "regex"]
+    #: ``kind: language``: the teacher's language (ISO 639-1)
     language: str | None = Field(default=None, pattern=r"^[a-z]{2}(-[a-z]{2})?$")
+    #: ``kind: regex``: the Python regular expression of the teacher's style
     pattern: str | None = None
 
     @model_validator(mode="after")
@@ -507,15 +586,25 @@ class StyleConfig(_Strict):
 class EvaluationConfig(_Strict):
     """What every trial reports before and after (PROTOCOL.md §4)."""
 
+    #: Countdown test items of the accuracy (one sample each)
     id_items: int = Field(default=200, ge=1)
+    #: sampling temperature of the accuracy
     id_temperature: float = Field(default=0.5, gt=0)
+    #: nucleus sampling of every evaluation
     top_p: float = Field(default=1.0, gt=0, le=1)
+    #: test items of pass@k
     pass_items: int = Field(default=100, ge=1)
+    #: samples per item for pass@k
     pass_n: int = Field(default=10, ge=1)
+    #: the k of pass@k reported (each ≤ ``pass_n``)
     pass_k: tuple[int, ...] = (1, 10)
+    #: sampling temperature of pass@k per task
     pass_temperature: dict[str, float] = {"countdown3": 1.0, "countdown4e": 0.5, "countdown4": 1.0}
+    #: items per micro OOD task
     ood_items: int = Field(default=100, ge=1)
+    #: sampling temperature of the OOD suite
     ood_temperature: float = Field(default=0.5, gt=0)
+    #: thresholds τ of the update sparsity S_τ
     sparsity_taus: tuple[float, ...] = (1e-6, 1e-8)
     #: dtype both weights are rounded to before S_τ compares them: ``bf16`` (the paper's setting, whose
     #: checkpoints are bf16: a change below a bf16 step of the weight is no change) or ``fp32`` (float32
@@ -525,11 +614,13 @@ class EvaluationConfig(_Strict):
     #: step (``params/sparsity_touched@<τ>``) and their share (``params/touched_share``); costs one bool per
     #: parameter entry and a comparison per step (`optim.TouchedParameters`)
     sparsity_touched: bool = True
+    #: longest completion in evaluation (tokens)
     max_tokens: int = Field(default=48, ge=1)
     #: Countdown tasks scored (accuracy, pass@k) at every stage; add ``countdown4`` for an RLVR stage
     countdown_tasks: tuple[Literal[COUNTDOWN_TASKS], ...] = ("countdown3", "countdown4e")
     #: OOD suite: ``micro`` = the prior-skill tasks (``tasks.ood_skills``), ``lm_eval`` = lm-eval-harness (``lm_eval``)
     ood_backend: Literal["micro", "lm_eval"] = "micro"
+    #: the lm-eval-harness suite (``ood_backend: lm_eval``)
     lm_eval: LMEvalConfig = LMEvalConfig()
     #: the style metric (teacher conditioning): a ``style_share`` row on the first Countdown task's answers
     style: StyleConfig | None = None
@@ -586,12 +677,19 @@ class LoRAConfig(_Strict):
         ValueError: ``load_in_4bit`` without bitsandbytes installed.
     """
 
+    #: the adapters' rank
     r: int = Field(default=16, ge=1)
+    #: the adapters' scale numerator (scale = alpha / r)
     alpha: float = Field(default=32.0, gt=0)
+    #: dropout on the adapters' input
     dropout: float = Field(default=0.0, ge=0, lt=1)
+    #: module names the adapters wrap
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    #: QLoRA: train the adapters on a bitsandbytes 4-bit copy of the student
     load_in_4bit: bool = False
+    #: 4-bit format (``load_in_4bit``)
     quant_type: Literal["nf4", "fp4"] = "nf4"
+    #: quantise the 4-bit scales too (``load_in_4bit``)
     double_quant: bool = True
 
     @model_validator(mode="after")
@@ -616,21 +714,37 @@ class RLVRConfig(_Strict):
     Paper: 300 steps, 8 samples at T = 1.0, top-p 0.95, LR 2e-6, on Countdown-4.
     """
 
+    #: the Countdown task RLVR trains on (it must be in ``evaluation.countdown_tasks``)
     task: Literal[COUNTDOWN_TASKS] = "countdown4"
+    #: RLVR optimizer steps
     steps: int = Field(default=300, ge=1)
+    #: prompts per step (a multiple of ``resources.num_workers``)
     prompts_per_step: int = Field(default=8, ge=1)
+    #: rollouts per prompt (the GRPO group)
     samples_per_prompt: int = Field(default=8, ge=2)
+    #: sampling temperature of the rollouts
     temperature: float = Field(default=1.0, gt=0)
+    #: nucleus sampling of the rollouts
     top_p: float = Field(default=0.95, gt=0, le=1)
+    #: longest completion (tokens)
     max_tokens: int = Field(default=48, ge=1)
+    #: peak learning rate (AdamW)
     lr: float = Field(default=2e-6, gt=0)
+    #: share of the steps with a linear LR warm-up
     warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
+    #: global gradient-norm clip (null: off)
     clip: float | None = Field(default=1.0, gt=0)
+    #: PPO ratio clip below 1 (DAPO's ε_low)
     eps_low: float = Field(default=0.2, ge=0)
+    #: PPO ratio clip above 1 (DAPO's clip-higher ε_high)
     eps_high: float = Field(default=0.28, ge=0)
+    #: weight of a KL penalty to the starting policy (0: none, as DAPO)
     beta: float = Field(default=0.0, ge=0)
+    #: reward of a verified answer
     correct_reward: float = Field(default=2.0, ge=0)
+    #: extra reward of a well-formed answer block
     format_reward: float = Field(default=0.0, ge=0, le=0.5)
+    #: RLVR training problems generated
     train_prompts: int = Field(default=5_000, ge=1)
     #: LoRA through ``peft`` instead of full fine-tuning (None = full fine-tuning)
     lora: LoRAConfig | None = None
@@ -662,13 +776,21 @@ class ResourcesConfig(_Strict):
     passes"); the losses equal the eager ones to float32 rounding, not bitwise. Not with
     ZeRO 3 (``trial.optimizer.zero_stage: 3``)."""
 
+    #: Ray Train workers per trial (data-parallel ranks)
     num_workers: int = Field(default=1, ge=1)
+    #: CPUs each Train worker holds
     cpus_per_worker: float = Field(default=0.99, gt=0)
+    #: GPUs each Train worker holds (fractions share a GPU)
     gpus_per_worker: float = Field(default=0.0, ge=0)
+    #: CPUs the Tune trial actor (the driver of the trial's Train run) holds
     trial_cpus: float = Field(default=0.01, ge=0)
+    #: trials running at once
     max_concurrent_trials: int = Field(default=2, ge=1)
+    #: torch intra-op threads per worker
     torch_threads: int = Field(default=1, ge=1)
+    #: run a one-worker trial in its Tune trial actor (Ray Train's local mode; no worker group)
     local_mode: bool = False
+    #: ``torch.compile`` the student's and teacher's transformer for the loss's passes
     compile: bool = False
 
     @model_validator(mode="after")
@@ -704,9 +826,13 @@ class Domain(_StrictAliased):
     ``uniform: [low, high]``, ``loguniform: [low, high]`` (low > 0), ``int: [low, high]``
     (inclusive) or ``choice: [v1, v2, ...]``."""
 
+    #: ``[low, high]``: a float drawn uniformly
     uniform: tuple[float, float] | None = None
+    #: ``[low, high]`` (low > 0): a float drawn log-uniformly
     loguniform: tuple[float, float] | None = None
+    #: ``[low, high]``: an integer, bounds included; YAML key ``int``
     int_: tuple[int, int] | None = Field(default=None, alias="int")
+    #: ``[v1, v2, ...]``: one of these values
     choice: list[Any] | None = None
 
     @model_validator(mode="after")
@@ -734,11 +860,17 @@ class SchedulerConfig(_Strict):
     """Early stopping (Ray Tune's ASHA) on a metric reported during training, with
     ``step`` (optimizer steps) as the time axis."""
 
+    #: the scheduler (ASHA)
     kind: Literal["asha"] = "asha"
+    #: the training metric ASHA compares (a ``step``-scope key of the metric reference)
     metric: str = "loss"
+    #: whether a lower (``min``) or higher (``max``) metric is better
     mode: Literal["min", "max"] = "min"
+    #: steps every trial runs before it can be stopped
     grace_period: int = Field(default=50, ge=1)
+    #: the longest a trial runs (steps; null: ``trial.optimizer.steps``)
     max_t: int | None = Field(default=None, ge=1)
+    #: ASHA's reduction factor between rungs
     reduction_factor: float = Field(default=3.0, gt=1)
 
     @field_validator("metric")
@@ -767,7 +899,9 @@ class GridConfig(_StrictAliased):
     into the base's mapping key by key, like ``extends``, anything else replaces it).
     A key may not be both in ``set`` and in ``grid``."""
 
+    #: fixed overrides of this grid (dotted path → value); YAML key ``set``
     set_: dict[str, Any] = Field(default={}, alias="set")
+    #: the cross product this grid sweeps (searchable key → values)
     grid: dict[str, list[Any]] = {}
 
     @model_validator(mode="after")
@@ -792,15 +926,25 @@ class SearchConfig(_Strict):
     ``grid`` and ``grids`` are exclusive (a file that extends one with ``search.grid``
     writes ``grid: null`` beside its ``grids``)."""
 
+    #: ``grid``: every point of ``grid`` (or of each of ``grids``); ``optuna``: Bayesian search over ``space``
     kind: Literal["grid", "optuna"] = "grid"
+    #: the cross product swept: a searchable key to the list of its values
     grid: dict[str, list[Any]] = {"rollout.policy": ["offpd", "onpd"], "loss.kind": ["forward", "reverse"]}
+    #: a union of grids, each with fixed overrides ``set`` (exclusive with ``grid``)
     grids: tuple[GridConfig, ...] | None = None
+    #: ``kind: optuna``: a searchable key to its domain (uniform, loguniform, int or choice)
     space: dict[str, Domain] = {}
+    #: the objective(s): key(s) of a trial's final report (a list for a Pareto front)
     metric: str | list[str] = "eval/distill/countdown3/accuracy"
+    #: ``max`` or ``min`` per objective
     mode: Literal["min", "max"] | list[Literal["min", "max"]] = "max"
+    #: ``kind: optuna``: the number of trials
     num_samples: int = Field(default=8, ge=1)
+    #: ``kind: optuna``: Optuna's sampler (``nsga2`` for several objectives)
     sampler: Literal["tpe", "random", "nsga2"] = "tpe"
+    #: ``kind: optuna``: the sampler's seed
     seed: int = 0
+    #: early stopping (ASHA) on a training metric; null: none
     scheduler: SchedulerConfig | None = None
 
     @model_validator(mode="before")
@@ -886,7 +1030,9 @@ class FaultToleranceConfig(_Strict):
     storage). Ray Train's and Tune's ``FailureConfig(max_failures)``. With
     ``resources.local_mode`` a trial has no worker group: only ``trial_retries`` applies."""
 
+    #: restarts of a trial's Train worker group (from its latest checkpoint)
     worker_restarts: int = Field(default=2, ge=0)
+    #: retries of a whole Tune trial
     trial_retries: int = Field(default=1, ge=0)
 
 
@@ -902,14 +1048,17 @@ class SeedsConfig(_Strict):
     shuffle: int = 1000
     #: rollout sampling at distillation step t on rank r: s · rollout + t · rollout_step + r
     rollout: int = 100003
+    #: the step multiplier of the rollout seed (see ``rollout``)
     rollout_step: int = 97
     #: token draws of the sampled estimator on rank r: s · loss + r
     loss: int = 7
     #: RLVR training problems: s + rlvr_problems, shuffled with s · shuffle + rlvr_shuffle + r
     rlvr_problems: int = 104729
+    #: offset of RLVR's per-rank shuffle (see ``shuffle``)
     rlvr_shuffle: int = 17
     #: RLVR sampling at RLVR step t on rank r (σ = s + r): σ · rlvr_sampling + t · rlvr_step
     rlvr_sampling: int = 7919
+    #: the step multiplier of the RLVR sampling seed (see ``rlvr_sampling``)
     rlvr_step: int = 31
     #: evaluation with stage seed s: Countdown task i of evaluation.countdown_tasks samples with
     #: s + eval_task · i (its pass@k samples + eval_pass), the multiple-choice and the math task with
@@ -917,9 +1066,13 @@ class SeedsConfig(_Strict):
     #: equal sampling settings are sampled in one call seeded with the first one's seed
     #: (`evals.sampling.sample_batched`)
     eval_task: int = 101
+    #: offset of a Countdown task's pass@k samples (see ``eval_task``)
     eval_pass: int = 1
+    #: offset of the multiple-choice and math evaluations (see ``eval_task``)
     eval_mcq: int = 404
+    #: multiplier of the micro OOD task index (see ``eval_task``)
     eval_ood: int = 7
+    #: offset of the micro OOD tasks (see ``eval_task``)
     eval_ood_offset: int = 3
 
     def rollout_seed(self, seed: int, step: int, rank: int) -> int:
@@ -930,13 +1083,19 @@ class SeedsConfig(_Strict):
 class TrialConfig(_Strict):
     """Everything one trial needs; the grid point is applied before validation."""
 
+    #: the trial's seed s; every random stream derives from it (``seeds``)
     seed: int = 42
     #: derived seeds of the trial's random streams (defaults: the study's values)
     seeds: SeedsConfig = SeedsConfig()
+    #: the rollout policy and its sampling
     rollout: RolloutConfig = RolloutConfig()
+    #: the token-level divergence and its estimator
     loss: LossConfig = LossConfig()
+    #: optimizer, LR schedule, steps and batch of distillation
     optimizer: OptimizerConfig = OptimizerConfig()
+    #: what is scored before and after each stage
     evaluation: EvaluationConfig = EvaluationConfig()
+    #: the tasks: Countdown variants, prior skills, multiple choice, math
     tasks: TasksConfig = TasksConfig()
     #: the distillation task: ``countdown`` (Countdown-3 prompts), ``mcq`` (``tasks.mcq``, the second domain)
     #: or ``math`` (``tasks.math``, long reasoning with a ``\\boxed{}`` answer)
@@ -1055,11 +1214,17 @@ class WandbTracking(_Strict):
 
     Raises (validation): ValueError when the ``wandb`` package is not installed."""
 
+    #: the W&B project
     project: str = "distillab"
+    #: the W&B entity (user or team; null: the default)
     entity: str | None = None
+    #: the W&B group (null: the sweep's name)
     group: str | None = None
+    #: ``online``, ``offline`` or ``disabled`` (null: ``WANDB_MODE``)
     mode: Literal["online", "offline", "disabled"] | None = None
+    #: where W&B writes (null: ``<sweep dir>/wandb``)
     dir: str | None = None
+    #: tags of every run
     tags: tuple[str, ...] = ()
 
     @model_validator(mode="after")
@@ -1077,8 +1242,11 @@ class MLflowTracking(_Strict):
 
     Raises (validation): ValueError when the ``mlflow`` package is not installed."""
 
+    #: the MLflow server or store (null: ``<sweep dir>/mlflow.db``)
     tracking_uri: str | None = None
+    #: the MLflow experiment (null: the sweep's name)
     experiment_name: str | None = None
+    #: tags set on every run
     tags: dict[str, str] = {}
 
     @model_validator(mode="after")
@@ -1090,7 +1258,9 @@ class TrackingConfig(_Strict):
     """Experiment trackers a sweep logs to besides its own Parquet tables (none by
     default): ``wandb`` and/or ``mlflow`` (`sweep.tracker_callbacks`)."""
 
+    #: log to Weights & Biases (null: off)
     wandb: WandbTracking | None = None
+    #: log to MLflow (null: off)
     mlflow: MLflowTracking | None = None
 
 
@@ -1102,12 +1272,19 @@ class SweepConfig(_Strict):
     """A sweep YAML, validated. Validation expands the grid once (`expand_trials`):
     `trials` is that list, which the sweep runs."""
 
+    #: the sweep's name: its results go to ``<storage_path>/<name>``; letters, digits, ``_``, ``.``, ``-``
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    #: root folder of the results (a local path, or shared storage on a cluster)
     storage_path: str = "runs"
+    #: teacher and student: checkpoint directories, or the micro models ``prepare`` trains
     models: ModelsConfig = ModelsConfig()
+    #: the base trial: every grid point (or Optuna sample) is applied to it
     trial: TrialConfig = TrialConfig()
+    #: what varies across trials: a grid, a union of grids, or an Optuna search
     search: SearchConfig = SearchConfig()
+    #: Ray resources of each trial and of its Train workers
     resources: ResourcesConfig = ResourcesConfig()
+    #: retries of failed workers and trials
     fault_tolerance: FaultToleranceConfig = FaultToleranceConfig()
     #: experiment trackers (W&B, MLflow) fed by Ray Tune's logger callbacks; none by default
     tracking: TrackingConfig = TrackingConfig()

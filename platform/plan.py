@@ -352,7 +352,7 @@ def _placement_lines(sweep: SweepConfig, p: Placement, cluster: Cluster) -> list
                  f"{p.trial_cpus:g} CPU (the Tune trainable) = {p.cpus:g} CPU, {p.gpus:g} GPU{vllm}"]
     if r.compile:
         lines.append("training passes compiled (resources.compile): each trial process compiles them at its first "
-                     "steps, then reuses them (README, \"Compiled training passes\")")
+                     "steps, then reuses them (docs/running.md, \"Compiled training passes\")")
     where = f"{cluster.source}: {cluster.nodes} node(s) of {cluster.cpus:g} CPUs, {cluster.gpus:g} GPUs"
     if p.concurrent == 0:
         lines.append(f"placement on {where}: NEVER placeable: {p.why}")

