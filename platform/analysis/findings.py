@@ -73,12 +73,14 @@ findings run, never tuned to a result):
 
 from __future__ import annotations
 
+import copy
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
 import polars as pl
 
 from distillab.analysis.plots import (
@@ -374,13 +376,31 @@ class CellView:
         self.problems: dict[str, str] = {}
         self.note = note
         self.task = trials["on_task"][0] if "on_task" in trials.columns and trials.height else TASK
+        #: distinct seeds among the completed trials (for `power_note`)
+        self.seeds = _seeds(trials)
+        #: the redraw this view's `stat` returns (`Redraws`, `redrawn`); None: the measured means
+        self.draw: Redraws | None = None
+        self._measured: dict[tuple, tuple[float, float, int]] = {}  # (q, cell) → mean, SEM, n of a checked cell
+
+    def lrs(self, policies: Sequence[str] | None = None) -> list[float]:
+        """The distinct LRs of the cells (any status) with a policy in ``policies`` (default all), ascending."""
+        return sorted({k[3] for k in self._rows if k[3] is not None and (policies is None or k[0] in policies)})
+
+    def redrawn(self, draw: "Redraws") -> "CellView":
+        """This view with `stat` returning the means of ``draw`` (its current redraw ``draw.b``)."""
+        view = copy.copy(self)
+        view.problems, view.draw = {}, draw
+        return view
 
     def stat(self, q: str, policy: str, kind: str, lr: float | None, lam: float | None = None) -> Stat:
         """The `Stat` of quantity ``q`` (`QUANTITIES`) in cell (``policy``, ``lam``, ``kind``,
         ``lr``): mean and SEM over seeds, n seeds; NaN for a missing cell. Records why the cell
         cannot decide (missing, not completed, mixed, < `MIN_SEEDS` seeds) in ``problems``."""
+        key = (policy, lam, kind, lr)
+        if self.draw is not None and (q, key) in self._measured:  # a redraw: the cell's checks are done
+            return self.draw.stat(key, q, *self._measured[q, key])
         label = _label(policy, lam, kind, lr) + self.note
-        row = self._rows.get((policy, lam, kind, lr))
+        row = self._rows.get(key)
         if row is None:
             self.problems[label] = "missing (no trial)"
             return NAN
@@ -400,7 +420,8 @@ class CellView:
         if why:
             self.problems[f"{label} {name}"] = "; ".join(why)
         mean, sem = row[f"{q}_mean"], row[f"{q}_sem"]
-        return Stat(math.nan if mean is None else mean, math.nan if sem is None else sem, n)
+        self._measured[q, key] = (math.nan if mean is None else mean, math.nan if sem is None else sem, n)
+        return Stat(*self._measured[q, key]) if self.draw is None else self.draw.stat(key, q, *self._measured[q, key])
 
 
 def _grid(trials: pl.DataFrame) -> pl.DataFrame:
@@ -409,10 +430,6 @@ def _grid(trials: pl.DataFrame) -> pl.DataFrame:
 
 def _spectrum(trials: pl.DataFrame) -> pl.DataFrame:
     return trials.filter((pl.col("policy") == "spectrum") & pl.col("kind").is_in(KINDS))
-
-
-def _lrs(trials: pl.DataFrame) -> list[float]:
-    return sorted(v for v in trials["lr"].unique().to_list() if v is not None)
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -429,6 +446,13 @@ class Clause:
     stats: dict[str, Stat] = field(default_factory=dict)
     #: where the clause fails, what the data say about why (`power_note`, `ratio_note`); "" otherwise
     note: str = ""
+    #: PROTOCOL.md §9.1: the share of redraws in which the clause holds as observed (`assess`); None: not redrawn
+    confidence: float | None = None
+    #: for a fragile clause, the seeds per cell at which it would be firm (`seeds_needed`); None: firm, not
+    #: redrawn, or not firm up to the search's cap (then ``needed_text`` says so)
+    needed: int | None = None
+    #: ``needed`` as findings.md prints it ("" where the clause is not fragile)
+    needed_text: str = ""
 
 
 @dataclass(frozen=True)
@@ -447,6 +471,9 @@ class Verdict:
     reported: dict[str, Stat] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
     paper: tuple[tuple[str, str, str], ...] = field(default=())
+    #: PROTOCOL.md §9.1: the share of redraws in which the finding's verdict is the observed one (`assess`);
+    #: None for an inconclusive verdict (no redraw) or a verdict decided without redraws
+    confidence: float | None = None
 
 
 def _verdict(finding: str, clauses: list[Clause], views: Sequence[CellView], ours: dict[str, Stat],
@@ -465,6 +492,26 @@ def _verdict(finding: str, clauses: list[Clause], views: Sequence[CellView], our
                    tuple(f"{k}: {v}" for k, v in problems.items()), paper)
 
 
+def _grid_view(trials: pl.DataFrame) -> CellView:
+    """F1's and F2's cells: the grid (offpd, onpd)."""
+    return CellView(_grid(trials))
+
+
+def _spectrum_view(trials: pl.DataFrame) -> CellView:
+    """F3's cells: the spectrum."""
+    return CellView(_spectrum(trials))
+
+
+def _coverage_view(trials: pl.DataFrame) -> CellView:
+    """F4's cells: the grid and the spectrum."""
+    return CellView(pl.concat([_grid(trials), _spectrum(trials)]))
+
+
+def _rlvr_view(trials: pl.DataFrame) -> CellView:
+    """F5's cells: the spectrum trials with an RLVR stage."""
+    return CellView(_spectrum(trials).filter(pl.col("has_rlvr")), note=" with RLVR")
+
+
 def _need_lrs(lrs: list[float]) -> dict[str, str]:
     return {} if len(lrs) >= 3 else {"LRs": f"the grid has {len(lrs)} LR(s) {[f'{x:g}' for x in lrs]}; "
                                             "§9 needs m ≥ 3"}
@@ -473,8 +520,11 @@ def _need_lrs(lrs: list[float]) -> dict[str, str]:
 def f1(trials: pl.DataFrame) -> Verdict:
     """F1: (a) forward KL, every η: |acc(onpd) − acc(offpd)| ≤ max(0.05, 2 SEM); (b) the range
     of acc over η, averaged over ρ, at least twice as large for reverse as for forward KL."""
-    grid = _grid(trials)
-    v, lrs = CellView(grid), _lrs(grid)
+    return _f1(_grid_view(trials))
+
+
+def _f1(v: "CellView") -> Verdict:
+    lrs = v.lrs(POLICIES)
     clauses, diffs = [], []
     for lr in lrs:
         d = v.stat("acc", "onpd", "forward", lr) - v.stat("acc", "offpd", "forward", lr)
@@ -501,8 +551,11 @@ def f2(trials: pl.DataFrame) -> Verdict:
     """F2: for every (ρ, k) (a) f(η1) clearly above f(ηm) and (c) S(η1) clearly above S(ηm);
     (b) the LR effect (mean |f(ηm) − f(η1)| over (ρ, k)) exceeds the policy effect (mean
     |f(onpd) − f(offpd)| over (k, η)). Reported: mean over (k, η) of S(offpd) − S(onpd)."""
-    grid = _grid(trials)
-    v, lrs = CellView(grid), _lrs(grid)
+    return _f2(_grid_view(trials))
+
+
+def _f2(v: "CellView") -> Verdict:
+    lrs = v.lrs(POLICIES)
     lo, hi = (lrs[0], lrs[-1]) if lrs else (None, None)
     clauses, lr_eff = [], []
     for q, tag in (("f", "(a)"), ("S", "(c)")):
@@ -513,7 +566,7 @@ def f2(trials: pl.DataFrame) -> Verdict:
                     lr_eff.append(abs(d))
                 clauses.append(Clause(f"{tag} {p}, {k}", clearly(d), f"{q}(η1={lo}) − {q}(ηm={hi}) = {d.text()}; "
                                       f"clearly > 0 iff > 2 SEM = {2 * d.sem:.3g}", {"difference": d},
-                                      power_note(d, _seeds(grid))))
+                                      power_note(d, v.seeds)))
     pol_eff = [abs(v.stat("f", "onpd", k, lr) - v.stat("f", "offpd", k, lr)) for k in KINDS for lr in lrs]
     L, P = mean_of(lr_eff), mean_of(pol_eff)
     holds = _holds(L.mean > P.mean, L, P)
@@ -528,8 +581,7 @@ def f2(trials: pl.DataFrame) -> Verdict:
                     extra=_need_lrs(lrs))
 
 
-def _one_lr(spec: pl.DataFrame, what: str) -> tuple[float | None, dict[str, str]]:
-    lrs = _lrs(spec)
+def _one_lr(lrs: list[float], what: str) -> tuple[float | None, dict[str, str]]:
     if len(lrs) > 1:
         return lrs[0], {"LR": f"{what} at several LRs {[f'{x:g}' for x in lrs]}; §9 decides at one LR "
                               "(split with --by optimizer.lr)"}
@@ -540,9 +592,11 @@ def f3(trials: pl.DataFrame) -> Verdict:
     """F3 (λ ∈ {−2, −1, 0, 1, 2}, one LR): (a) the range of acc over λ for forward KL is at most
     half that for reverse KL; (b) reverse KL: mean acc over λ ∈ {1, 2} clearly above the mean
     over λ ∈ {−2, −1}."""
-    spec = _spectrum(trials)
-    lr, extra = _one_lr(spec, "spectrum trials")
-    v = CellView(spec)
+    return _f3(_spectrum_view(trials))
+
+
+def _f3(v: "CellView") -> Verdict:
+    lr, extra = _one_lr(v.lrs(), "spectrum trials")
     acc = {(lam, k): v.stat("acc", "spectrum", k, lr, lam) for lam in SPECTRUM for k in KINDS}
     rf, rr = (value_range([acc[lam, k] for lam in SPECTRUM]) for k in KINDS)
     d = mean_of([acc[1.0, "reverse"], acc[2.0, "reverse"]]) - mean_of([acc[-2.0, "reverse"], acc[-1.0, "reverse"]])
@@ -554,7 +608,7 @@ def f3(trials: pl.DataFrame) -> Verdict:
                ratio_note(rf, rr, "forward KL's range over reverse KL's", "≤ 0.5×") if holds is False else ""),
         Clause("(b)", clearly(d), f"reverse KL: mean acc(λ ∈ {{1, 2}}) − mean acc(λ ∈ {{−2, −1}}) = {d.text()}; "
                                   f"clearly > 0 iff > 2 SEM = {2 * d.sem:.3g}", {"difference": d},
-               power_note(d, _seeds(spec))),
+               power_note(d, v.seeds)),
     ]
     ours = {"range of acc over λ, forward KL": rf, "range of acc over λ, reverse KL": rr,
             "reverse KL: mean acc(λ ∈ {1, 2}) − mean acc(λ ∈ {−2, −1})": d}
@@ -564,16 +618,18 @@ def f3(trials: pl.DataFrame) -> Verdict:
 def f4(trials: pl.DataFrame) -> Verdict:
     """F4: the coverage gap pass@10 − pass@1 (Countdown-3), averaged over matched cells (same ρ
     or λ, same η), clearly larger for forward than for reverse KL."""
-    grid, spec = _grid(trials), _spectrum(trials)
-    v = CellView(pl.concat([grid, spec]))
-    matched = [(p, None, lr) for p in POLICIES for lr in _lrs(grid)]
-    matched += [("spectrum", lam, lr) for lam in SPECTRUM for lr in _lrs(spec)]
+    return _f4(_coverage_view(trials))
+
+
+def _f4(v: "CellView") -> Verdict:
+    matched = [(p, None, lr) for p in POLICIES for lr in v.lrs(POLICIES)]
+    matched += [("spectrum", lam, lr) for lam in SPECTRUM for lr in v.lrs(("spectrum",))]
     g = {k: mean_of([v.stat("gap", p, k, lr, lam) for p, lam, lr in matched]) for k in KINDS}
     d = g["forward"] - g["reverse"]
     clauses = [Clause("", clearly(d) if matched else None,
                       f"mean gap over {len(matched)} matched cells: forward {g['forward'].text()} − reverse "
                       f"{g['reverse'].text()} = {d.text()}; clearly > 0 iff > 2 SEM = {2 * d.sem:.3g}",
-                      {**g, "difference": d}, power_note(d, _seeds(pl.concat([grid, spec]))))]
+                      {**g, "difference": d}, power_note(d, v.seeds))]
     ours = {"pass@10 − pass@1, forward KL": g["forward"], "pass@10 − pass@1, reverse KL": g["reverse"]}
     extra = {} if matched else {"cells": "no matched cells (no offpd/onpd or spectrum trials with forward/reverse KL)"}
     return _verdict("F4", clauses, [v], ours, extra=extra)
@@ -583,9 +639,11 @@ def f5(trials: pl.DataFrame) -> Verdict:
     """F5 (spectrum trials with an RLVR stage): (a) for both k, Countdown-4E pass@10 averaged
     over λ ∈ {1, 2} clearly above that over λ ∈ {−2, −1} at stage distill; (b) for at least one
     k, that gap at stage rlvr is not clearly positive or smaller than at distill."""
-    spec = _spectrum(trials).filter(pl.col("has_rlvr"))
-    lr, extra = _one_lr(spec, "spectrum trials with an RLVR stage")
-    v = CellView(spec, note=" with RLVR")
+    return _f5(_rlvr_view(trials))
+
+
+def _f5(v: "CellView") -> Verdict:
+    lr, extra = _one_lr(v.lrs(), "spectrum trials with an RLVR stage")
     clauses, after, ours = [], [], {}
     for k in KINDS:
         gap = {}
@@ -597,7 +655,7 @@ def f5(trials: pl.DataFrame) -> Verdict:
                  f"Countdown-4E pass@10 gap λ>0 − λ<0, {k} KL, rlvr": rl}
         clauses.append(Clause(f"(a) {k}", clearly(dist), f"pass@10, mean λ ∈ {{1, 2}} − mean λ ∈ {{−2, −1}}, at distill = {dist.text()}; "
                               f"clearly > 0 iff > 2 SEM = {2 * dist.sem:.3g}", {"distill": dist},
-                              power_note(dist, _seeds(spec))))
+                              power_note(dist, v.seeds)))
         c = clearly(rl)
         holds = None if c is None or not dist.finite else (not c) or rl.mean < dist.mean
         after.append((k, holds, rl, dist))
@@ -614,14 +672,131 @@ def f5(trials: pl.DataFrame) -> Verdict:
 
 #: Finding → its decision function (in order).
 FINDINGS: dict[str, Callable[[pl.DataFrame], Verdict]] = {"F1": f1, "F2": f2, "F3": f3, "F4": f4, "F5": f5}
+#: Finding → (the cells it reads, from `trial_values` rows; its rule on them): ``FINDINGS[f](trials)`` is
+#: ``rule(cells(trials))``, split so that `assess` reruns the same rule on redrawn cells
+_SPLIT: dict[str, tuple[Callable[[pl.DataFrame], CellView], Callable[[CellView], Verdict]]] = {
+    "F1": (_grid_view, _f1), "F2": (_grid_view, _f2), "F3": (_spectrum_view, _f3), "F4": (_coverage_view, _f4),
+    "F5": (_rlvr_view, _f5)}
+
+
+# --------------------------------------------------------------------------- confidence (§9.1)
+
+
+#: PROTOCOL.md §9.1: redraws per confidence (B ≥ 2,000), their RNG seed, the share at which a verdict is firm,
+#: and the largest seed count the seeds-needed search tries
+DRAWS, DRAW_SEED, FIRM, SEEDS_CAP = 2000, 91, 0.9, 50
+
+
+class Redraws:
+    """``draws`` redraws of every cell mean of a `CellView` (PROTOCOL.md §9.1): redraw b gives each
+    cell's quantity q the mean ``mean + SEM · t[b]``, t ~ Student t with n − 1 degrees of freedom
+    (n the cell's seeds with q; numpy ``default_rng(seed).standard_t``, drawn per (cell, q) in a
+    fixed order, so the same view and seed give the same redraws). With ``seeds`` = n', every
+    cell is as if it had n' seeds with its mean and standard deviation as measured: SEM' =
+    sd / √n' = SEM · √(n / n'), t with n' − 1 degrees of freedom, and the rule's SEMs are SEM'.
+    ``b`` = −1 (the start) gives the measured means (with SEM' where ``seeds`` is set)."""
+
+    def __init__(self, view: CellView, draws: int = DRAWS, seed: int = DRAW_SEED, seeds: int | None = None):
+        rng = np.random.default_rng(seed)
+        self.draws, self.seeds, self.b = draws, seeds, -1
+        self._t: dict[tuple, list[float]] = {}
+        for key in sorted(view._rows, key=repr):
+            row = view._rows[key]
+            for q in QUANTITIES:
+                df = (seeds or row[f"{q}_n"]) - 1
+                self._t[key, q] = rng.standard_t(df, draws).tolist() if df >= 1 else [math.nan] * draws
+
+    def stat(self, key: tuple, q: str, mean: float, sem: float, n: int) -> Stat:
+        """The `Stat` of quantity ``q`` in cell ``key`` (measured ``mean``, ``sem``, ``n``) in redraw ``b``."""
+        if self.seeds and n:
+            sem, n = sem * math.sqrt(n / self.seeds), self.seeds
+        return Stat(mean if self.b < 0 else mean + sem * self._t[key, q][self.b], sem, n)
+
+
+def agreement(view: CellView, rule: Callable[[CellView], Verdict], draw: Redraws,
+              reference: Verdict) -> tuple[list[float], float]:
+    """The shares of ``draw``'s redraws in which ``rule`` on the redrawn ``view`` gives each clause of
+    ``reference`` its ``holds``, and the finding its verdict (PROTOCOL.md §9.1): (per clause, finding)."""
+    v = view.redrawn(draw)
+    same, overall = [0] * len(reference.clauses), 0
+    for b in range(draw.draws):
+        draw.b = b
+        r = rule(v)
+        same = [s + (c.holds == o.holds) for s, c, o in zip(same, r.clauses, reference.clauses)]
+        overall += r.verdict == reference.verdict
+    draw.b = -1
+    return [s / draw.draws for s in same], overall / draw.draws
+
+
+def seeds_needed(view: CellView, rule: Callable[[CellView], Verdict], clauses: Sequence[int], start: int,
+                 draws: int = DRAWS, seed: int = DRAW_SEED, cap: int = SEEDS_CAP) -> dict[int, tuple[int | None, bool | None]]:
+    """For each clause index in ``clauses``: the smallest seed count n' in (``start``, ``cap``] at which the
+    clause is firm (PROTOCOL.md §9.1: confidence ≥ `FIRM` over `Redraws` with ``seeds`` = n', the
+    reference being the rule on the measured means with SEM'), and whether the clause then holds;
+    (None, None) when it is not firm at ``cap``. Search: bisection between ``start`` and ``cap``,
+    which assumes a clause once firm stays firm with more seeds (SEM' shrinks as 1/√n')."""
+    memo: dict[int, list[tuple[bool, bool | None]]] = {}
+
+    def at(m: int) -> list[tuple[bool, bool | None]]:
+        if m not in memo:
+            d = Redraws(view, draws, seed, seeds=m)
+            ref = rule(view.redrawn(d))
+            shares, _ = agreement(view, rule, d, ref)
+            memo[m] = [(x >= FIRM, c.holds) for x, c in zip(shares, ref.clauses)]
+        return memo[m]
+
+    out: dict[int, tuple[int | None, bool | None]] = {}
+    for i in clauses:
+        if cap <= start or not at(cap)[i][0]:
+            out[i] = (None, None)
+            continue
+        lo, hi = start, cap  # fragile at lo (the measured seeds), firm at hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if at(mid)[i][0] else (mid, hi)
+        out[i] = (hi, at(hi)[i][1])
+    return out
+
+
+def assess(finding: str, trials: pl.DataFrame, draws: int = DRAWS, seed: int = DRAW_SEED,
+           cap: int = SEEDS_CAP) -> Verdict:
+    """``FINDINGS[finding](trials)`` with PROTOCOL.md §9.1's confidence: each clause's and the
+    finding's share of ``draws`` redraws (`Redraws`, RNG ``seed``) in which the same rule gives the
+    observed outcome, and for each fragile clause (confidence < `FIRM`) the seeds needed
+    (`seeds_needed`, up to ``cap``). The verdict itself is the rule on the measured means,
+    unchanged; an inconclusive verdict is not redrawn (confidence None).
+
+    Raises:
+        KeyError: an unknown finding."""
+    cells, rule = _SPLIT[finding]
+    view = cells(trials)
+    verdict = rule(view)
+    if verdict.verdict == INCONCLUSIVE:
+        return verdict
+    shares, overall = agreement(view, rule, Redraws(view, draws, seed), verdict)
+    fragile = [i for i, x in enumerate(shares) if x < FIRM]
+    need = seeds_needed(view, rule, fragile, view.seeds, draws, seed, cap) if fragile else {}
+    clauses = []
+    for i, (c, x) in enumerate(zip(verdict.clauses, shares)):
+        n, holds = need.get(i, (None, None))
+        text = "" if i not in need else f"> {cap}" if n is None else (
+            f"{n}" + ("" if holds == c.holds else f" (where it then {'holds' if holds else 'fails'})"))
+        clauses.append(replace(c, confidence=x, needed=n, needed_text=text))
+    return replace(verdict, clauses=tuple(clauses), confidence=overall)
+
+
+def confidence_text(x: float | None) -> str:
+    """A §9.1 confidence as printed: "0.953 firm", "0.61 fragile"; "–" for None (not redrawn)."""
+    return "–" if x is None else f"{x:.3g} {'firm' if x >= FIRM else 'fragile'}"
 
 
 def decide(res: Results, by: str | None = None, only: Sequence[str] | None = None,
-           task: str = TASK) -> dict[str, list[Verdict]]:
+           task: str = TASK, draws: int = DRAWS) -> dict[str, list[Verdict]]:
     """The verdicts of the findings ``only`` (default all of `FINDINGS`) on the trials of
     ``res``: ``{"all": [...]}``, or with ``by`` one entry per value of that trials column
     (``"<by>=<value>"``), each group decided on its own; acc, pass@1 and pass@10 read on
-    ``task`` (default Countdown-3, as §9 says).
+    ``task`` (default Countdown-3, as §9 says); each with its §9.1 confidence over ``draws``
+    redraws (`assess`).
 
     Raises:
         ValueError: an unknown finding, ``by`` not a trials column (names the columns), or
@@ -635,7 +810,7 @@ def decide(res: Results, by: str | None = None, only: Sequence[str] | None = Non
     if task != TASK and task not in tasks:
         raise ValueError(f"--task {task!r} is not a task these sweeps score for accuracy; allowed: {tasks}")
     trials = trial_values(res, task)
-    return {g: [FINDINGS[n](t) for n in names] for g, t in _groups(trials, by).items()}
+    return {g: [assess(n, t, draws) for n in names] for g, t in _groups(trials, by).items()}
 
 
 def _groups(trials: pl.DataFrame, by: str | None) -> dict[str, pl.DataFrame]:
