@@ -65,6 +65,18 @@ findings run, never tuned to a result):
   another scored task instead, with the rules unchanged: the long-reasoning ablation
   (``search_spaces/micro_math.yaml``, ``trial.domain: math``) distils on task ``math``, so its F1
   and F4 are decided on ``--task math``; findings.md then says so above the verdicts.
+- **Confidence (§9.1).** `assess` keeps each verdict (the rule on the measured means) and reruns
+  the same rule function (`_SPLIT`: each finding's cells, then its rule on a `CellView`) on
+  `DRAWS` redraws of the cell means, mean + SEM · t with t ~ Student t (n − 1 degrees of freedom,
+  n the cell's seeds; RNG seed `DRAW_SEED`), with the SEMs as measured: a clause's confidence is
+  the share of redraws in which it holds as observed, a finding's the share giving its verdict;
+  firm at ≥ `FIRM`. An inconclusive verdict is not redrawn. For a fragile clause `seeds_needed`
+  finds the smallest n' (≤ `SEEDS_CAP`) at which it is firm when every cell has n' seeds with its
+  mean and standard deviation as measured (SEM' = sd / √n', n' − 1 degrees of freedom; the
+  reference then is the rule on the measured means with SEM', which may flip a "clearly").
+- **Retention or transfer.** findings.md's table of pass@10 before → after distillation → after
+  RLVR on Countdown-4E (and Countdown-4) per cell, with `regime`: transfer when some cell gains
+  by more than 2 SEM of the difference, else retention (issue 33; reported, not a rule).
 - **Ablations.** ``--by KEY`` partitions the trials by the value of a trials column (``sweep``
   when several directories are loaded, or a config column such as ``loss.estimator``,
   ``optimizer.clip``) and decides each group on its own; ``--only F1,F4`` restricts the
@@ -111,7 +123,9 @@ from distillab.tables import code_version, run_records
 __all__ = [
     "Stat", "mean_of", "Clause", "Verdict", "PAPER", "FINDINGS", "MIN_SEEDS", "SPECTRUM",
     "trial_values", "cell_table", "CellView", "f1", "f2", "f3", "f4", "f5", "decide",
-    "format_verdicts", "findings_markdown", "TASK", "evals_of", "name_of", "provenance_lines", "not_reproduced_lines", "power_note", "ratio_note", "FINDINGS_FIGURES", "write_findings",
+    "format_verdicts", "findings_markdown", "DRAWS", "DRAW_SEED", "FIRM", "SEEDS_CAP", "Redraws", "agreement",
+    "seeds_needed", "assess", "confidence_text", "CONFIDENCE_NOTE", "verdict_table_lines", "NOT_RECORDED",
+    "run_arithmetic", "STAGED", "TRANSFER", "RETENTION", "regime", "retention_lines", "TASK", "evals_of", "name_of", "provenance_lines", "not_reproduced_lines", "power_note", "ratio_note", "FINDINGS_FIGURES", "write_findings",
 ]
 
 #: §9: fewer seeds than this make a cell inconclusive
@@ -133,13 +147,17 @@ EVALS = {
     "hard10": ("distill", "countdown4e", "pass@10"),
     "hard10_rlvr": ("rlvr", "countdown4e", "pass@10"),
     "hard10_pre": ("pre", "countdown4e", "pass@10"),
+    "c4_10_pre": ("pre", "countdown4", "pass@10"),
+    "c4_10": ("distill", "countdown4", "pass@10"),
+    "c4_10_rlvr": ("rlvr", "countdown4", "pass@10"),
 }
-QUANTITIES = ("acc", "f", "S", "gap", "hard10", "hard10_rlvr", "hard10_pre")
+QUANTITIES = ("acc", "f", "S", "gap", "hard10", "hard10_rlvr", "hard10_pre", "c4_10_pre", "c4_10", "c4_10_rlvr")
 #: the derived quantities' evals (stage, task, metric), for messages
 DERIVED = {"f": ("pre and distill", "ood", "ood_mean"), "gap": ("distill", "countdown3", "pass@10 and pass@1")}
 NAMES = {"acc": "Countdown-3 accuracy", "f": "forgetting (ΔOOD)", "S": "S_1e-6", "gap": "pass@10 − pass@1",
          "hard10": "Countdown-4E pass@10 (distill)", "hard10_rlvr": "Countdown-4E pass@10 (rlvr)",
-         "hard10_pre": "Countdown-4E pass@10 (pre)"}
+         "hard10_pre": "Countdown-4E pass@10 (pre)", "c4_10_pre": "Countdown-4 pass@10 (pre)",
+         "c4_10": "Countdown-4 pass@10 (distill)", "c4_10_rlvr": "Countdown-4 pass@10 (rlvr)"}
 #: the quantities read on the task of ``--task`` (`TASK` by default)
 ON_TASK = ("acc", "pass1", "pass10", "gap")
 
@@ -787,7 +805,7 @@ def assess(finding: str, trials: pl.DataFrame, draws: int = DRAWS, seed: int = D
 
 def confidence_text(x: float | None) -> str:
     """A §9.1 confidence as printed: "0.953 firm", "0.61 fragile"; "–" for None (not redrawn)."""
-    return "–" if x is None else f"{x:.3g} {'firm' if x >= FIRM else 'fragile'}"
+    return "–" if x is None else f"{x:.3f} {'firm' if x >= FIRM else 'fragile'}"
 
 
 def decide(res: Results, by: str | None = None, only: Sequence[str] | None = None,
@@ -836,9 +854,10 @@ def format_verdicts(result: dict[str, list[Verdict]]) -> str:
     for group, verdicts in result.items():
         lines.append(f"== findings ({group}) ==")
         for v in verdicts:
-            lines.append(f"{v.finding}  {v.verdict.upper()}  — {v.claim}")
+            lines.append(f"{v.finding}  {v.verdict.upper()}  (confidence {confidence_text(v.confidence)})  — {v.claim}")
             lines.append(f"    rule (§9): {v.rule}")
-            lines += [f"    {_MARK[c.holds]} {c.name + ': ' if c.name else ''}{c.text}{_why(c)}" for c in v.clauses]
+            lines += [f"    {_MARK[c.holds]} {c.name + ': ' if c.name else ''}{c.text}{_why(c)}{_sure(c)}"
+                      for c in v.clauses]
             lines += [f"    reported (not required): {r} = {s.text()}" for r, s in v.reported.items()]
             lines += [f"    inconclusive: {p}" for p in v.problems]
             lines.append(f"    ours: {_ours(v)}")
@@ -848,6 +867,13 @@ def format_verdicts(result: dict[str, list[Verdict]]) -> str:
 
 def _why(c: Clause) -> str:
     return f" — why: {c.note}" if c.note else ""
+
+
+def _sure(c: Clause) -> str:
+    """A clause's §9.1 confidence and, where fragile, the seeds that would make it firm ("" when not redrawn)."""
+    if c.confidence is None:
+        return ""
+    return f" [confidence {confidence_text(c.confidence)}" + (f"; firm at {c.needed_text} seeds" if c.needed_text else "") + "]"
 
 
 def not_reproduced_lines(result: dict[str, list[Verdict]]) -> list[str]:
@@ -875,6 +901,56 @@ def not_reproduced_lines(result: dict[str, list[Verdict]]) -> list[str]:
             "docs/calibration.md of the repository; the cell tables below hold every value.", "", *lines]
 
 
+#: findings.md's account of §9.1 under the verdict table
+CONFIDENCE_NOTE = (
+    "Confidence (PROTOCOL.md §9.1, reported beside the rules, never a rule): the share of {draws:,} redraws "
+    "(fixed RNG seed {seed}) in which the same §9 rule gives the observed verdict when every cell's mean is "
+    "redrawn as mean + SEM · t, t ~ Student t with n − 1 degrees of freedom (n the cell's seeds); **firm** at ≥ "
+    "{firm:g}, else **fragile**; \"–\" for an inconclusive verdict (no redraw). For a fragile clause, \"firm at n' "
+    "seeds\" is the seed count per cell at which it would be firm if every cell's mean and standard deviation "
+    "stayed as measured (SEM' = sd / √n', t with n' − 1 degrees of freedom; searched up to {cap}). A study may "
+    "raise the seeds of all its cells at once, to a number committed before it runs; never of some cells after "
+    "seeing them.")
+
+
+def verdict_table_lines(result: dict[str, list[Verdict]], sources: Sequence[str] | None = None) -> list[str]:
+    """findings.md's verdict table: for one group the columns finding, verdict, confidence, firm/fragile,
+    ours and paper; for several groups one column per group holding "verdict (confidence firm/fragile)",
+    side by side. With ``sources`` (the sweep directories of ``--by sweep``) its first rows name
+    each run's CPU and bf16-product arithmetic (`run_arithmetic`). Then `CONFIDENCE_NOTE`."""
+    first = next(iter(result.values()))
+    paper = {"paper": ["; ".join(f"{q}: {val}" for q, val, _ in v.paper) for v in first]}
+    if len(result) == 1:
+        table = {"finding": [v.finding for v in first], "verdict": [v.verdict for v in first],
+                 "confidence": [confidence_text(v.confidence).split(" ")[0] for v in first],
+                 "firm/fragile": [confidence_text(v.confidence).split(" ")[-1] for v in first],
+                 "ours": [_ours(v) for v in first], **paper}
+    else:
+        runs = {g: run_arithmetic([s for s in sources if Path(s).name == g.split("=", 1)[1]])
+                for g in result} if sources else {}
+        head = ["CPU", "bf16 products"] if runs else []
+        table = {"finding": [*head, *(v.finding for v in first)],
+                 **{g: [*([runs[g]["cpu"], runs[g]["bf16_products"]] if runs else []),
+                        *(f"{v.verdict} ({confidence_text(v.confidence)})" for v in vs)] for g, vs in result.items()},
+                 "paper": [*[""] * len(head), *paper["paper"]]}
+    return [format_table(pl.DataFrame(table)), "",
+            CONFIDENCE_NOTE.format(draws=DRAWS, seed=DRAW_SEED, firm=FIRM, cap=SEEDS_CAP), ""]
+
+
+#: what a run record without the CPU or the arithmetic says (runs recorded before issue 33)
+NOT_RECORDED = "not recorded"
+
+
+def run_arithmetic(sources: Sequence[str]) -> dict[str, str]:
+    """The CPU model and bf16-product arithmetic of the runs that wrote the sweep directories
+    ``sources`` (`tables.run_records`: keys ``cpu`` and ``bf16_products``, written by ``distillab
+    sweep``): ``{"cpu": ..., "bf16_products": ...}``, each the distinct values joined with " + "
+    (a resume on another machine), `NOT_RECORDED` where no record has it."""
+    records = [r for s in sources for r in run_records(s)]
+    return {k: " + ".join(dict.fromkeys(str(r[k]) for r in records if r.get(k))) or NOT_RECORDED
+            for k in ("cpu", "bf16_products")}
+
+
 def _ours(v: Verdict) -> str:
     return "; ".join(f"{name} {s.text()}" for name, s in v.ours.items())
 
@@ -893,6 +969,58 @@ def _cells_frame(cells: pl.DataFrame, spectrum: bool, task: str = TASK) -> pl.Da
         row["not completed"] = ", ".join(r["failed"]) or "–"
         rows.append(row)
     return pl.DataFrame(rows)
+
+
+#: the retention/transfer table's tasks: name → its pass@10 quantities (pre, distill, rlvr) in `QUANTITIES`
+STAGED = {"Countdown-4E": ("hard10_pre", "hard10", "hard10_rlvr"), "Countdown-4": ("c4_10_pre", "c4_10", "c4_10_rlvr")}
+TRANSFER, RETENTION = "transfer", "retention"
+
+
+def regime(cells: pl.DataFrame, pre: str = "hard10_pre", after: str = "hard10") -> tuple[str, str]:
+    """Transfer or retention (issue 33), from a `cell_table`: ``"transfer"`` when some cell's
+    quantity ``after`` (pass@10 after distillation) exceeds its ``pre`` (before distillation) by
+    more than 2 SEM, SEM of the difference = √(SEM_pre² + SEM_after²) (PROTOCOL.md §9's rules),
+    else ``"retention"``; with the evidence: the cell with the largest (after − pre) / SEM.
+    Cells lacking either value, or its SEM (< 2 seeds), are skipped; none left: ("", why)."""
+    best = None
+    for r in cells.iter_rows(named=True):
+        if not (r[f"{pre}_n"] and r[f"{after}_n"]):
+            continue
+        d = Stat(r[f"{after}_mean"], r[f"{after}_sem"]) - Stat(r[f"{pre}_mean"], r[f"{pre}_sem"])
+        if d.finite and d.sem > 0 and (best is None or d.mean / d.sem > best[1].mean / best[1].sem):
+            best = (_label(r["policy"], r["lambda"], r["kind"], r["lr"]), d)
+    if best is None:
+        return "", "no cell has the value before and after distillation with an SEM"
+    label, d = best
+    return (TRANSFER if d.mean > 2 * d.sem else RETENTION,
+            f"the largest gain over its SEM: {label}, after − before = {d.text()} (2 SEM = {2 * d.sem:.3g})")
+
+
+def retention_lines(trials: pl.DataFrame) -> list[str]:
+    """findings.md's before → after distillation → after RLVR table of pass@10 on Countdown-4E (and
+    Countdown-4 where evaluated) for every grid and spectrum cell ("–" where a stage is missing), each
+    task's `regime` line, and what Countdown-4E's regime means for F5. [] when no cell has them."""
+    cells = cell_table(pl.concat([_grid(trials), _spectrum(trials)]))
+    tasks = {t: qs for t, qs in STAGED.items() if any(cells[f"{q}_n"].sum() for q in qs)} if cells.height else {}
+    if not tasks:
+        return []
+    rows = []
+    for r in cells.iter_rows(named=True):
+        row = {"cell": _label(r["policy"], r["lambda"], r["kind"], r["lr"])}
+        for t, qs in tasks.items():
+            row[f"{t} pass@10"] = " → ".join(mean_sem_text(r[f"{q}_mean"], r[f"{q}_sem"], 3) if r[f"{q}_n"] else "–"
+                                             for q in qs)
+        rows.append(row)
+    lines = ["Pass@10 before distillation → after distillation → after RLVR (mean ± SEM over seeds; \"–\": stage "
+             "missing).", "", format_table(pl.DataFrame(rows)), ""]
+    for t, (pre, after, _) in tasks.items():
+        name, why = regime(cells, pre, after)
+        lines.append(f"- {t}: **{name or 'undecided'}** ({why}; transfer when some cell's pass@10 after distillation "
+                     "exceeds its value before by more than 2 SEM of the difference)." + (
+                         "" if t != "Countdown-4E" or name != RETENTION else
+                         " In retention, F5's λ comparison asks which rollouts make the student forget its prior "
+                         "Countdown-4E skill least, not which generalise better."))
+    return [*lines, ""]
 
 
 def _counts(trials: pl.DataFrame) -> str:
@@ -923,20 +1051,19 @@ def findings_markdown(res: Results, result: dict[str, list[Verdict]], figures: d
              "KL(π_S‖π_T)), η the learning rate, λ the rollout-policy spectrum (−1 = the teacher's samples, +1 = "
              "the student's, 0 their normalised geometric midpoint, beyond ±1 amplified; PROTOCOL.md §3).", "",
              *on_task, *provenance_lines(sources, here), "## Verdicts", ""]
-    first = next(iter(result.values()))
-    table = {"finding": names, **{g: [v.verdict for v in vs] for g, vs in result.items()},
-             **({"ours": [_ours(v) for v in first]} if len(result) == 1 else {}),
-             "paper": ["; ".join(f"{q}: {val}" for q, val, _ in v.paper) for v in first]}
-    lines += [format_table(pl.DataFrame(table)), "", *not_reproduced_lines(result)]
+    lines += [*verdict_table_lines(result, sources if by == "sweep" else None), *not_reproduced_lines(result)]
     for g, verdicts in result.items():
         lines += [f"## Statistics ({g}: {_counts(groups[g])})", ""]
         for v in verdicts:
-            lines += [f"### {v.finding}: {v.verdict}", "", f"Finding (PROTOCOL.md §7): {v.claim}", "",
-                      f"Rule (§9): {v.rule}.", "", f"Ours: {_ours(v)}.", ""]
-            lines += [f"- {_MARK[c.holds]} {c.name + ': ' if c.name else ''}{c.text}{_why(c)}" for c in v.clauses]
+            lines += [f"### {v.finding}: {v.verdict} (confidence {confidence_text(v.confidence)})", "",
+                      f"Finding (PROTOCOL.md §7): {v.claim}", "", f"Rule (§9): {v.rule}.", "", f"Ours: {_ours(v)}.", ""]
+            lines += [f"- {_MARK[c.holds]} {c.name + ': ' if c.name else ''}{c.text}{_why(c)}{_sure(c)}"
+                      for c in v.clauses]
             lines += [f"- reported (not required): {r} = {s.text()}" for r, s in v.reported.items()]
             lines += [f"- inconclusive: {p}" for p in v.problems]
             lines += [f"- paper: {q}: {val} ({src})" for q, val, src in v.paper] + [""]
+        if staged := retention_lines(groups[g]):
+            lines += [f"### Retention or transfer, {g}", "", *staged]
         for title, part, spectrum in (("grid cells (ρ, k, η)", _grid(groups[g]), False),
                                       ("spectrum cells (λ, k, η)", _spectrum(groups[g]), True)):
             if part.height:
@@ -962,7 +1089,8 @@ def provenance_lines(sources: Sequence[str], here: dict | None = None) -> list[s
             state = {True: ", with modified tracked files", False: ""}.get(r.get("dirty"), "")
             times = ", ".join(f"{k} {v:.0f} s" for k, v in r.get("seconds", {}).items())
             lines.append(f"- `{src}`: `{r.get('command', '?')}` at commit `{commit}`{state}, started "
-                         f"{r.get('started', '?')} on {r.get('cpus', '?')} CPUs, {r.get('trials_completed', '?')} "
+                         f"{r.get('started', '?')} on {r.get('cpus', '?')} CPUs ({r.get('cpu') or NOT_RECORDED}; bf16 "
+                         f"products: {r.get('bf16_products') or NOT_RECORDED}), {r.get('trials_completed', '?')} "
                          f"trials completed; wall time: {times}")
     here = here or code_version()
     lines.append(f"- these verdicts: `distillab.analysis.findings` at commit `{here['commit'] or 'unknown (not a git checkout)'}`"
