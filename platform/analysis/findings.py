@@ -809,12 +809,12 @@ def confidence_text(x: float | None) -> str:
 
 
 def decide(res: Results, by: str | None = None, only: Sequence[str] | None = None,
-           task: str = TASK, draws: int = DRAWS) -> dict[str, list[Verdict]]:
+           task: str = TASK) -> dict[str, list[Verdict]]:
     """The verdicts of the findings ``only`` (default all of `FINDINGS`) on the trials of
     ``res``: ``{"all": [...]}``, or with ``by`` one entry per value of that trials column
     (``"<by>=<value>"``), each group decided on its own; acc, pass@1 and pass@10 read on
-    ``task`` (default Countdown-3, as §9 says); each with its §9.1 confidence over ``draws``
-    redraws (`assess`).
+    ``task`` (default Countdown-3, as §9 says); each with its §9.1 confidence (`assess`, `DRAWS`
+    redraws: the number findings.md states).
 
     Raises:
         ValueError: an unknown finding, ``by`` not a trials column (names the columns), or
@@ -828,7 +828,7 @@ def decide(res: Results, by: str | None = None, only: Sequence[str] | None = Non
     if task != TASK and task not in tasks:
         raise ValueError(f"--task {task!r} is not a task these sweeps score for accuracy; allowed: {tasks}")
     trials = trial_values(res, task)
-    return {g: [assess(n, t, draws) for n in names] for g, t in _groups(trials, by).items()}
+    return {g: [assess(n, t) for n in names] for g, t in _groups(trials, by).items()}
 
 
 def _groups(trials: pl.DataFrame, by: str | None) -> dict[str, pl.DataFrame]:

@@ -691,7 +691,7 @@ def test_run_records_with_and_without_cpu_and_arithmetic_side_by_side(tmp_path) 
     assert run_arithmetic([str(new)]) == {"cpu": "AMD EPYC 7B13", "bf16_products": "float32 (no native bf16)"}
     sources = [str(old), str(new)]
     res = load(sources)
-    md = findings_markdown(res, decide(res, by="sweep", only=["F4"], draws=200), {}, sources, by="sweep")
+    md = findings_markdown(res, decide(res, by="sweep", only=["F4"]), {}, sources, by="sweep")
     table = md[md.index("## Verdicts"):md.index("Confidence (PROTOCOL.md §9.1")]
     assert table.splitlines()[2:7] == [
         "| finding       | sweep=float32            | sweep=native            | paper                                    "
