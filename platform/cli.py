@@ -337,7 +337,8 @@ def _findings(args) -> int:
 def _sweep(args, sweep) -> int:
     """``distillab sweep``: Ray up, `prepare`, the sweep (or its resume), Ray down, the
     report, and the run's record in the sweep directory (`tables.record_run`: the command,
-    its start, the code's git commit, the stages' wall seconds).
+    its start, the code's git commit, the CPU model and bf16-product arithmetic
+    (`models.arithmetic`), the stages' wall seconds).
 
     Ray starts in this, the main thread (where Ray installs its SIGTERM handler), while a
     second thread runs `_preflight`: the checkpoint checks and, on the way, the imports of
@@ -376,6 +377,7 @@ def _run_sweep(args, sweep, verbose: int, ray_s: float, perf0: float, wall0: flo
 
     from distillab.analysis.results import load
     from distillab.sweep import completed_trials, expected_trials, resume_sweep, run_sweep
+    from distillab.models import arithmetic
     from distillab.tables import code_version, record_run
     from distillab.telemetry import STAGE_SECONDS, print_time, process_start_time
 
@@ -399,7 +401,7 @@ def _run_sweep(args, sweep, verbose: int, ray_s: float, perf0: float, wall0: flo
     done = completed_trials(root)
     started_at = datetime.datetime.fromtimestamp(started or wall0, datetime.timezone.utc).isoformat(timespec="seconds")
     record_run(root, {"command": shlex.join(["distillab", *sys.argv[1:]]), "started": started_at, **code_version(),
-                      "cpus": os.cpu_count(), "trials_completed": done, "seconds": dict(STAGE_SECONDS)})
+                      "cpus": os.cpu_count(), **arithmetic(), "trials_completed": done, "seconds": dict(STAGE_SECONDS)})
     return 0 if done >= expected_trials(sweep) else 1  # interrupted or failed trials
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import string
 from contextlib import nullcontext
 from pathlib import Path
@@ -189,6 +190,31 @@ def bf16_in_float32(precision: str, device: torch.device | str = "cpu") -> str |
     if precision != "bf16" or torch.device(device).type != "cpu" or choice == "native":
         return None
     return choice if choice == "float32" or not cpu_has_native_bf16() else None
+
+
+def cpu_model() -> str:
+    """This machine's CPU model: the first ``model name`` of /proc/cpuinfo (Linux), else
+    `platform.processor`, else "unknown"."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def arithmetic() -> dict[str, str]:
+    """How this machine computes a bf16 trial's matrix products on the CPU, for a sweep's run
+    record (`tables.record_run`; findings.md sets runs side by side by it, issue 33): ``{"cpu":
+    `cpu_model`, "bf16_products": "native" | "float32 (DISTILLAB_BF16_MATMULS=float32)" |
+    "float32 (no native bf16)"}`` (`bf16_in_float32` for a bf16 CPU trial).
+
+    Raises:
+        ValueError: a bad ``DISTILLAB_BF16_MATMULS`` (`bf16_matmuls_choice`)."""
+    why = bf16_in_float32("bf16", "cpu")
+    mode = {None: "native", "float32": f"float32 ({BF16_MATMULS_ENV}=float32)", "auto": "float32 (no native bf16)"}
+    return {"cpu": cpu_model(), "bf16_products": mode[why]}
 
 
 def bf16_matmuls(precision: str, device: torch.device | str = "cpu") -> ContextManager:

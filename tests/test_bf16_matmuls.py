@@ -158,3 +158,28 @@ def test_the_mode_is_on_only_for_bf16_on_a_cpu_without_native_bf16(monkeypatch) 
     monkeypatch.setenv("DISTILLAB_BF16_MATMULS", "fp32")
     with pytest.raises(ValueError, match=r"DISTILLAB_BF16_MATMULS='fp32'; allowed values: auto, native, float32"):
         bf16_matmuls("bf16", "cpu")
+
+
+def test_arithmetic_names_the_cpu_and_the_bf16_products_a_sweep_records(monkeypatch) -> None:
+    """`models.arithmetic` (a sweep's run record, issue 33): the CPU model and, for a bf16 CPU trial,
+    native products, float32 ones asked by the variable, or float32 ones for want of native bf16."""
+    monkeypatch.setattr(models, "cpu_model", lambda: "Test CPU")
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.delenv("DISTILLAB_BF16_MATMULS", raising=False)
+    assert models.arithmetic() == {"cpu": "Test CPU", "bf16_products": "native"}
+    monkeypatch.setenv("DISTILLAB_BF16_MATMULS", "float32")
+    assert models.arithmetic()["bf16_products"] == "float32 (DISTILLAB_BF16_MATMULS=float32)"
+    monkeypatch.setenv("DISTILLAB_BF16_MATMULS", "auto")
+    monkeypatch.setattr(models, "cpu_has_native_bf16", lambda: False)
+    assert models.arithmetic()["bf16_products"] == "float32 (no native bf16)"
+
+
+def test_cpu_model_reads_proc_cpuinfo() -> None:
+    from pathlib import Path
+
+    info = Path("/proc/cpuinfo")
+    names = [ln.split(":", 1)[1].strip() for ln in info.read_text().splitlines() if ln.startswith("model name")] \
+        if info.exists() else []
+    if not names:
+        pytest.skip("no 'model name' in /proc/cpuinfo here")
+    assert models.cpu_model() == names[0]

@@ -65,6 +65,18 @@ findings run, never tuned to a result):
   another scored task instead, with the rules unchanged: the long-reasoning ablation
   (``search_spaces/micro_math.yaml``, ``trial.domain: math``) distils on task ``math``, so its F1
   and F4 are decided on ``--task math``; findings.md then says so above the verdicts.
+- **Confidence (§9.1).** `assess` keeps each verdict (the rule on the measured means) and reruns
+  the same rule function (`_SPLIT`: each finding's cells, then its rule on a `CellView`) on
+  `DRAWS` redraws of the cell means, mean + SEM · t with t ~ Student t (n − 1 degrees of freedom,
+  n the cell's seeds; RNG seed `DRAW_SEED`), with the SEMs as measured: a clause's confidence is
+  the share of redraws in which it holds as observed, a finding's the share giving its verdict;
+  firm at ≥ `FIRM`. An inconclusive verdict is not redrawn. For a fragile clause `seeds_needed`
+  finds the smallest n' (≤ `SEEDS_CAP`) at which it is firm when every cell has n' seeds with its
+  mean and standard deviation as measured (SEM' = sd / √n', n' − 1 degrees of freedom; the
+  reference then is the rule on the measured means with SEM', which may flip a "clearly").
+- **Retention or transfer.** findings.md's table of pass@10 before → after distillation → after
+  RLVR on Countdown-4E (and Countdown-4) per cell, with `regime`: transfer when some cell gains
+  by more than 2 SEM of the difference, else retention (issue 33; reported, not a rule).
 - **Ablations.** ``--by KEY`` partitions the trials by the value of a trials column (``sweep``
   when several directories are loaded, or a config column such as ``loss.estimator``,
   ``optimizer.clip``) and decides each group on its own; ``--only F1,F4`` restricts the
@@ -73,12 +85,14 @@ findings run, never tuned to a result):
 
 from __future__ import annotations
 
+import copy
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+import numpy as np
 import polars as pl
 
 from distillab.analysis.plots import (
@@ -109,7 +123,9 @@ from distillab.tables import code_version, run_records
 __all__ = [
     "Stat", "mean_of", "Clause", "Verdict", "PAPER", "FINDINGS", "MIN_SEEDS", "SPECTRUM",
     "trial_values", "cell_table", "CellView", "f1", "f2", "f3", "f4", "f5", "decide",
-    "format_verdicts", "findings_markdown", "TASK", "evals_of", "name_of", "provenance_lines", "not_reproduced_lines", "power_note", "ratio_note", "FINDINGS_FIGURES", "write_findings",
+    "format_verdicts", "findings_markdown", "DRAWS", "DRAW_SEED", "FIRM", "SEEDS_CAP", "Redraws", "agreement",
+    "seeds_needed", "assess", "confidence_text", "CONFIDENCE_NOTE", "verdict_table_lines", "NOT_RECORDED",
+    "run_arithmetic", "STAGED", "TRANSFER", "RETENTION", "regime", "retention_lines", "TASK", "evals_of", "name_of", "provenance_lines", "not_reproduced_lines", "power_note", "ratio_note", "FINDINGS_FIGURES", "write_findings",
 ]
 
 #: §9: fewer seeds than this make a cell inconclusive
@@ -131,13 +147,17 @@ EVALS = {
     "hard10": ("distill", "countdown4e", "pass@10"),
     "hard10_rlvr": ("rlvr", "countdown4e", "pass@10"),
     "hard10_pre": ("pre", "countdown4e", "pass@10"),
+    "c4_10_pre": ("pre", "countdown4", "pass@10"),
+    "c4_10": ("distill", "countdown4", "pass@10"),
+    "c4_10_rlvr": ("rlvr", "countdown4", "pass@10"),
 }
-QUANTITIES = ("acc", "f", "S", "gap", "hard10", "hard10_rlvr", "hard10_pre")
+QUANTITIES = ("acc", "f", "S", "gap", "hard10", "hard10_rlvr", "hard10_pre", "c4_10_pre", "c4_10", "c4_10_rlvr")
 #: the derived quantities' evals (stage, task, metric), for messages
 DERIVED = {"f": ("pre and distill", "ood", "ood_mean"), "gap": ("distill", "countdown3", "pass@10 and pass@1")}
 NAMES = {"acc": "Countdown-3 accuracy", "f": "forgetting (ΔOOD)", "S": "S_1e-6", "gap": "pass@10 − pass@1",
          "hard10": "Countdown-4E pass@10 (distill)", "hard10_rlvr": "Countdown-4E pass@10 (rlvr)",
-         "hard10_pre": "Countdown-4E pass@10 (pre)"}
+         "hard10_pre": "Countdown-4E pass@10 (pre)", "c4_10_pre": "Countdown-4 pass@10 (pre)",
+         "c4_10": "Countdown-4 pass@10 (distill)", "c4_10_rlvr": "Countdown-4 pass@10 (rlvr)"}
 #: the quantities read on the task of ``--task`` (`TASK` by default)
 ON_TASK = ("acc", "pass1", "pass10", "gap")
 
@@ -374,13 +394,31 @@ class CellView:
         self.problems: dict[str, str] = {}
         self.note = note
         self.task = trials["on_task"][0] if "on_task" in trials.columns and trials.height else TASK
+        #: distinct seeds among the completed trials (for `power_note`)
+        self.seeds = _seeds(trials)
+        #: the redraw this view's `stat` returns (`Redraws`, `redrawn`); None: the measured means
+        self.draw: Redraws | None = None
+        self._measured: dict[tuple, tuple[float, float, int]] = {}  # (q, cell) → mean, SEM, n of a checked cell
+
+    def lrs(self, policies: Sequence[str] | None = None) -> list[float]:
+        """The distinct LRs of the cells (any status) with a policy in ``policies`` (default all), ascending."""
+        return sorted({k[3] for k in self._rows if k[3] is not None and (policies is None or k[0] in policies)})
+
+    def redrawn(self, draw: "Redraws") -> "CellView":
+        """This view with `stat` returning the means of ``draw`` (its current redraw ``draw.b``)."""
+        view = copy.copy(self)
+        view.problems, view.draw = {}, draw
+        return view
 
     def stat(self, q: str, policy: str, kind: str, lr: float | None, lam: float | None = None) -> Stat:
         """The `Stat` of quantity ``q`` (`QUANTITIES`) in cell (``policy``, ``lam``, ``kind``,
         ``lr``): mean and SEM over seeds, n seeds; NaN for a missing cell. Records why the cell
         cannot decide (missing, not completed, mixed, < `MIN_SEEDS` seeds) in ``problems``."""
+        key = (policy, lam, kind, lr)
+        if self.draw is not None and (q, key) in self._measured:  # a redraw: the cell's checks are done
+            return self.draw.stat(key, q, *self._measured[q, key])
         label = _label(policy, lam, kind, lr) + self.note
-        row = self._rows.get((policy, lam, kind, lr))
+        row = self._rows.get(key)
         if row is None:
             self.problems[label] = "missing (no trial)"
             return NAN
@@ -400,7 +438,8 @@ class CellView:
         if why:
             self.problems[f"{label} {name}"] = "; ".join(why)
         mean, sem = row[f"{q}_mean"], row[f"{q}_sem"]
-        return Stat(math.nan if mean is None else mean, math.nan if sem is None else sem, n)
+        self._measured[q, key] = (math.nan if mean is None else mean, math.nan if sem is None else sem, n)
+        return Stat(*self._measured[q, key]) if self.draw is None else self.draw.stat(key, q, *self._measured[q, key])
 
 
 def _grid(trials: pl.DataFrame) -> pl.DataFrame:
@@ -409,10 +448,6 @@ def _grid(trials: pl.DataFrame) -> pl.DataFrame:
 
 def _spectrum(trials: pl.DataFrame) -> pl.DataFrame:
     return trials.filter((pl.col("policy") == "spectrum") & pl.col("kind").is_in(KINDS))
-
-
-def _lrs(trials: pl.DataFrame) -> list[float]:
-    return sorted(v for v in trials["lr"].unique().to_list() if v is not None)
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -429,6 +464,13 @@ class Clause:
     stats: dict[str, Stat] = field(default_factory=dict)
     #: where the clause fails, what the data say about why (`power_note`, `ratio_note`); "" otherwise
     note: str = ""
+    #: PROTOCOL.md §9.1: the share of redraws in which the clause holds as observed (`assess`); None: not redrawn
+    confidence: float | None = None
+    #: for a fragile clause, the seeds per cell at which it would be firm (`seeds_needed`); None: firm, not
+    #: redrawn, or not firm up to the search's cap (then ``needed_text`` says so)
+    needed: int | None = None
+    #: ``needed`` as findings.md prints it ("" where the clause is not fragile)
+    needed_text: str = ""
 
 
 @dataclass(frozen=True)
@@ -447,6 +489,9 @@ class Verdict:
     reported: dict[str, Stat] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
     paper: tuple[tuple[str, str, str], ...] = field(default=())
+    #: PROTOCOL.md §9.1: the share of redraws in which the finding's verdict is the observed one (`assess`);
+    #: None for an inconclusive verdict (no redraw) or a verdict decided without redraws
+    confidence: float | None = None
 
 
 def _verdict(finding: str, clauses: list[Clause], views: Sequence[CellView], ours: dict[str, Stat],
@@ -465,6 +510,26 @@ def _verdict(finding: str, clauses: list[Clause], views: Sequence[CellView], our
                    tuple(f"{k}: {v}" for k, v in problems.items()), paper)
 
 
+def _grid_view(trials: pl.DataFrame) -> CellView:
+    """F1's and F2's cells: the grid (offpd, onpd)."""
+    return CellView(_grid(trials))
+
+
+def _spectrum_view(trials: pl.DataFrame) -> CellView:
+    """F3's cells: the spectrum."""
+    return CellView(_spectrum(trials))
+
+
+def _coverage_view(trials: pl.DataFrame) -> CellView:
+    """F4's cells: the grid and the spectrum."""
+    return CellView(pl.concat([_grid(trials), _spectrum(trials)]))
+
+
+def _rlvr_view(trials: pl.DataFrame) -> CellView:
+    """F5's cells: the spectrum trials with an RLVR stage."""
+    return CellView(_spectrum(trials).filter(pl.col("has_rlvr")), note=" with RLVR")
+
+
 def _need_lrs(lrs: list[float]) -> dict[str, str]:
     return {} if len(lrs) >= 3 else {"LRs": f"the grid has {len(lrs)} LR(s) {[f'{x:g}' for x in lrs]}; "
                                             "§9 needs m ≥ 3"}
@@ -473,8 +538,11 @@ def _need_lrs(lrs: list[float]) -> dict[str, str]:
 def f1(trials: pl.DataFrame) -> Verdict:
     """F1: (a) forward KL, every η: |acc(onpd) − acc(offpd)| ≤ max(0.05, 2 SEM); (b) the range
     of acc over η, averaged over ρ, at least twice as large for reverse as for forward KL."""
-    grid = _grid(trials)
-    v, lrs = CellView(grid), _lrs(grid)
+    return _f1(_grid_view(trials))
+
+
+def _f1(v: "CellView") -> Verdict:
+    lrs = v.lrs(POLICIES)
     clauses, diffs = [], []
     for lr in lrs:
         d = v.stat("acc", "onpd", "forward", lr) - v.stat("acc", "offpd", "forward", lr)
@@ -501,8 +569,11 @@ def f2(trials: pl.DataFrame) -> Verdict:
     """F2: for every (ρ, k) (a) f(η1) clearly above f(ηm) and (c) S(η1) clearly above S(ηm);
     (b) the LR effect (mean |f(ηm) − f(η1)| over (ρ, k)) exceeds the policy effect (mean
     |f(onpd) − f(offpd)| over (k, η)). Reported: mean over (k, η) of S(offpd) − S(onpd)."""
-    grid = _grid(trials)
-    v, lrs = CellView(grid), _lrs(grid)
+    return _f2(_grid_view(trials))
+
+
+def _f2(v: "CellView") -> Verdict:
+    lrs = v.lrs(POLICIES)
     lo, hi = (lrs[0], lrs[-1]) if lrs else (None, None)
     clauses, lr_eff = [], []
     for q, tag in (("f", "(a)"), ("S", "(c)")):
@@ -513,7 +584,7 @@ def f2(trials: pl.DataFrame) -> Verdict:
                     lr_eff.append(abs(d))
                 clauses.append(Clause(f"{tag} {p}, {k}", clearly(d), f"{q}(η1={lo}) − {q}(ηm={hi}) = {d.text()}; "
                                       f"clearly > 0 iff > 2 SEM = {2 * d.sem:.3g}", {"difference": d},
-                                      power_note(d, _seeds(grid))))
+                                      power_note(d, v.seeds)))
     pol_eff = [abs(v.stat("f", "onpd", k, lr) - v.stat("f", "offpd", k, lr)) for k in KINDS for lr in lrs]
     L, P = mean_of(lr_eff), mean_of(pol_eff)
     holds = _holds(L.mean > P.mean, L, P)
@@ -528,8 +599,7 @@ def f2(trials: pl.DataFrame) -> Verdict:
                     extra=_need_lrs(lrs))
 
 
-def _one_lr(spec: pl.DataFrame, what: str) -> tuple[float | None, dict[str, str]]:
-    lrs = _lrs(spec)
+def _one_lr(lrs: list[float], what: str) -> tuple[float | None, dict[str, str]]:
     if len(lrs) > 1:
         return lrs[0], {"LR": f"{what} at several LRs {[f'{x:g}' for x in lrs]}; §9 decides at one LR "
                               "(split with --by optimizer.lr)"}
@@ -540,9 +610,11 @@ def f3(trials: pl.DataFrame) -> Verdict:
     """F3 (λ ∈ {−2, −1, 0, 1, 2}, one LR): (a) the range of acc over λ for forward KL is at most
     half that for reverse KL; (b) reverse KL: mean acc over λ ∈ {1, 2} clearly above the mean
     over λ ∈ {−2, −1}."""
-    spec = _spectrum(trials)
-    lr, extra = _one_lr(spec, "spectrum trials")
-    v = CellView(spec)
+    return _f3(_spectrum_view(trials))
+
+
+def _f3(v: "CellView") -> Verdict:
+    lr, extra = _one_lr(v.lrs(), "spectrum trials")
     acc = {(lam, k): v.stat("acc", "spectrum", k, lr, lam) for lam in SPECTRUM for k in KINDS}
     rf, rr = (value_range([acc[lam, k] for lam in SPECTRUM]) for k in KINDS)
     d = mean_of([acc[1.0, "reverse"], acc[2.0, "reverse"]]) - mean_of([acc[-2.0, "reverse"], acc[-1.0, "reverse"]])
@@ -554,7 +626,7 @@ def f3(trials: pl.DataFrame) -> Verdict:
                ratio_note(rf, rr, "forward KL's range over reverse KL's", "≤ 0.5×") if holds is False else ""),
         Clause("(b)", clearly(d), f"reverse KL: mean acc(λ ∈ {{1, 2}}) − mean acc(λ ∈ {{−2, −1}}) = {d.text()}; "
                                   f"clearly > 0 iff > 2 SEM = {2 * d.sem:.3g}", {"difference": d},
-               power_note(d, _seeds(spec))),
+               power_note(d, v.seeds)),
     ]
     ours = {"range of acc over λ, forward KL": rf, "range of acc over λ, reverse KL": rr,
             "reverse KL: mean acc(λ ∈ {1, 2}) − mean acc(λ ∈ {−2, −1})": d}
@@ -564,16 +636,18 @@ def f3(trials: pl.DataFrame) -> Verdict:
 def f4(trials: pl.DataFrame) -> Verdict:
     """F4: the coverage gap pass@10 − pass@1 (Countdown-3), averaged over matched cells (same ρ
     or λ, same η), clearly larger for forward than for reverse KL."""
-    grid, spec = _grid(trials), _spectrum(trials)
-    v = CellView(pl.concat([grid, spec]))
-    matched = [(p, None, lr) for p in POLICIES for lr in _lrs(grid)]
-    matched += [("spectrum", lam, lr) for lam in SPECTRUM for lr in _lrs(spec)]
+    return _f4(_coverage_view(trials))
+
+
+def _f4(v: "CellView") -> Verdict:
+    matched = [(p, None, lr) for p in POLICIES for lr in v.lrs(POLICIES)]
+    matched += [("spectrum", lam, lr) for lam in SPECTRUM for lr in v.lrs(("spectrum",))]
     g = {k: mean_of([v.stat("gap", p, k, lr, lam) for p, lam, lr in matched]) for k in KINDS}
     d = g["forward"] - g["reverse"]
     clauses = [Clause("", clearly(d) if matched else None,
                       f"mean gap over {len(matched)} matched cells: forward {g['forward'].text()} − reverse "
                       f"{g['reverse'].text()} = {d.text()}; clearly > 0 iff > 2 SEM = {2 * d.sem:.3g}",
-                      {**g, "difference": d}, power_note(d, _seeds(pl.concat([grid, spec]))))]
+                      {**g, "difference": d}, power_note(d, v.seeds))]
     ours = {"pass@10 − pass@1, forward KL": g["forward"], "pass@10 − pass@1, reverse KL": g["reverse"]}
     extra = {} if matched else {"cells": "no matched cells (no offpd/onpd or spectrum trials with forward/reverse KL)"}
     return _verdict("F4", clauses, [v], ours, extra=extra)
@@ -583,9 +657,11 @@ def f5(trials: pl.DataFrame) -> Verdict:
     """F5 (spectrum trials with an RLVR stage): (a) for both k, Countdown-4E pass@10 averaged
     over λ ∈ {1, 2} clearly above that over λ ∈ {−2, −1} at stage distill; (b) for at least one
     k, that gap at stage rlvr is not clearly positive or smaller than at distill."""
-    spec = _spectrum(trials).filter(pl.col("has_rlvr"))
-    lr, extra = _one_lr(spec, "spectrum trials with an RLVR stage")
-    v = CellView(spec, note=" with RLVR")
+    return _f5(_rlvr_view(trials))
+
+
+def _f5(v: "CellView") -> Verdict:
+    lr, extra = _one_lr(v.lrs(), "spectrum trials with an RLVR stage")
     clauses, after, ours = [], [], {}
     for k in KINDS:
         gap = {}
@@ -597,7 +673,7 @@ def f5(trials: pl.DataFrame) -> Verdict:
                  f"Countdown-4E pass@10 gap λ>0 − λ<0, {k} KL, rlvr": rl}
         clauses.append(Clause(f"(a) {k}", clearly(dist), f"pass@10, mean λ ∈ {{1, 2}} − mean λ ∈ {{−2, −1}}, at distill = {dist.text()}; "
                               f"clearly > 0 iff > 2 SEM = {2 * dist.sem:.3g}", {"distill": dist},
-                              power_note(dist, _seeds(spec))))
+                              power_note(dist, v.seeds)))
         c = clearly(rl)
         holds = None if c is None or not dist.finite else (not c) or rl.mean < dist.mean
         after.append((k, holds, rl, dist))
@@ -614,6 +690,122 @@ def f5(trials: pl.DataFrame) -> Verdict:
 
 #: Finding → its decision function (in order).
 FINDINGS: dict[str, Callable[[pl.DataFrame], Verdict]] = {"F1": f1, "F2": f2, "F3": f3, "F4": f4, "F5": f5}
+#: Finding → (the cells it reads, from `trial_values` rows; its rule on them): ``FINDINGS[f](trials)`` is
+#: ``rule(cells(trials))``, split so that `assess` reruns the same rule on redrawn cells
+_SPLIT: dict[str, tuple[Callable[[pl.DataFrame], CellView], Callable[[CellView], Verdict]]] = {
+    "F1": (_grid_view, _f1), "F2": (_grid_view, _f2), "F3": (_spectrum_view, _f3), "F4": (_coverage_view, _f4),
+    "F5": (_rlvr_view, _f5)}
+
+
+# --------------------------------------------------------------------------- confidence (§9.1)
+
+
+#: PROTOCOL.md §9.1: redraws per confidence (B ≥ 2,000), their RNG seed, the share at which a verdict is firm,
+#: and the largest seed count the seeds-needed search tries
+DRAWS, DRAW_SEED, FIRM, SEEDS_CAP = 2000, 91, 0.9, 50
+
+
+class Redraws:
+    """``draws`` redraws of every cell mean of a `CellView` (PROTOCOL.md §9.1): redraw b gives each
+    cell's quantity q the mean ``mean + SEM · t[b]``, t ~ Student t with n − 1 degrees of freedom
+    (n the cell's seeds with q; numpy ``default_rng(seed).standard_t``, drawn per (cell, q) in a
+    fixed order, so the same view and seed give the same redraws). With ``seeds`` = n', every
+    cell is as if it had n' seeds with its mean and standard deviation as measured: SEM' =
+    sd / √n' = SEM · √(n / n'), t with n' − 1 degrees of freedom, and the rule's SEMs are SEM'.
+    ``b`` = −1 (the start) gives the measured means (with SEM' where ``seeds`` is set)."""
+
+    def __init__(self, view: CellView, draws: int = DRAWS, seed: int = DRAW_SEED, seeds: int | None = None):
+        rng = np.random.default_rng(seed)
+        self.draws, self.seeds, self.b = draws, seeds, -1
+        self._t: dict[tuple, list[float]] = {}
+        for key in sorted(view._rows, key=repr):
+            row = view._rows[key]
+            for q in QUANTITIES:
+                df = (seeds or row[f"{q}_n"]) - 1
+                self._t[key, q] = rng.standard_t(df, draws).tolist() if df >= 1 else [math.nan] * draws
+
+    def stat(self, key: tuple, q: str, mean: float, sem: float, n: int) -> Stat:
+        """The `Stat` of quantity ``q`` in cell ``key`` (measured ``mean``, ``sem``, ``n``) in redraw ``b``."""
+        if self.seeds and n:
+            sem, n = sem * math.sqrt(n / self.seeds), self.seeds
+        return Stat(mean if self.b < 0 else mean + sem * self._t[key, q][self.b], sem, n)
+
+
+def agreement(view: CellView, rule: Callable[[CellView], Verdict], draw: Redraws,
+              reference: Verdict) -> tuple[list[float], float]:
+    """The shares of ``draw``'s redraws in which ``rule`` on the redrawn ``view`` gives each clause of
+    ``reference`` its ``holds``, and the finding its verdict (PROTOCOL.md §9.1): (per clause, finding)."""
+    v = view.redrawn(draw)
+    same, overall = [0] * len(reference.clauses), 0
+    for b in range(draw.draws):
+        draw.b = b
+        r = rule(v)
+        same = [s + (c.holds == o.holds) for s, c, o in zip(same, r.clauses, reference.clauses)]
+        overall += r.verdict == reference.verdict
+    draw.b = -1
+    return [s / draw.draws for s in same], overall / draw.draws
+
+
+def seeds_needed(view: CellView, rule: Callable[[CellView], Verdict], clauses: Sequence[int], start: int,
+                 draws: int = DRAWS, seed: int = DRAW_SEED, cap: int = SEEDS_CAP) -> dict[int, tuple[int | None, bool | None]]:
+    """For each clause index in ``clauses``: the smallest seed count n' in (``start``, ``cap``] at which the
+    clause is firm (PROTOCOL.md §9.1: confidence ≥ `FIRM` over `Redraws` with ``seeds`` = n', the
+    reference being the rule on the measured means with SEM'), and whether the clause then holds;
+    (None, None) when it is not firm at ``cap``. Search: bisection between ``start`` and ``cap``,
+    which assumes a clause once firm stays firm with more seeds (SEM' shrinks as 1/√n')."""
+    memo: dict[int, list[tuple[bool, bool | None]]] = {}
+
+    def at(m: int) -> list[tuple[bool, bool | None]]:
+        if m not in memo:
+            d = Redraws(view, draws, seed, seeds=m)
+            ref = rule(view.redrawn(d))
+            shares, _ = agreement(view, rule, d, ref)
+            memo[m] = [(x >= FIRM, c.holds) for x, c in zip(shares, ref.clauses)]
+        return memo[m]
+
+    out: dict[int, tuple[int | None, bool | None]] = {}
+    for i in clauses:
+        if cap <= start or not at(cap)[i][0]:
+            out[i] = (None, None)
+            continue
+        lo, hi = start, cap  # fragile at lo (the measured seeds), firm at hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if at(mid)[i][0] else (mid, hi)
+        out[i] = (hi, at(hi)[i][1])
+    return out
+
+
+def assess(finding: str, trials: pl.DataFrame, draws: int = DRAWS, seed: int = DRAW_SEED,
+           cap: int = SEEDS_CAP) -> Verdict:
+    """``FINDINGS[finding](trials)`` with PROTOCOL.md §9.1's confidence: each clause's and the
+    finding's share of ``draws`` redraws (`Redraws`, RNG ``seed``) in which the same rule gives the
+    observed outcome, and for each fragile clause (confidence < `FIRM`) the seeds needed
+    (`seeds_needed`, up to ``cap``). The verdict itself is the rule on the measured means,
+    unchanged; an inconclusive verdict is not redrawn (confidence None).
+
+    Raises:
+        KeyError: an unknown finding."""
+    cells, rule = _SPLIT[finding]
+    view = cells(trials)
+    verdict = rule(view)
+    if verdict.verdict == INCONCLUSIVE:
+        return verdict
+    shares, overall = agreement(view, rule, Redraws(view, draws, seed), verdict)
+    fragile = [i for i, x in enumerate(shares) if x < FIRM]
+    need = seeds_needed(view, rule, fragile, view.seeds, draws, seed, cap) if fragile else {}
+    clauses = []
+    for i, (c, x) in enumerate(zip(verdict.clauses, shares)):
+        n, holds = need.get(i, (None, None))
+        text = "" if i not in need else f"> {cap}" if n is None else (
+            f"{n}" + ("" if holds == c.holds else f" (where it then {'holds' if holds else 'fails'})"))
+        clauses.append(replace(c, confidence=x, needed=n, needed_text=text))
+    return replace(verdict, clauses=tuple(clauses), confidence=overall)
+
+
+def confidence_text(x: float | None) -> str:
+    """A §9.1 confidence as printed: "0.953 firm", "0.61 fragile"; "–" for None (not redrawn)."""
+    return "–" if x is None else f"{x:.3f} {'firm' if x >= FIRM else 'fragile'}"
 
 
 def decide(res: Results, by: str | None = None, only: Sequence[str] | None = None,
@@ -621,7 +813,8 @@ def decide(res: Results, by: str | None = None, only: Sequence[str] | None = Non
     """The verdicts of the findings ``only`` (default all of `FINDINGS`) on the trials of
     ``res``: ``{"all": [...]}``, or with ``by`` one entry per value of that trials column
     (``"<by>=<value>"``), each group decided on its own; acc, pass@1 and pass@10 read on
-    ``task`` (default Countdown-3, as §9 says).
+    ``task`` (default Countdown-3, as §9 says); each with its §9.1 confidence (`assess`, `DRAWS`
+    redraws: the number findings.md states).
 
     Raises:
         ValueError: an unknown finding, ``by`` not a trials column (names the columns), or
@@ -635,7 +828,7 @@ def decide(res: Results, by: str | None = None, only: Sequence[str] | None = Non
     if task != TASK and task not in tasks:
         raise ValueError(f"--task {task!r} is not a task these sweeps score for accuracy; allowed: {tasks}")
     trials = trial_values(res, task)
-    return {g: [FINDINGS[n](t) for n in names] for g, t in _groups(trials, by).items()}
+    return {g: [assess(n, t) for n in names] for g, t in _groups(trials, by).items()}
 
 
 def _groups(trials: pl.DataFrame, by: str | None) -> dict[str, pl.DataFrame]:
@@ -661,9 +854,10 @@ def format_verdicts(result: dict[str, list[Verdict]]) -> str:
     for group, verdicts in result.items():
         lines.append(f"== findings ({group}) ==")
         for v in verdicts:
-            lines.append(f"{v.finding}  {v.verdict.upper()}  — {v.claim}")
+            lines.append(f"{v.finding}  {v.verdict.upper()}  (confidence {confidence_text(v.confidence)})  — {v.claim}")
             lines.append(f"    rule (§9): {v.rule}")
-            lines += [f"    {_MARK[c.holds]} {c.name + ': ' if c.name else ''}{c.text}{_why(c)}" for c in v.clauses]
+            lines += [f"    {_MARK[c.holds]} {c.name + ': ' if c.name else ''}{c.text}{_why(c)}{_sure(c)}"
+                      for c in v.clauses]
             lines += [f"    reported (not required): {r} = {s.text()}" for r, s in v.reported.items()]
             lines += [f"    inconclusive: {p}" for p in v.problems]
             lines.append(f"    ours: {_ours(v)}")
@@ -673,6 +867,13 @@ def format_verdicts(result: dict[str, list[Verdict]]) -> str:
 
 def _why(c: Clause) -> str:
     return f" — why: {c.note}" if c.note else ""
+
+
+def _sure(c: Clause) -> str:
+    """A clause's §9.1 confidence and, where fragile, the seeds that would make it firm ("" when not redrawn)."""
+    if c.confidence is None:
+        return ""
+    return f" [confidence {confidence_text(c.confidence)}" + (f"; firm at {c.needed_text} seeds" if c.needed_text else "") + "]"
 
 
 def not_reproduced_lines(result: dict[str, list[Verdict]]) -> list[str]:
@@ -700,6 +901,56 @@ def not_reproduced_lines(result: dict[str, list[Verdict]]) -> list[str]:
             "docs/calibration.md of the repository; the cell tables below hold every value.", "", *lines]
 
 
+#: findings.md's account of §9.1 under the verdict table
+CONFIDENCE_NOTE = (
+    "Confidence (PROTOCOL.md §9.1, reported beside the rules, never a rule): the share of {draws:,} redraws "
+    "(fixed RNG seed {seed}) in which the same §9 rule gives the observed verdict when every cell's mean is "
+    "redrawn as mean + SEM · t, t ~ Student t with n − 1 degrees of freedom (n the cell's seeds); **firm** at ≥ "
+    "{firm:g}, else **fragile**; \"–\" for an inconclusive verdict (no redraw). For a fragile clause, \"firm at n' "
+    "seeds\" is the seed count per cell at which it would be firm if every cell's mean and standard deviation "
+    "stayed as measured (SEM' = sd / √n', t with n' − 1 degrees of freedom; searched up to {cap}). A study may "
+    "raise the seeds of all its cells at once, to a number committed before it runs; never of some cells after "
+    "seeing them.")
+
+
+def verdict_table_lines(result: dict[str, list[Verdict]], sources: Sequence[str] | None = None) -> list[str]:
+    """findings.md's verdict table: for one group the columns finding, verdict, confidence, firm/fragile,
+    ours and paper; for several groups one column per group holding "verdict (confidence firm/fragile)",
+    side by side. With ``sources`` (the sweep directories of ``--by sweep``) its first rows name
+    each run's CPU and bf16-product arithmetic (`run_arithmetic`). Then `CONFIDENCE_NOTE`."""
+    first = next(iter(result.values()))
+    paper = {"paper": ["; ".join(f"{q}: {val}" for q, val, _ in v.paper) for v in first]}
+    if len(result) == 1:
+        table = {"finding": [v.finding for v in first], "verdict": [v.verdict for v in first],
+                 "confidence": [confidence_text(v.confidence).split(" ")[0] for v in first],
+                 "firm/fragile": [confidence_text(v.confidence).split(" ")[-1] for v in first],
+                 "ours": [_ours(v) for v in first], **paper}
+    else:
+        runs = {g: run_arithmetic([s for s in sources if Path(s).name == g.split("=", 1)[1]])
+                for g in result} if sources else {}
+        head = ["CPU", "bf16 products"] if runs else []
+        table = {"finding": [*head, *(v.finding for v in first)],
+                 **{g: [*([runs[g]["cpu"], runs[g]["bf16_products"]] if runs else []),
+                        *(f"{v.verdict} ({confidence_text(v.confidence)})" for v in vs)] for g, vs in result.items()},
+                 "paper": [*[""] * len(head), *paper["paper"]]}
+    return [format_table(pl.DataFrame(table)), "",
+            CONFIDENCE_NOTE.format(draws=DRAWS, seed=DRAW_SEED, firm=FIRM, cap=SEEDS_CAP), ""]
+
+
+#: what a run record without the CPU or the arithmetic says (runs recorded before issue 33)
+NOT_RECORDED = "not recorded"
+
+
+def run_arithmetic(sources: Sequence[str]) -> dict[str, str]:
+    """The CPU model and bf16-product arithmetic of the runs that wrote the sweep directories
+    ``sources`` (`tables.run_records`: keys ``cpu`` and ``bf16_products``, written by ``distillab
+    sweep``): ``{"cpu": ..., "bf16_products": ...}``, each the distinct values joined with " + "
+    (a resume on another machine), `NOT_RECORDED` where no record has it."""
+    records = [r for s in sources for r in run_records(s)]
+    return {k: " + ".join(dict.fromkeys(str(r[k]) for r in records if r.get(k))) or NOT_RECORDED
+            for k in ("cpu", "bf16_products")}
+
+
 def _ours(v: Verdict) -> str:
     return "; ".join(f"{name} {s.text()}" for name, s in v.ours.items())
 
@@ -718,6 +969,58 @@ def _cells_frame(cells: pl.DataFrame, spectrum: bool, task: str = TASK) -> pl.Da
         row["not completed"] = ", ".join(r["failed"]) or "–"
         rows.append(row)
     return pl.DataFrame(rows)
+
+
+#: the retention/transfer table's tasks: name → its pass@10 quantities (pre, distill, rlvr) in `QUANTITIES`
+STAGED = {"Countdown-4E": ("hard10_pre", "hard10", "hard10_rlvr"), "Countdown-4": ("c4_10_pre", "c4_10", "c4_10_rlvr")}
+TRANSFER, RETENTION = "transfer", "retention"
+
+
+def regime(cells: pl.DataFrame, pre: str = "hard10_pre", after: str = "hard10") -> tuple[str, str]:
+    """Transfer or retention (issue 33), from a `cell_table`: ``"transfer"`` when some cell's
+    quantity ``after`` (pass@10 after distillation) exceeds its ``pre`` (before distillation) by
+    more than 2 SEM, SEM of the difference = √(SEM_pre² + SEM_after²) (PROTOCOL.md §9's rules),
+    else ``"retention"``; with the evidence: the cell with the largest (after − pre) / SEM.
+    Cells lacking either value, or its SEM (< 2 seeds), are skipped; none left: ("", why)."""
+    best = None
+    for r in cells.iter_rows(named=True):
+        if not (r[f"{pre}_n"] and r[f"{after}_n"]):
+            continue
+        d = Stat(r[f"{after}_mean"], r[f"{after}_sem"]) - Stat(r[f"{pre}_mean"], r[f"{pre}_sem"])
+        if d.finite and d.sem > 0 and (best is None or d.mean / d.sem > best[1].mean / best[1].sem):
+            best = (_label(r["policy"], r["lambda"], r["kind"], r["lr"]), d)
+    if best is None:
+        return "", "no cell has the value before and after distillation with an SEM"
+    label, d = best
+    return (TRANSFER if d.mean > 2 * d.sem else RETENTION,
+            f"the largest gain over its SEM: {label}, after − before = {d.text()} (2 SEM = {2 * d.sem:.3g})")
+
+
+def retention_lines(trials: pl.DataFrame) -> list[str]:
+    """findings.md's before → after distillation → after RLVR table of pass@10 on Countdown-4E (and
+    Countdown-4 where evaluated) for every grid and spectrum cell ("–" where a stage is missing), each
+    task's `regime` line, and what Countdown-4E's regime means for F5. [] when no cell has them."""
+    cells = cell_table(pl.concat([_grid(trials), _spectrum(trials)]))
+    tasks = {t: qs for t, qs in STAGED.items() if any(cells[f"{q}_n"].sum() for q in qs)} if cells.height else {}
+    if not tasks:
+        return []
+    rows = []
+    for r in cells.iter_rows(named=True):
+        row = {"cell": _label(r["policy"], r["lambda"], r["kind"], r["lr"])}
+        for t, qs in tasks.items():
+            row[f"{t} pass@10"] = " → ".join(mean_sem_text(r[f"{q}_mean"], r[f"{q}_sem"], 3) if r[f"{q}_n"] else "–"
+                                             for q in qs)
+        rows.append(row)
+    lines = ["Pass@10 before distillation → after distillation → after RLVR (mean ± SEM over seeds; \"–\": stage "
+             "missing).", "", format_table(pl.DataFrame(rows)), ""]
+    for t, (pre, after, _) in tasks.items():
+        name, why = regime(cells, pre, after)
+        lines.append(f"- {t}: **{name or 'undecided'}** ({why}; transfer when some cell's pass@10 after distillation "
+                     "exceeds its value before by more than 2 SEM of the difference)." + (
+                         "" if t != "Countdown-4E" or name != RETENTION else
+                         " In retention, F5's λ comparison asks which rollouts make the student forget its prior "
+                         "Countdown-4E skill least, not which generalise better."))
+    return [*lines, ""]
 
 
 def _counts(trials: pl.DataFrame) -> str:
@@ -748,20 +1051,19 @@ def findings_markdown(res: Results, result: dict[str, list[Verdict]], figures: d
              "KL(π_S‖π_T)), η the learning rate, λ the rollout-policy spectrum (−1 = the teacher's samples, +1 = "
              "the student's, 0 their normalised geometric midpoint, beyond ±1 amplified; PROTOCOL.md §3).", "",
              *on_task, *provenance_lines(sources, here), "## Verdicts", ""]
-    first = next(iter(result.values()))
-    table = {"finding": names, **{g: [v.verdict for v in vs] for g, vs in result.items()},
-             **({"ours": [_ours(v) for v in first]} if len(result) == 1 else {}),
-             "paper": ["; ".join(f"{q}: {val}" for q, val, _ in v.paper) for v in first]}
-    lines += [format_table(pl.DataFrame(table)), "", *not_reproduced_lines(result)]
+    lines += [*verdict_table_lines(result, sources if by == "sweep" else None), *not_reproduced_lines(result)]
     for g, verdicts in result.items():
         lines += [f"## Statistics ({g}: {_counts(groups[g])})", ""]
         for v in verdicts:
-            lines += [f"### {v.finding}: {v.verdict}", "", f"Finding (PROTOCOL.md §7): {v.claim}", "",
-                      f"Rule (§9): {v.rule}.", "", f"Ours: {_ours(v)}.", ""]
-            lines += [f"- {_MARK[c.holds]} {c.name + ': ' if c.name else ''}{c.text}{_why(c)}" for c in v.clauses]
+            lines += [f"### {v.finding}: {v.verdict} (confidence {confidence_text(v.confidence)})", "",
+                      f"Finding (PROTOCOL.md §7): {v.claim}", "", f"Rule (§9): {v.rule}.", "", f"Ours: {_ours(v)}.", ""]
+            lines += [f"- {_MARK[c.holds]} {c.name + ': ' if c.name else ''}{c.text}{_why(c)}{_sure(c)}"
+                      for c in v.clauses]
             lines += [f"- reported (not required): {r} = {s.text()}" for r, s in v.reported.items()]
             lines += [f"- inconclusive: {p}" for p in v.problems]
             lines += [f"- paper: {q}: {val} ({src})" for q, val, src in v.paper] + [""]
+        if staged := retention_lines(groups[g]):
+            lines += [f"### Retention or transfer, {g}", "", *staged]
         for title, part, spectrum in (("grid cells (ρ, k, η)", _grid(groups[g]), False),
                                       ("spectrum cells (λ, k, η)", _spectrum(groups[g]), True)):
             if part.height:
@@ -787,7 +1089,8 @@ def provenance_lines(sources: Sequence[str], here: dict | None = None) -> list[s
             state = {True: ", with modified tracked files", False: ""}.get(r.get("dirty"), "")
             times = ", ".join(f"{k} {v:.0f} s" for k, v in r.get("seconds", {}).items())
             lines.append(f"- `{src}`: `{r.get('command', '?')}` at commit `{commit}`{state}, started "
-                         f"{r.get('started', '?')} on {r.get('cpus', '?')} CPUs, {r.get('trials_completed', '?')} "
+                         f"{r.get('started', '?')} on {r.get('cpus', '?')} CPUs ({r.get('cpu') or NOT_RECORDED}; bf16 "
+                         f"products: {r.get('bf16_products') or NOT_RECORDED}), {r.get('trials_completed', '?')} "
                          f"trials completed; wall time: {times}")
     here = here or code_version()
     lines.append(f"- these verdicts: `distillab.analysis.findings` at commit `{here['commit'] or 'unknown (not a git checkout)'}`"

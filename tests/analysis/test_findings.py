@@ -28,6 +28,7 @@ from distillab.analysis.findings import (
     f3,
     f4,
     f5,
+    findings_markdown,
     format_verdicts,
     mean_of,
     trial_values,
@@ -498,7 +499,8 @@ def test_findings_md_names_the_run_that_produced_the_results(tmp_path) -> None:
     assert main(["findings", str(root), "--only", "F4"]) == 0
     md = (root / "findings.md").read_text()
     assert (f"- `{root}`: `distillab sweep search_spaces/micro_findings.yaml --no-dashboard` at commit `{'0123abcd' * 5}`, "
-            "started 2026-12-02T13:00:00+00:00 on 2 CPUs, 40 trials completed; wall time: prepare 612 s, "
+            "started 2026-12-02T13:00:00+00:00 on 2 CPUs (not recorded; bf16 products: not recorded), 40 trials "
+            "completed; wall time: prepare 612 s, "
             "OffPD sets 151 s, trials 3000 s, total 3812 s") in md
     assert f"`distillab sweep --resume runs/micro_findings` at commit `{'0123abcd' * 5}`, with modified tracked files" in md
     assert md.index("Produced by:") < md.index("## Verdicts")
@@ -540,3 +542,167 @@ def test_code_version_of_a_git_checkout(tmp_path, monkeypatch) -> None:
     assert code_version(tmp_path) == {"commit": head, "dirty": False}
     (tmp_path / "a.py").write_text("x = 2\n")
     assert code_version(tmp_path) == {"commit": head, "dirty": True}
+
+
+# --------------------------------------------------------------------------- confidence (PROTOCOL.md §9.1)
+
+
+def _t_cdf(x: float, df: int, steps: int = 4000) -> float:
+    """Student t CDF with ``df`` degrees of freedom at ``x``: 1/2 + ∫_0^x pdf (Simpson's rule)."""
+    c = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+    h = x / steps
+    pdf = [c * (1 + (i * h) ** 2 / df) ** (-(df + 1) / 2) for i in range(steps + 1)]
+    return 0.5 + h / 3 * (pdf[0] + pdf[-1] + 4 * sum(pdf[1:-1:2]) + 2 * sum(pdf[2:-1:2]))
+
+
+def _gap_trials(spread: float, constant: dict[tuple[str, str], float]) -> pl.DataFrame:
+    """`trial_values` rows of F4's four grid cells (ρ, k) at one LR, seeds 42-44: the coverage gap of
+    (offpd, forward) is ``spread`` + 0.01, +0, −0.01 (mean ``spread``, SEM S0); the other three cells
+    hold ``constant[(ρ, k)]`` in every seed (SEM 0)."""
+    from distillab.analysis.findings import QUANTITIES
+
+    rows = []
+    for p in ("offpd", "onpd"):
+        for k in ("forward", "reverse"):
+            for s, d in DELTA.items():
+                gap = spread + d if (p, k) == ("offpd", "forward") else constant[p, k]
+                rows.append({"trial_id": f"{p}-{k}-{s}", "status": "completed", "seed": s, "policy": p, "lambda": None,
+                             "kind": k, "lr": 1e-4, "has_rlvr": False, "on_task": "countdown3",
+                             **{q: None for q in QUANTITIES}, "gap": gap})
+    return pl.DataFrame(rows, schema_overrides={"lambda": pl.Float64, **{q: pl.Float64 for q in QUANTITIES}})
+
+
+def _f4_at(z: float) -> pl.DataFrame:
+    """F4's cells where d = G_forward − G_reverse = ``z`` · S0: G_k is the mean over the two matched
+    cells, so d = (spread + 0.3)/2 − 0.1 and SEM_d = √(S0² + 0 + 0 + 0) / 2 = S0 / 2."""
+    return _gap_trials(2 * (0.1 + z * S0) - 0.3, {("onpd", "forward"): 0.3, ("offpd", "reverse"): 0.1,
+                                                  ("onpd", "reverse"): 0.1})
+
+
+def test_confidence_of_a_single_difference_in_closed_form() -> None:
+    """F4 holds iff d > 2 SEM_d = S0. A redraw gives d' = d + (S0 / 2)·t, t ~ Student t with 2 degrees of
+    freedom (3 seeds), so the share in which it holds is P(t > 2 − 2d/S0) = F(2d/S0 − 2), F the t CDF
+    (for 2 df F(x) = 1/2 + x / (2√(2 + x²))). Tolerance: 4 binomial SEs of 2,000 redraws."""
+    from distillab.analysis.findings import assess, confidence_text
+
+    def expected(z: float) -> float:
+        x = 2 * z - 2
+        return 0.5 + x / (2 * math.sqrt(2 + x * x))
+
+    assert _t_cdf(1.0, 2) == pytest.approx(expected(1.5), abs=1e-9)  # the integrator against the closed form
+    for z, firm in ((1.5, False), (1 + 1e-6, False), (20.0, True)):  # between, exactly at the threshold, far
+        v = assess("F4", _f4_at(z))
+        p = expected(z)
+        assert v.verdict == REPRODUCED and v.clauses[0].holds is True
+        assert v.clauses[0].confidence == pytest.approx(p, abs=4 * math.sqrt(p * (1 - p) / 2000) + 1e-3), z
+        assert v.confidence == v.clauses[0].confidence  # one clause: the finding's share is the clause's
+        assert confidence_text(v.confidence).endswith("firm" if firm else "fragile")
+    assert expected(1.5) == pytest.approx(0.7887, abs=1e-4) and expected(1 + 1e-6) == pytest.approx(0.5, abs=1e-5)
+    assert assess("F4", _f4_at(20.0)).confidence >= 0.995
+    # the same frames and seed give the same shares; a not-reproduced verdict is redrawn against its own outcome
+    assert assess("F4", _f4_at(1.5)).confidence == assess("F4", _f4_at(1.5)).confidence
+    below = assess("F4", _f4_at(0.5))  # fails; agreement P(t ≤ 2 − 1) = F(1)
+    assert below.verdict == NOT_REPRODUCED and below.confidence == pytest.approx(_t_cdf(1.0, 2), abs=0.04)
+
+
+def test_seeds_needed_for_a_fragile_clause() -> None:
+    """d = 1.5 S0 with sd = 0.01 per cell: at n' seeds SEM' = 0.01/√n', the clause holds iff d > SEM' and
+    a redraw agrees with probability F_{n'−1}(2d/SEM' − 2) = F_{n'−1}(√3·√n' − 2): 0.789 at 3 seeds,
+    0.880 at 4 (fragile), 0.93 at 5 (firm). So the clause is firm at 5 seeds, still holding."""
+    from distillab.analysis.findings import assess, format_verdicts
+
+    share = {n: _t_cdf(math.sqrt(3 * n) - 2, n - 1) for n in (3, 4, 5)}
+    assert share[3] == pytest.approx(0.7887, abs=1e-4) and share[4] < 0.885 and share[5] > 0.925
+    v = assess("F4", _f4_at(1.5))
+    assert (v.clauses[0].needed, v.clauses[0].needed_text) == (5, "5")
+    assert "[confidence 0.7" in format_verdicts({"all": [v]}) and "fragile; firm at 5 seeds]" in format_verdicts({"all": [v]})
+    never = assess("F4", _f4_at(1 + 1e-6), cap=4)  # at the threshold: not firm by 4 seeds
+    assert (never.clauses[0].needed, never.clauses[0].needed_text) == (None, "> 4")
+    assert assess("F4", _f4_at(20.0)).clauses[0].needed_text == ""  # firm: nothing needed
+
+
+def test_inconclusive_verdicts_are_not_redrawn() -> None:
+    from distillab.analysis.findings import assess, confidence_text
+
+    cells = base_cells()
+    del cells["onpd", None, "forward", 1e-4]
+    v = assess("F1", trial_values(study(cells)))
+    assert v.verdict == INCONCLUSIVE and v.confidence is None and all(c.confidence is None for c in v.clauses)
+    assert confidence_text(v.confidence) == "–"
+    md = findings_markdown(study(cells), decide(study(cells), only=["F1"]), {}, ["runs/x"])
+    assert "| F1      | inconclusive | –          | –            |" in md
+
+
+# --------------------------------------------------------------------------- retention or transfer
+
+
+def _staged_cells(after: float) -> pl.DataFrame:
+    """A `cell_table` of two cells: Countdown-4E pass@10 0.40 ± 0.01 before and ``after`` ± 0.01 after
+    distillation in the first, 0.40 → 0.10 in the second (3 seeds each)."""
+    rows = [dict(policy="offpd", kind="forward", hard10_mean=after), dict(policy="onpd", kind="forward", hard10_mean=0.10)]
+    return pl.DataFrame([{**r, "lambda": None, "lr": 1e-4, "hard10_pre_mean": 0.40, "hard10_pre_sem": 0.01,
+                          "hard10_pre_n": 3, "hard10_sem": 0.01, "hard10_n": 3} for r in rows],
+                        schema_overrides={"lambda": pl.Float64})
+
+
+def test_regime_transfer_or_retention_by_hand() -> None:
+    """Difference after − before, SEM √(0.01² + 0.01²) = 0.01414, 2 SEM = 0.0283: a gain of 0.05 is
+    transfer, 0.02 is not (retention)."""
+    from distillab.analysis.findings import RETENTION, TRANSFER, regime
+
+    name, why = regime(_staged_cells(0.45))
+    assert name == TRANSFER and "(offpd, forward, η=0.0001), after − before = 0.05 ± 0.014 (2 SEM = 0.0283)" in why
+    assert regime(_staged_cells(0.42))[0] == RETENTION
+    assert regime(_staged_cells(0.42).with_columns(pl.lit(0).alias("hard10_pre_n")))[0] == ""
+
+
+def test_retention_table_and_regime_line_in_findings_md() -> None:
+    """The base study with Countdown-4E pass@10 before distillation 0.5 in every trial: every cell
+    loses (retention), and the spectrum cells show before → distill → rlvr."""
+    base = study()
+    extra = base.trials.select("trial_id").collect().with_columns(
+        pl.lit("pre").alias("stage"), pl.lit(0).cast(pl.Int64).alias("step"), pl.lit("countdown4e").alias("task"),
+        pl.lit("pass@10").alias("metric"), pl.lit(0.5).alias("value"), pl.lit(10).cast(pl.Int64).alias("n"))
+    res = Results(base.trials, base.metrics, pl.concat([base.evals, extra.lazy()], how="diagonal_relaxed"), base.samples)
+    md = findings_markdown(res, decide(res, only=["F4"]), {}, ["runs/x"])
+    assert "| (λ=2, forward, η=0.0003)   | 0.5 ± 0 → 0.35 ± 0.0058 → 0.33 ± 0.0058 |" in md
+    assert "| (offpd, forward, η=0.0001) | 0.5 ± 0 → 0 ± 0.0058 → –  " in md
+    assert ("- Countdown-4E: **retention** (the largest gain over its SEM: (λ=2, forward, η=0.0003), after − before "
+            "= -0.15 ± 0.0058 (2 SEM = 0.0115)") in md
+    assert "F5's λ comparison asks which rollouts make the student forget its prior Countdown-4E skill least" in md
+    assert "Countdown-4 pass@10" not in md  # Countdown-4 not evaluated: no column
+
+
+# --------------------------------------------------------------------------- runs side by side
+
+
+def test_run_records_with_and_without_cpu_and_arithmetic_side_by_side(tmp_path) -> None:
+    from distillab.analysis.findings import NOT_RECORDED, run_arithmetic
+    from distillab.analysis.results import load
+    from distillab.tables import record_run
+
+    old, new = tmp_path / "native", tmp_path / "float32"
+    for root in (old, new):
+        _write_micro_findings(root)
+    record_run(old, {"command": "distillab sweep a.yaml", "cpus": 2})
+    record_run(new, {"command": "distillab sweep b.yaml", "cpus": 2, "cpu": "AMD EPYC 7B13",
+                     "bf16_products": "float32 (no native bf16)"})
+    assert run_arithmetic([str(old)]) == {"cpu": NOT_RECORDED, "bf16_products": NOT_RECORDED}
+    assert run_arithmetic([str(new)]) == {"cpu": "AMD EPYC 7B13", "bf16_products": "float32 (no native bf16)"}
+    sources = [str(old), str(new)]
+    res = load(sources)
+    md = findings_markdown(res, decide(res, by="sweep", only=["F4"]), {}, sources, by="sweep")
+    table = md[md.index("## Verdicts"):md.index("Confidence (PROTOCOL.md §9.1")]
+    assert table.splitlines()[2:7] == [
+        "| finding       | sweep=float32            | sweep=native            | paper                                    "
+        "                                    |",
+        "|---------------|--------------------------|-------------------------|------------------------------------------"
+        "------------------------------------|",
+        "| CPU           | AMD EPYC 7B13            | not recorded            |                                          "
+        "                                    |",
+        "| bf16 products | float32 (no native bf16) | not recorded            |                                          "
+        "                                    |",
+        "| F4            | reproduced (1.000 firm)  | reproduced (1.000 firm) | coverage pass@k at similar pass@1: higher"
+        " for forward KL than for reverse KL |"]
+    assert "(AMD EPYC 7B13; bf16 products: float32 (no native bf16))" in md
+    assert "on 2 CPUs (not recorded; bf16 products: not recorded)" in md
