@@ -707,7 +707,7 @@ class RLVRConfig(_Strict):
     current student (``engine``: vLLM or transformers), reward ``correct_reward`` if the verifier
     accepts the answer else 0 (+ ``format_reward`` ≤ 0.5 for a well-formed answer
     block), its own AdamW LR with linear warm-up over ``warmup_ratio`` of the steps
-    then cosine to 10 %. One optimizer step per batch (π_old = π_θ at sampling time,
+    then cosine to ``min_lr_ratio`` of the peak. One optimizer step per batch (π_old = π_θ at sampling time,
     so the ratio is 1). Starts from the trial's distilled student. Data-parallel over
     the trial's workers (``prompts_per_step`` a multiple of ``resources.num_workers``).
 
@@ -732,6 +732,9 @@ class RLVRConfig(_Strict):
     lr: float = Field(default=2e-6, gt=0)
     #: share of the steps with a linear LR warm-up
     warmup_ratio: float = Field(default=0.1, ge=0, lt=1)
+    #: where the cosine ends, as a share of ``lr``: 0.0 is the usual cosine to zero (PROTOCOL.md §6
+    #: "cosine"; the paper files), the default 0.1 keeps 10 % of the peak (the micro study's schedule)
+    min_lr_ratio: float = Field(default=0.1, ge=0, lt=1)
     #: global gradient-norm clip (null: off)
     clip: float | None = Field(default=1.0, gt=0)
     #: PPO ratio clip below 1 (DAPO's ε_low)

@@ -9,7 +9,8 @@ moments, master weights, LR schedule, random streams) for an exact resume.
 
 Schedules (PROTOCOL.md §6): distillation warms up linearly over
 ``optimizer.warmup_steps`` then stays constant; SFT and RLVR warm up, then decay
-with a cosine to 10 % of the peak.
+with a cosine to 10 % of the peak (RLVR: to ``rlvr.min_lr_ratio`` of it; the paper
+files set 0, the usual cosine).
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ __all__ = ["lr_lambda", "rlvr_schedule", "deepspeed_bf16", "setup_engine", "gath
            "load_engine_state", "rng_state", "set_rng_state", "save_checkpoint", "Resume", "load_checkpoint"]
 
 
-def lr_lambda(warmup: int, total: int, schedule: str) -> Callable[[int], float]:
+def lr_lambda(warmup: int, total: int, schedule: str, floor: float = 0.1) -> Callable[[int], float]:
     """Multiplier of the base LR at optimizer step s (0-based): linear warm-up over
-    ``warmup`` steps, then ``constant`` (1.0) or ``cosine`` (to 0.1 at ``total``).
+    ``warmup`` steps, then ``constant`` (1.0) or ``cosine`` (to ``floor`` at ``total``:
+    0.1 keeps 10 % of the peak, 0.0 is the usual cosine to zero).
 
     Raises:
         ValueError: unknown schedule (allowed: constant, cosine).
@@ -53,15 +55,15 @@ def lr_lambda(warmup: int, total: int, schedule: str) -> Callable[[int], float]:
         if schedule == "constant":
             return 1.0
         progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
     return f
 
 
 def rlvr_schedule(cfg: RLVRConfig) -> Callable[[int], float]:
     """LR multiplier per step of an RLVR stage: linear warm-up over ``warmup_ratio`` of
-    the steps, then cosine to 10 % (`lr_lambda`)."""
-    return lr_lambda(max(1, round(cfg.warmup_ratio * cfg.steps)), cfg.steps, "cosine")
+    the steps, then cosine to ``min_lr_ratio`` of the peak (`lr_lambda`)."""
+    return lr_lambda(max(1, round(cfg.warmup_ratio * cfg.steps)), cfg.steps, "cosine", cfg.min_lr_ratio)
 
 
 def deepspeed_bf16(precision: str, master_weights: str, zero_stage: int) -> dict | None:
