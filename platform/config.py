@@ -1199,6 +1199,29 @@ class RuntimeContext(_Strict):
         return self.resources.torch_threads
 
 
+class TrialLaunch(_Strict):
+    """One trial as it crosses its process boundaries: driver → Tune trial actor
+    (`sweep.run_trial`), trial actor → Ray Train workers (``train_loop_config`` of
+    `sweep.run_trial`'s ``TorchTrainer``, read by `distill.train_loop_per_worker`), or the
+    trial actor itself (``resources.local_mode``, `sweep.train_in_trial_actor`). Ray pickles
+    it as it is: the trial and its context arrive typed, never as JSON to validate again.
+
+    ``trial``: the validated trial; ``ctx``: its runtime context; ``trial_id``: the trial's
+    id, computed once (`of`); ``times``: what the Tune trainable measured at its first line
+    (`telemetry.TrialTimes.launch_info`: ``t_trial`` unix seconds, ``trainable_import_s``
+    seconds), None outside Tune."""
+
+    trial: TrialConfig
+    ctx: RuntimeContext
+    trial_id: str
+    times: dict[str, float] | None = None
+
+    @classmethod
+    def of(cls, trial: TrialConfig, ctx: RuntimeContext, times: dict[str, float] | None = None) -> "TrialLaunch":
+        """The launch record of ``trial`` in ``ctx``, its ``trial_id`` computed here (`TrialConfig.trial_id`)."""
+        return cls(trial=trial, ctx=ctx, trial_id=trial.trial_id, times=times)
+
+
 def config_hash(data: Any) -> str:
     """sha256 of the canonical JSON of ``data`` (hex)."""
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()

@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 import torch
 
-from distillab.config import RuntimeContext, TrialConfig
+from distillab.config import RuntimeContext, TrialConfig, TrialLaunch
 from distillab.evals.suite import Evaluator, evaluate_stage, pre_eval_path
 from distillab.loss import loss_step
 from distillab.models import (DTYPES, bf16_matmuls, check_lm_heads, check_same_vocab, configure_passes, load_model,
@@ -280,8 +280,7 @@ def run_worker(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: 
 
 
 def train_loop_per_worker(config: dict) -> None:
-    """Ray Train worker function. ``config``: ``trial`` (`TrialConfig` as a JSON dict), ``trial_id``, ``ctx``
-    (`config.RuntimeContext` as a JSON dict), ``launch`` (`telemetry.TrialTimes.launch_info`, optional)."""
-    times = TrialTimes(config.get("launch"))
-    run_worker(TrialConfig.model_validate(config["trial"]), RuntimeContext.model_validate(config["ctx"]),
-               config["trial_id"], RaySession(), times)
+    """Ray Train worker function. ``config``: ``{"launch": config.TrialLaunch}`` (the trial, its context,
+    its id and the trainable's `telemetry.TrialTimes.launch_info`), as `sweep.run_trial` built it."""
+    launch: TrialLaunch = config["launch"]
+    run_worker(launch.trial, launch.ctx, launch.trial_id, RaySession(), TrialTimes(launch.times))
