@@ -66,7 +66,7 @@ class MicroSkillsBackend:
         skills = ood_items(self.tasks, self.cfg.ood_items)
         requests = [([render_prompt(tokenizer, "", it.prompt) for it in items],
                      SamplingParams(self.cfg.ood_temperature, 1.0, 16, 1,
-                                    seed + self.seeds.eval_ood * j + self.seeds.eval_ood_offset))
+                                    self.seeds.eval_ood_seed(seed, j)))
                     for j, items in enumerate(skills.values())]
         rows = []
         for (skill, items), completions in zip(skills.items(), sample_batched(engine, requests, desc="OOD")):

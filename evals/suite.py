@@ -87,9 +87,10 @@ class Evaluator:
         ``pass_temperature`` of the first ``pass_items``, for ``pass@k`` (seed + ``seeds.eval_pass``)."""
         cfg = self.cfg
         n_acc = {"mcq": cfg.mcq_items, "math": cfg.math_items}.get(name, cfg.id_items)
+        pass_seed = self.seeds.eval_pass_seed(seed)
         return [(prompts[:n_acc], SamplingParams(cfg.id_temperature, cfg.top_p, cfg.max_tokens, 1, seed)),
                 (prompts[: cfg.pass_items], SamplingParams(cfg.pass_temperature.get(name, 1.0), cfg.top_p,
-                                                           cfg.max_tokens, cfg.pass_n, seed + self.seeds.eval_pass))]
+                                                           cfg.max_tokens, cfg.pass_n, pass_seed))]
 
     def samples(self, name: str, prompts: list[list[int]], completions: list[list[int]],
                 score: Callable[[str, int], bool]) -> list[dict]:
@@ -114,21 +115,22 @@ class Evaluator:
         return rows + [{"task": name, "metric": f"pass@{k}", "value": mean_pass_at_k(passes, cfg.pass_n, k),
                         "n": len(passes)} for k in cfg.pass_k]
 
-    def _tasks(self) -> list[tuple[str, list[list[int]], Callable[[str, int], bool], int]]:
-        """``(name, prompts, score, seed offset)`` of every Countdown task, then ``mcq``, then ``math``."""
+    def _tasks(self, seed: int) -> list[tuple[str, list[list[int]], Callable[[str, int], bool], int]]:
+        """``(name, prompts, score, task seed)`` of every Countdown task, then ``mcq``, then ``math``, at
+        stage seed ``seed`` (`config.SeedsConfig.eval_task_seed`)."""
         tok, out = self.tokenizer, []
         for i, name in enumerate(self.cfg.countdown_tasks):
             problems = self.data.test_split(name)
             out.append((name, self._prompts(problems), lambda t, j, ps=problems: score_countdown(t, ps[j]),
-                        self.seeds.eval_task * i))
+                        self.seeds.eval_task_seed(seed, name, i)))
         if self.cfg.mcq_items:  # the second domain (tasks.mcq)
             items = self.data.test_split("mcq")
             out.append(("mcq", [mcq_prompt_ids(tok, self.tasks.mcq, it) for it in items],
-                        lambda t, j: score_mcq(t, items[j]), self.seeds.eval_mcq))
+                        lambda t, j: score_mcq(t, items[j]), self.seeds.eval_task_seed(seed, "mcq", 0)))
         if self.cfg.math_items:  # the long-reasoning domain (tasks.math)
             problems = self.data.test_split("math")
             out.append(("math", [math_prompt_ids(tok, self.tasks.math, it) for it in problems],
-                        lambda t, j, ps=problems: score_math(t, ps[j]), self.seeds.eval_mcq))
+                        lambda t, j, ps=problems: score_math(t, ps[j]), self.seeds.eval_task_seed(seed, "math", 0)))
         return out
 
     def evaluate(self, model: PreTrainedModel, seed: int, samples: list[dict] | None = None) -> list[dict]:
@@ -138,8 +140,8 @@ class Evaluator:
         ``samples``, each task's `samples` rows are appended to it."""
         cfg, tok = self.cfg, self.tokenizer
         engine = TransformersEngine(model, tok.eos_token_id, tok.pad_token_id, batch_size=self.batch_size)
-        tasks = self._tasks()
-        requests = [r for name, prompts, _, offset in tasks for r in self.requests(name, prompts, seed + offset)]
+        tasks = self._tasks(seed)
+        requests = [r for name, prompts, _, task_seed in tasks for r in self.requests(name, prompts, task_seed)]
         done = sample_batched(engine, requests)
         rows: list[dict] = []
         for k, (name, prompts, score, _) in enumerate(tasks):

@@ -67,13 +67,9 @@ from torch import Tensor
 
 from distillab.ops.kl import (
     ESTIMATORS,
-    KINDS,
     REDUCTIONS,
-    ROLLOUT_ESTIMATORS,
     _check_beta,
-    _check_choice,
     _check_compute_dtype,
-    _check_kind,
     _check_mask,
     _check_tau,
     rollout_token_estimate_and_grad,
@@ -83,6 +79,7 @@ from distillab.ops.kl import (
     topk_divergence_and_grad,
 )
 from distillab.ops.triton_kl import check_triton_usable, triton_available, triton_token_divergence_and_grad
+from distillab.registry import check_choice, check_estimator
 
 __all__ = ["ChunkedOutput", "RowEstimator", "chunked_distill_loss", "estimator_rows", "pad_vocab",
            "check_vocab_sizes", "token_logprobs_from_hidden"]
@@ -268,14 +265,14 @@ def estimator_rows(estimator: str = "full", *, top_k: int = 64, topk_source: str
     Raises:
         ValueError: an unknown estimator, ``sampled``, k1/k2/k3 without targets.
     """
-    _check_choice("estimator", estimator, ESTIMATORS)
+    check_choice("estimator", estimator, ESTIMATORS)
     if estimator == "full":
         return None
     if estimator == "sampled":
         raise ValueError("estimator 'sampled' draws tokens from the full distributions and has no chunked path; "
                          "use ops.kl.estimator_loss on the logits (loss.impl does not apply to it)")
     if estimator == "topk":
-        return RowEstimator(topk_divergence_and_grad, dict(k=top_k, source=topk_source, tail=topk_tail))
+        return RowEstimator(topk_divergence_and_grad, dict(top_k=top_k, topk_source=topk_source, topk_tail=topk_tail))
     if targets is None or targets.dim() != 1:
         raise ValueError(f"estimator {estimator!r} needs targets: the rollout token of each row, (N,) int64")
     return RowEstimator(rollout_token_estimate_and_grad, dict(estimator=estimator, k_gradient=k_gradient), targets)
@@ -538,15 +535,13 @@ def chunked_distill_loss(
         TypeError: mask not bool, non-float tensors.
         RuntimeError: ``backend="triton"`` where triton cannot run.
     """
-    _check_kind(kind, KINDS)
+    check_estimator(estimator, kind)
     tau_s, tau_t, beta = _check_tau("tau_s", tau_s), _check_tau("tau_t", tau_t), _check_beta(beta)
     _check_compute_dtype(compute_dtype)
     _check_inputs(student_hidden, student_weight, teacher_hidden, teacher_weight, student_bias, teacher_bias,
                   reduction, backend)
     h_s, h_t, seq, B = _select_rows(student_hidden, teacher_hidden, mask, seq_index, num_seqs)
     coef = row_coefficients(seq, B, reduction=reduction, weights=weights, dtype=torch.float64)
-    if estimator in ROLLOUT_ESTIMATORS and kind != "reverse":
-        raise ValueError(f"estimator {estimator!r} estimates the reverse KL; kind must be 'reverse', got {kind!r}")
     est = estimator_rows(estimator, top_k=top_k, topk_source=topk_source, topk_tail=topk_tail, k_gradient=k_gradient,
                          targets=_rows_targets(targets, mask, h_s.shape[0]))
     if est is not None and backend == "triton":

@@ -232,6 +232,18 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from distillab.registry import (
+    ESTIMATORS,
+    K_GRADIENTS,
+    KINDS,
+    REDUCTIONS,
+    ROLLOUT_ESTIMATORS,
+    SAMPLED_KINDS,
+    TOPK_SOURCES,
+    check_choice,
+    check_estimator,
+)
+
 __all__ = [
     "KINDS",
     "REDUCTIONS",
@@ -263,16 +275,8 @@ __all__ = [
     "token_stats",
 ]
 
-KINDS = ("forward", "reverse", "jsd")
-SAMPLED_KINDS = ("forward", "reverse")
-#: ``loss.estimator``: how the token-level divergence is estimated (module docstring)
-ESTIMATORS = ("full", "sampled", "topk", "k1", "k2", "k3")
-#: the top-k support: the teacher's top k, the student's, or the union of both
-TOPK_SOURCES = ("teacher", "student", "union")
-#: the rollout-token estimators of KL(π_S‖π_T) and their training gradients
-ROLLOUT_ESTIMATORS = ("k1", "k2", "k3")
-K_GRADIENTS = ("auto", "score", "pathwise")
-REDUCTIONS = ("seq_mean", "token_mean", "sum")
+# KINDS, SAMPLED_KINDS, ESTIMATORS, TOPK_SOURCES, ROLLOUT_ESTIMATORS, K_GRADIENTS, REDUCTIONS: the names of
+# `distillab.registry` (imported above), which `config.LossConfig` reads too
 COMPUTE_DTYPES = (torch.float32, torch.float64)
 LOGPROB_FLOOR = -1e4
 """Floor (nats) for log-probabilities inside differences; see the module docstring."""
@@ -308,14 +312,7 @@ def _check_tau(name: str, tau: float) -> float:
 
 
 def _check_kind(kind: str, allowed: tuple[str, ...]) -> None:
-    if kind not in allowed:
-        raise ValueError(f"unknown kind {kind!r}; allowed values: {', '.join(map(repr, allowed))}")
-
-
-def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> str:
-    if value not in allowed:
-        raise ValueError(f"unknown {name} {value!r}; allowed values: {', '.join(map(repr, allowed))}")
-    return value
+    check_choice("kind", kind, allowed)
 
 
 def _check_beta(beta: float) -> float:
@@ -848,13 +845,13 @@ def sampled_token_loss(
 def _check_topk(k: int, source: str) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"top_k must be an integer >= 1, got {k!r}")
-    _check_choice("topk source", source, TOPK_SOURCES)
+    check_choice("topk_source", source, TOPK_SOURCES)
     return k
 
 
-def topk_support(student_logits: Tensor, teacher_logits: Tensor, *, k: int, source: str = "teacher") -> Tensor:
+def topk_support(student_logits: Tensor, teacher_logits: Tensor, *, top_k: int, topk_source: str = "teacher") -> Tensor:
     r"""The top-k support S of each position (module docstring, "Top-k"): the entries
-    whose logit is at least the k-th largest of the teacher (``source="teacher"``), of
+    whose logit is at least the k-th largest (k = ``top_k``) of the teacher (``topk_source="teacher"``), of
     the student (``"student"``) or either (``"union"``: S_T ∪ S_S). Ties at the k-th
     value are all included, so |S| ≥ k (the support depends on the distributions only,
     not on the order of the vocabulary); k ≥ V gives the whole vocabulary.
@@ -862,7 +859,8 @@ def topk_support(student_logits: Tensor, teacher_logits: Tensor, *, k: int, sour
     Args:
         student_logits, teacher_logits: (..., V) float tensors of equal shape (ranks are
             the same at any temperature τ > 0).
-        k: entries per model (≥ 1). source: ``"teacher"`` | ``"student"`` | ``"union"``.
+        top_k: entries per model (≥ 1). topk_source: ``"teacher"`` | ``"student"`` | ``"union"``
+            (the names of `config.LossConfig`'s fields).
 
     Returns:
         (..., V) bool, True on S. No gradient.
@@ -871,7 +869,7 @@ def topk_support(student_logits: Tensor, teacher_logits: Tensor, *, k: int, sour
         ValueError: shapes differ, k < 1, an unknown source.
     """
     _check_logits_pair(student_logits, teacher_logits)
-    k = _check_topk(k, source)
+    k, source = _check_topk(top_k, topk_source), topk_source
     V = student_logits.shape[-1]
     with torch.no_grad():
         def top(z: Tensor) -> Tensor:
@@ -897,9 +895,9 @@ def topk_divergence(
     teacher_logits: Tensor,
     *,
     kind: str,
-    k: int = 64,
-    source: str = "teacher",
-    tail: bool = False,
+    top_k: int = 64,
+    topk_source: str = "teacher",
+    topk_tail: bool = False,
     tau_s: float = 1.0,
     tau_t: float = 0.5,
     beta: float = 0.5,
@@ -908,15 +906,15 @@ def topk_divergence(
     r"""The divergence ``kind`` of the top-k estimator at each position (module docstring,
     "Top-k"), differentiable (the float64-safe reference).
 
-    ``tail=False``: D(π̃_S, π̃_T) of both distributions restricted to S and renormalised
-    (``token_divergence`` of the logits with −inf outside S). ``tail=True``: D over the
+    ``topk_tail=False``: D(π̃_S, π̃_T) of both distributions restricted to S and renormalised
+    (``token_divergence`` of the logits with −inf outside S). ``topk_tail=True``: D over the
     |S| + 1 categories S ∪ {tail}, the tail holding each model's mass outside S.
     With k ≥ V both equal ``token_divergence`` exactly.
 
     Args:
         student_logits, teacher_logits, kind, tau_s, tau_t, beta, compute_dtype: as in
             ``token_divergence``.
-        k, source: the support (``topk_support``). tail: the tail bucket.
+        top_k, topk_source: the support (``topk_support``). topk_tail: the tail bucket.
 
     Returns:
         (...) tensor in ``compute_dtype``, nats.
@@ -924,8 +922,8 @@ def topk_divergence(
     Raises:
         As ``token_divergence`` and ``topk_support``.
     """
-    support = topk_support(student_logits, teacher_logits, k=k, source=source)
-    if not tail:
+    support = topk_support(student_logits, teacher_logits, top_k=top_k, topk_source=topk_source)
+    if not topk_tail:
         ninf = torch.tensor(float("-inf"), dtype=student_logits.dtype, device=student_logits.device)
         return token_divergence(torch.where(support, student_logits, ninf), torch.where(support, teacher_logits, ninf),
                                 kind=kind, tau_s=tau_s, tau_t=tau_t, beta=beta, compute_dtype=compute_dtype)
@@ -944,9 +942,9 @@ def topk_divergence_and_grad(
     teacher_logits: Tensor,
     *,
     kind: str,
-    k: int = 64,
-    source: str = "teacher",
-    tail: bool = False,
+    top_k: int = 64,
+    topk_source: str = "teacher",
+    topk_tail: bool = False,
     tau_s: float = 1.0,
     tau_t: float = 0.5,
     beta: float = 0.5,
@@ -957,14 +955,14 @@ def topk_divergence_and_grad(
     r"""``topk_divergence`` and its gradient w.r.t. the student logits in closed form
     (module docstring, "Top-k"): the row math of the chunked top-k loss.
 
-    Args and returns as ``token_divergence_and_grad`` (``k``, ``source``, ``tail`` as in
+    Args and returns as ``token_divergence_and_grad`` (``top_k``, ``topk_source``, ``topk_tail`` as in
     ``topk_divergence``). ``stats`` are the full-vocabulary ``STAT_NAMES`` columns
     (the exact KLs, not the estimator's).
 
     Raises:
         As ``topk_divergence``.
     """
-    support = topk_support(student_logits, teacher_logits, k=k, source=source)
+    support = topk_support(student_logits, teacher_logits, top_k=top_k, topk_source=topk_source)
     kind, tau_s, tau_t, beta = _check_divergence(kind, tau_s, tau_t, beta, compute_dtype)
     with torch.no_grad():
         a_s = student_logits.detach().to(compute_dtype) / tau_s  # (..., V)
@@ -975,7 +973,7 @@ def topk_divergence_and_grad(
         if with_stats:
             _, fwd, rev = _kl_pair(ls.clamp_min(LOGPROB_FLOOR), lt.clamp_min(LOGPROB_FLOOR), ps, pt)
             stats = _stats(ls.clamp_min(LOGPROB_FLOOR), lt.clamp_min(LOGPROB_FLOOR), ps, pt, fwd, rev)
-        if tail:  # effective log-probs: the tail's log mass on every entry outside S
+        if topk_tail:  # effective log-probs: the tail's log mass on every entry outside S
             ninf = torch.tensor(float("-inf"), dtype=compute_dtype, device=ls.device)
             ls_t = torch.logsumexp(torch.where(support, ninf, ls), dim=-1, keepdim=True)  # (..., 1)
             lt_t = torch.logsumexp(torch.where(support, ninf, lt), dim=-1, keepdim=True)
@@ -1006,8 +1004,8 @@ def resolve_k_gradient(estimator: str, k_gradient: str = "auto") -> str:
 
     Raises:
         ValueError: an unknown estimator or gradient."""
-    _check_choice("rollout-token estimator", estimator, ROLLOUT_ESTIMATORS)
-    _check_choice("k_gradient", k_gradient, K_GRADIENTS)
+    check_choice("rollout-token estimator", estimator, ROLLOUT_ESTIMATORS)
+    check_choice("k_gradient", k_gradient, K_GRADIENTS)
     if k_gradient != "auto":
         return k_gradient
     return "score" if estimator == "k1" else "pathwise"
@@ -1216,7 +1214,7 @@ def estimator_loss(
             (sampled: forward/reverse; k1/k2/k3: reverse), k-estimators without targets,
             and the errors of the functions above.
     """
-    _check_choice("estimator", estimator, ESTIMATORS)
+    check_estimator(estimator, kind)
     common = dict(tau_s=tau_s, tau_t=tau_t, reduction=reduction, weights=weights)
     if estimator == "full":
         loss = distill_loss(student_logits, teacher_logits, mask, kind=kind, beta=beta, compute_dtype=compute_dtype,
@@ -1229,13 +1227,10 @@ def estimator_loss(
     if estimator == "topk":
         _check_batch(student_logits, teacher_logits, mask)
         per_token = topk_divergence(_mask_logits(student_logits, mask), _mask_logits(teacher_logits.detach(), mask),
-                                    kind=kind, k=top_k, source=topk_source, tail=topk_tail, tau_s=tau_s, tau_t=tau_t,
-                                    beta=beta, compute_dtype=compute_dtype)
+                                    kind=kind, top_k=top_k, topk_source=topk_source, topk_tail=topk_tail,
+                                    tau_s=tau_s, tau_t=tau_t, beta=beta, compute_dtype=compute_dtype)
         loss = reduce_loss(per_token, mask, reduction=reduction, weights=weights)
         return EstimatorLoss(loss, loss.detach())
-    if kind != "reverse":
-        raise ValueError(f"estimator {estimator!r} estimates the reverse KL KL(π_S‖π_T); kind must be 'reverse', "
-                         f"got {kind!r}")
     if targets is None:
         raise ValueError(f"estimator {estimator!r} scores the rollout tokens: give targets (B, T)")
     loss = rollout_token_loss(student_logits, teacher_logits, targets, mask, estimator=estimator,

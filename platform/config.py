@@ -21,12 +21,23 @@ import math
 import re
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from distillab.registry import COUNTDOWN_TASKS, SKILL_NAMES, check_report_metric
+from distillab.registry import (
+    COUNTDOWN_TASKS,
+    ESTIMATORS,
+    K_GRADIENTS,
+    KINDS,
+    REDUCTIONS,
+    ROLLOUT_ESTIMATORS,
+    SKILL_NAMES,
+    TOPK_SOURCES,
+    check_estimator,
+    check_report_metric,
+)
 
 #: The paper's large operand pool for Countdown-3 and Countdown-4 (PROTOCOL.md §5).
 PAPER_POOL: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 25, 50, 75)
@@ -377,19 +388,19 @@ class LossConfig(_Strict):
     unchanged)."""
 
     #: ``forward`` KL(π_T‖π_S), ``reverse`` KL(π_S‖π_T), or ``jsd`` JSD(β)
-    kind: Literal["forward", "reverse", "jsd"] = "forward"
+    kind: Literal[KINDS] = "forward"
     #: JSD(β) interpolation weight in [0, 1]: M = β π_T + (1 − β) π_S (read by ``kind: jsd`` only)
     beta: float = Field(default=0.5, ge=0.0, le=1.0)
     #: how the divergence is estimated: ``full``, ``sampled``, ``topk``, or ``k1``/``k2``/``k3`` on the rollout token
-    estimator: Literal["full", "sampled", "topk", "k1", "k2", "k3"] = "full"
+    estimator: Literal[ESTIMATORS] = "full"
     #: top-k support size per model (``estimator: topk``; ties at the k-th logit are kept, so |S| ≥ k)
     top_k: int = Field(default=64, ge=1)
     #: whose top-k entries form the support (``estimator: topk``)
-    topk_source: Literal["teacher", "student", "union"] = "teacher"
+    topk_source: Literal[TOPK_SOURCES] = "teacher"
     #: one bucket with the mass outside the support instead of renormalising on it (``estimator: topk``)
     topk_tail: bool = False
     #: training gradient of k1/k2/k3: ``score`` a = k, ``pathwise`` a = ∂k/∂log π_S(y) (× ∇log π_S(y))
-    k_gradient: Literal["auto", "score", "pathwise"] = "auto"
+    k_gradient: Literal[K_GRADIENTS] = "auto"
     #: the full-vocabulary oracle every that many steps (0 = off; `ops.oracle`)
     oracle_every: int = Field(default=10, ge=0)
     #: the teacher's temperature in the loss
@@ -397,7 +408,7 @@ class LossConfig(_Strict):
     #: the student's temperature in the loss
     tau_s: float = Field(default=1.0, gt=0)
     #: how token losses become the batch loss: mean per sequence then over sequences, mean over tokens, or sum
-    reduction: Literal["seq_mean", "token_mean", "sum"] = "seq_mean"
+    reduction: Literal[REDUCTIONS] = "seq_mean"
     #: How the loss is computed (all give the same numbers; tests pin it):
     #: ``reference`` full (B, T, V) logits from the models and ``ops.kl`` (the float64-safe
     #: ground truth; memory O(tokens × vocab)); ``chunked`` (default) fused lm_head + divergence
@@ -419,11 +430,7 @@ class LossConfig(_Strict):
 
     @model_validator(mode="after")
     def _estimator_kind(self) -> "LossConfig":
-        if self.kind == "jsd" and self.estimator == "sampled":
-            raise ValueError("loss.estimator 'sampled' exists for loss.kind 'forward' and 'reverse' only (got 'jsd')")
-        if self.estimator in ("k1", "k2", "k3") and self.kind != "reverse":
-            raise ValueError(f"loss.estimator {self.estimator!r} estimates the reverse KL KL(π_S‖π_T) on the "
-                             f"rollout token: set loss.kind 'reverse' (got {self.kind!r})")
+        check_estimator(self.estimator, self.kind, prefix="loss.")  # the rule the ops check too
         if self.impl == "triton" and self.estimator != "full":
             raise ValueError(f"loss.impl 'triton' has kernels for loss.estimator 'full' only; estimator "
                              f"{self.estimator!r} runs with loss.impl 'chunked' or 'reference'")
@@ -1041,9 +1048,21 @@ class FaultToleranceConfig(_Strict):
 
 class SeedsConfig(_Strict):
     """How every random stream of a trial derives from ``trial.seed`` (s), the worker's
-    rank (r) and the step (t), so that no two streams share a seed. The defaults are
-    the values every recorded run used: change one and the numbers it feeds change.
-    (The test splits are seeded by ``tasks.test_seed`` alone, the same for every trial.)"""
+    rank (r) and the step (t), so that no two streams share a seed: each stream is a
+    method here (the one home of the formulas; no offset is written anywhere else). The
+    defaults are the values every recorded run used: change one and the numbers it feeds
+    change. The test splits are seeded by ``tasks.test_seed`` alone, the same for every
+    trial (`test_split_seed`), and a prepared micro model's SFT data by the prepare seed
+    (`sft_seed`); their offsets are class constants, not fields, so they are no part of a
+    trial's config (its id and cache keys)."""
+
+    #: offset of each test split's seed from ``tasks.test_seed`` (`test_split_seed`; any other Countdown task: 7)
+    TEST_SPLIT_OFFSETS: ClassVar[dict[str, int]] = {"countdown3": 0, "countdown4e": 1, "mcq": 11, "math": 13}
+    OTHER_TEST_SPLIT_OFFSET: ClassVar[int] = 7
+    #: a micro model's SFT data from its prepare seed p: p · SFT_STREAMS + i for the i-th Countdown task of
+    #: ``countdown_examples`` (sorted by name), p · SFT_STREAMS + the offset for the other kinds (`sft_seed`)
+    SFT_STREAMS: ClassVar[int] = 1000
+    SFT_STREAM_OFFSETS: ClassVar[dict[str, int]] = {"styled": 29, "mcq": 23, "skills": 17, "math": 31}
 
     #: training problems of the distillation domain (Countdown-3, or multiple-choice items): seed s + train_problems
     train_problems: int = 7919
@@ -1079,8 +1098,71 @@ class SeedsConfig(_Strict):
     eval_ood_offset: int = 3
 
     def rollout_seed(self, seed: int, step: int, rank: int) -> int:
-        """Sampling seed of distillation step ``step`` (0-based) on ``rank``."""
+        """Sampling seed of distillation step ``step`` (0-based) on ``rank``: s · rollout + t · rollout_step + r."""
         return seed * self.rollout + step * self.rollout_step + rank
+
+    def train_problems_seed(self, seed: int) -> int:
+        """The distillation domain's training problems (Countdown-3, multiple-choice or math items):
+        s + train_problems."""
+        return seed + self.train_problems
+
+    def shuffle_seed(self, seed: int, rank: int) -> int:
+        """Rank ``rank``'s order of its training prompts: s · shuffle + r."""
+        return seed * self.shuffle + rank
+
+    def loss_seed(self, seed: int, rank: int) -> int:
+        """The token draws of the sampled estimator (and every other draw of the loss) on ``rank``: s · loss + r."""
+        return seed * self.loss + rank
+
+    def rlvr_problems_seed(self, seed: int) -> int:
+        """The RLVR stage's training problems: s + rlvr_problems."""
+        return seed + self.rlvr_problems
+
+    def rlvr_shuffle_seed(self, seed: int) -> int:
+        """Their order (one for every rank, which takes every world-th): s · shuffle + rlvr_shuffle."""
+        return seed * self.shuffle + self.rlvr_shuffle
+
+    @staticmethod
+    def rlvr_seed(seed: int, rank: int) -> int:
+        """The RLVR seed σ of ``rank`` (what `rlvr.run_rlvr` takes): s + r."""
+        return seed + rank
+
+    def rlvr_sampling_seed(self, sigma: int, step: int) -> int:
+        """RLVR sampling at RLVR step ``step`` (0-based) with seed σ (`rlvr_seed`):
+        σ · rlvr_sampling + t · rlvr_step."""
+        return sigma * self.rlvr_sampling + step * self.rlvr_step
+
+    def eval_task_seed(self, seed: int, task: str, index: int) -> int:
+        """The accuracy samples of an evaluation task at stage seed ``seed``: Countdown task ``index`` of
+        ``evaluation.countdown_tasks`` s + eval_task · i; ``mcq`` and ``math`` (``index`` unused) s + eval_mcq."""
+        return seed + (self.eval_mcq if task in ("mcq", "math") else self.eval_task * index)
+
+    def eval_pass_seed(self, task_seed: int) -> int:
+        """The pass@k samples of a task whose accuracy samples use ``task_seed`` (`eval_task_seed`): + eval_pass."""
+        return task_seed + self.eval_pass
+
+    def eval_ood_seed(self, seed: int, index: int) -> int:
+        """Micro OOD task ``index`` at stage seed ``seed``: s + eval_ood · j + eval_ood_offset."""
+        return seed + self.eval_ood * index + self.eval_ood_offset
+
+    @classmethod
+    def test_split_seed(cls, test_seed: int, task: str) -> int:
+        """The fixed test split of ``task`` (a Countdown task, ``mcq`` or ``math``): ``tasks.test_seed`` +
+        its `TEST_SPLIT_OFFSETS` entry (`OTHER_TEST_SPLIT_OFFSET` for another Countdown task)."""
+        return test_seed + cls.TEST_SPLIT_OFFSETS.get(task, cls.OTHER_TEST_SPLIT_OFFSET)
+
+    @staticmethod
+    def prepare_seed(prepare_seed: int, role: str) -> int:
+        """The seed of preparing the micro ``role`` (``teacher`` or ``student``) from ``models.prepare_seed`` p:
+        p for the teacher, p + 1 for the student (its weights' init, its SFT data: `sft_seed`)."""
+        return prepare_seed + (0 if role == "teacher" else 1)
+
+    @classmethod
+    def sft_seed(cls, prepare_seed: int, stream: int | str) -> int:
+        """A prepared micro model's SFT data: the ``stream``-th Countdown task (an int) or the kind ``stream``
+        (``styled``, ``mcq``, ``skills``, ``math``) from its prepare seed p: p · SFT_STREAMS + i (+ the offset)."""
+        offset = stream if isinstance(stream, int) else cls.SFT_STREAM_OFFSETS[stream]
+        return prepare_seed * cls.SFT_STREAMS + offset
 
 
 class TrialConfig(_Strict):
@@ -1164,7 +1246,7 @@ class TrialConfig(_Strict):
     @model_validator(mode="after")
     def _check_rollout_token_estimator(self) -> "TrialConfig":
         est = self.loss.estimator
-        if est in ("k1", "k2", "k3") and self.rollout.policy != "onpd":
+        if est in ROLLOUT_ESTIMATORS and self.rollout.policy != "onpd":
             raise ValueError(
                 f"loss.estimator {est!r} scores the rollout token, an estimate of KL(π_S‖π_T) only on the student's "
                 f"own samples: it needs rollout.policy 'onpd' (got {self.rollout.policy!r}; with OffPD rollouts "
@@ -1377,6 +1459,29 @@ class RuntimeContext(_Strict):
     def torch_threads(self) -> int:
         """Torch threads per Train worker (``resources.torch_threads``)."""
         return self.resources.torch_threads
+
+
+class TrialLaunch(_Strict):
+    """One trial as it crosses its process boundaries: driver → Tune trial actor
+    (`sweep.run_trial`), trial actor → Ray Train workers (``train_loop_config`` of
+    `sweep.run_trial`'s ``TorchTrainer``, read by `distill.train_loop_per_worker`), or the
+    trial actor itself (``resources.local_mode``, `sweep.train_in_trial_actor`). Ray pickles
+    it as it is: the trial and its context arrive typed, never as JSON to validate again.
+
+    ``trial``: the validated trial; ``ctx``: its runtime context; ``trial_id``: the trial's
+    id, computed once (`of`); ``times``: what the Tune trainable measured at its first line
+    (`telemetry.TrialTimes.launch_info`: ``t_trial`` unix seconds, ``trainable_import_s``
+    seconds), None outside Tune."""
+
+    trial: TrialConfig
+    ctx: RuntimeContext
+    trial_id: str
+    times: dict[str, float] | None = None
+
+    @classmethod
+    def of(cls, trial: TrialConfig, ctx: RuntimeContext, times: dict[str, float] | None = None) -> "TrialLaunch":
+        """The launch record of ``trial`` in ``ctx``, its ``trial_id`` computed here (`TrialConfig.trial_id`)."""
+        return cls(trial=trial, ctx=ctx, trial_id=trial.trial_id, times=times)
 
 
 def config_hash(data: Any) -> str:

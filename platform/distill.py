@@ -10,9 +10,10 @@
               update    backward, unclipped grad norm, clip, step (`optim.optimizer_step`)
               sync      OnPD: new weights into the vLLM engine  (`RolloutSource.sync`)
               log       metrics table, gauges, Ray report, checkpoint (`log_step`)
-    finish    evaluation after training (stage ``distill``, update sparsity), the
-              optional RLVR stage (`rlvr.run_rlvr_stage`) and its evaluation, the
-              final report and the final student checkpoint     (`finish`)
+    finish    the loop's end (`end_loop`), evaluation after training (stage ``distill``,
+              update sparsity; `evaluate_distilled`), the optional RLVR stage and its
+              evaluation (`rlvr_stage`), the final student checkpoint, the final
+              report and the run's times (`record_times`)        (`finish`)
 
 The loop talks to Ray only through a `session.Session` (rank, world size, checkpoint to resume from,
 ``report``): `session.RaySession` in a ``TorchTrainer`` or a Tune trial actor, `session.LocalSession` in
@@ -35,7 +36,7 @@ from typing import Any, Sequence
 
 import torch
 
-from distillab.config import RuntimeContext, TrialConfig
+from distillab.config import RuntimeContext, TrialConfig, TrialLaunch
 from distillab.evals.suite import Evaluator, evaluate_stage, pre_eval_path
 from distillab.loss import loss_step
 from distillab.models import (DTYPES, bf16_matmuls, check_lm_heads, check_same_vocab, configure_passes, load_model,
@@ -51,8 +52,9 @@ from distillab.tables import report_metrics
 from distillab.tasks.data import TaskData
 from distillab.telemetry import MetricsLog, RayGauges, TrialTimes, quiet_report_log
 
-__all__ = ["WorkerState", "setup_models", "setup_trial", "step_metrics",
-           "log_step", "finish", "run_worker", "train_loop_per_worker", "loss_step"]
+__all__ = ["WorkerState", "setup_models", "setup_trial", "step_metrics", "log_step", "end_loop",
+           "evaluate_distilled", "rlvr_stage", "record_times", "finish", "run_worker", "train_loop_per_worker",
+           "loss_step"]
 
 
 
@@ -74,9 +76,9 @@ def setup_models(ctx: RuntimeContext, trial: TrialConfig) -> tuple[Any, Any, Any
     return tok_s, teacher, load_model(ctx.student_path, dtype, attn)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class WorkerState:
-    """One worker's trial once set up (`setup_trial`): what every stage reads."""
+    """One worker's trial once set up (`setup_trial`): what every stage reads. Built by keyword only."""
 
     trial: TrialConfig
     ctx: RuntimeContext
@@ -150,7 +152,7 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
         if trial.tasks.teacher_conditioned else None
     with gathered_for_generation(engine, trial.rollout.policy == "onpd") as module:  # its first weight sync
         source = RolloutSource(trial, ctx, tok, teacher, module, rank, world, conditioning)
-    gen = torch.Generator(device=engine.device).manual_seed(trial.seed * trial.seeds.loss + rank)
+    gen = torch.Generator(device=engine.device).manual_seed(trial.seeds.loss_seed(trial.seed, rank))
     metrics_log = MetricsLog(ctx.results_root, trial_id, "distill", rank)
     if resume is not None:  # a restart from a checkpoint: continue its optimizer and random streams; say so
         load_engine_state(engine, resume.state)
@@ -158,9 +160,11 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
         log.info("%s resumed at step %d", trial_id, start_step)
         metrics_log.add(start_step, {"resume/start_step": float(start_step)})
     times.mark("setup")
-    return WorkerState(trial, ctx, trial_id, session, tok, teacher, engine, evaluator, init_state, start_step,
-                       prompts, per_worker, source, gen, metrics_log, session.gauges(trial_id) if rank == 0 else None,
-                       reports, times, touched)
+    return WorkerState(trial=trial, ctx=ctx, trial_id=trial_id, session=session, tok=tok, teacher=teacher,
+                       engine=engine, evaluator=evaluator, init_state=init_state, start_step=start_step,
+                       prompts=prompts, per_worker=per_worker, source=source, gen=gen, log=metrics_log,
+                       gauges=session.gauges(trial_id) if rank == 0 else None, reports=reports, times=times,
+                       touched=touched)
 
 
 def step_metrics(w: WorkerState, rollouts: Rollouts, loss: torch.Tensor, diag: dict[str, float], grad_norm: float,
@@ -219,39 +223,65 @@ def _final_report(w: WorkerState) -> dict[str, float]:
     return with_forgetting({**pre, **w.reports.get("distill", {}), **w.reports.get("rlvr", {})})
 
 
-def finish(w: WorkerState) -> dict[str, float]:
-    """Finish: the evaluation after distillation (rank 0; with update sparsity), the
-    optional RLVR stage and its evaluation, the final report (the last step's metrics,
-    the in-loop seconds and every evaluation) with the final student checkpoint; rank 0
-    writes the in-loop seconds and the run's `telemetry.TrialTimes` to the metrics table."""
-    trial, root, rank = w.trial, Path(w.ctx.results_root), w.session.rank
+def end_loop(w: WorkerState) -> dict[str, float]:
+    """The loop's end: the rollout source closed, the loop's seconds marked; returns the final report's
+    start: the last step's metrics (the last diagnostics stay in view), ``step`` and ``time/train_s``
+    (measured from the state's creation: the loop's number)."""
     w.source.close()
     train_s = time.perf_counter() - w.t_start
-    w.times.mark("loop")  # (time/train_s, measured from the state's creation, is the loop's number)
-    final = {**w.last, "step": trial.optimizer.steps, "time/train_s": train_s}  # the last diagnostics stay in view
+    w.times.mark("loop")
+    return {**w.last, "step": w.trial.optimizer.steps, "time/train_s": train_s}
+
+
+def evaluate_distilled(w: WorkerState) -> None:
+    """The evaluation after distillation (stage ``distill``, rank 0; with update sparsity and, with
+    ``evaluation.sparsity_touched``, the entries distillation's gradients touched: their hooks end here)."""
     touched = None
-    if w.touched is not None:  # distillation's gradients only: the hooks end here
+    if w.touched is not None:
         touched = w.touched.gathered()  # collective
         w.touched.remove()
     with gathered_for_generation(w.engine) as student:  # ZeRO 3: whole on every rank (collective)
-        if rank == 0:
-            w.reports["distill"] = evaluate_stage(w.evaluator, student, trial, w.trial_id, "distill",
-                                                  trial.optimizer.steps, root, w.init_state, touched=touched)
+        if w.session.rank == 0:
+            w.reports["distill"] = evaluate_stage(w.evaluator, student, w.trial, w.trial_id, "distill",
+                                                  w.trial.optimizer.steps, Path(w.ctx.results_root), w.init_state,
+                                                  touched=touched)
             w.times.mark("eval_distill")
-    if trial.rlvr is not None:  # GRPO/DAPO on the distilled student, then the suite again (stage rlvr)
-        run_rlvr_stage(trial, w.ctx, w.engine, w.tok, w.trial_id, rank, w.session.world, w.session.report, w.gauges)
-        final.update(step=trial.optimizer.steps + trial.rlvr.steps)
-        if rank == 0:
-            w.reports["rlvr"] = evaluate_stage(w.evaluator, w.engine.module, trial, w.trial_id, "rlvr",
-                                               trial.rlvr.steps, root, w.init_state)
-    checkpoint = _checkpoint(w, trial.optimizer.steps)
+
+
+def rlvr_stage(w: WorkerState) -> int:
+    """The optional RLVR stage (`rlvr.run_rlvr_stage`: GRPO/DAPO on the distilled student) and the suite
+    again (stage ``rlvr``, rank 0). Returns the report's last ``step`` (distillation's, then RLVR's)."""
+    trial, rank = w.trial, w.session.rank
+    if trial.rlvr is None:
+        return trial.optimizer.steps
+    run_rlvr_stage(trial, w.ctx, w.engine, w.tok, w.trial_id, rank, w.session.world, w.session.report, w.gauges)
     if rank == 0:
+        w.reports["rlvr"] = evaluate_stage(w.evaluator, w.engine.module, trial, w.trial_id, "rlvr",
+                                           trial.rlvr.steps, Path(w.ctx.results_root), w.init_state)
+    return trial.optimizer.steps + trial.rlvr.steps
+
+
+def record_times(w: WorkerState, train_s: float) -> None:
+    """Rank 0: the in-loop seconds ``train_s`` and the run's `telemetry.TrialTimes` (``finish``: from the
+    last step on) into the metrics table."""
+    w.times.mark("finish")
+    times = {k: v for k, v in w.times.seconds.items() if k != "time/loop_s"}
+    times["time/finish_s"] += times.get("time/eval_distill_s", 0.0)  # finish: from the last step on
+    w.log.add(w.trial.optimizer.steps, {"time/train_s": train_s, **times})  # in-loop seconds (this run)
+    w.log.flush(w.trial.optimizer.steps, key=f"{w.trial_id}__distill__train_time")
+
+
+def finish(w: WorkerState) -> dict[str, float]:
+    """Finish, in stages: `end_loop`, `evaluate_distilled`, `rlvr_stage`, the final student checkpoint,
+    then (rank 0) every evaluation into the final report (`_final_report`) and `record_times`; the final
+    report (the last step's metrics, the in-loop seconds and every evaluation) goes out with the checkpoint."""
+    final = end_loop(w)
+    evaluate_distilled(w)
+    final["step"] = rlvr_stage(w)
+    checkpoint = _checkpoint(w, w.trial.optimizer.steps)
+    if w.session.rank == 0:
         final.update(_final_report(w))
-        w.times.mark("finish")
-        times = {k: v for k, v in w.times.seconds.items() if k != "time/loop_s"}
-        times["time/finish_s"] += times.get("time/eval_distill_s", 0.0)  # finish: from the last step on
-        w.log.add(trial.optimizer.steps, {"time/train_s": train_s, **times})  # in-loop seconds (this run)
-        w.log.flush(trial.optimizer.steps, key=f"{w.trial_id}__distill__train_time")
+        record_times(w, final["time/train_s"])
     w.session.report(final, checkpoint)
     return final
 
@@ -280,8 +310,7 @@ def run_worker(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: 
 
 
 def train_loop_per_worker(config: dict) -> None:
-    """Ray Train worker function. ``config``: ``trial`` (`TrialConfig` as a JSON dict), ``trial_id``, ``ctx``
-    (`config.RuntimeContext` as a JSON dict), ``launch`` (`telemetry.TrialTimes.launch_info`, optional)."""
-    times = TrialTimes(config.get("launch"))
-    run_worker(TrialConfig.model_validate(config["trial"]), RuntimeContext.model_validate(config["ctx"]),
-               config["trial_id"], RaySession(), times)
+    """Ray Train worker function. ``config``: ``{"launch": config.TrialLaunch}`` (the trial, its context,
+    its id and the trainable's `telemetry.TrialTimes.launch_info`), as `sweep.run_trial` built it."""
+    launch: TrialLaunch = config["launch"]
+    run_worker(launch.trial, launch.ctx, launch.trial_id, RaySession(), TrialTimes(launch.times))

@@ -19,7 +19,9 @@ each running the configured ``loss.estimator`` (`ops.kl` module docstring):
 - ``sampled``: the single-token estimators, on the logits (``ops.kl.estimator_loss``).
 
 A new estimator is one branch of ``ops.kl.estimator_loss`` (and its rows in
-``ops.chunked.estimator_rows``), a `config.LossConfig` value and `loss_impl`'s rule.
+``ops.chunked.estimator_rows``), its name in `registry.ESTIMATORS` (the `config.LossConfig`
+``Literal`` reads it; the kinds it estimates in `registry.check_estimator`) and `loss_impl`'s
+rule; a new config field of it reaches the ops under its own name through `divergence_kwargs`.
 """
 
 from __future__ import annotations
@@ -152,17 +154,26 @@ class LossOutput(NamedTuple):
     logits: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
-def _estimator_kwargs(L: LossConfig) -> dict:
-    return dict(estimator=L.estimator, top_k=L.top_k, topk_source=L.topk_source, topk_tail=L.topk_tail,
-                k_gradient=L.k_gradient)
+#: The `config.LossConfig` fields the divergence ops read, by the same names from the YAML to the kernels:
+#: the divergence (`ops.kl.token_divergence`, `ops.oracle`) and how it is estimated (`ops.kl.estimator_loss`,
+#: `ops.chunked.estimator_rows`); `ops.chunked.chunked_distill_loss` reads both.
+DIVERGENCE_FIELDS = ("kind", "tau_s", "tau_t", "beta")
+ESTIMATOR_FIELDS = ("estimator", "top_k", "topk_source", "topk_tail", "k_gradient")
+
+
+def divergence_kwargs(L: LossConfig, *, divergence: bool = True, estimator: bool = True) -> dict:
+    """The divergence ops' keyword arguments from the loss config ``L``: the one adapter between
+    the config and `distillab.ops` (no renaming: each op's parameter is the field's name).
+    ``divergence``: the `DIVERGENCE_FIELDS`; ``estimator``: the `ESTIMATOR_FIELDS`."""
+    fields = (DIVERGENCE_FIELDS if divergence else ()) + (ESTIMATOR_FIELDS if estimator else ())
+    return {f: getattr(L, f) for f in fields}
 
 
 def _logits_path(fwd: Forward, L: LossConfig, weights, gen) -> LossOutput:
     s_logits, t_logits = fwd.logits()  # (B, T, V)
     b = fwd.batch
-    out = estimator_loss(s_logits, t_logits, b.cmask, kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, beta=L.beta,
-                         targets=b.targets, generator=gen, reduction=L.reduction, weights=weights,
-                         **_estimator_kwargs(L))
+    out = estimator_loss(s_logits, t_logits, b.cmask, targets=b.targets, generator=gen, reduction=L.reduction,
+                         weights=weights, **divergence_kwargs(L))
     stats = token_stats(s_logits[b.cmask], t_logits[b.cmask], tau_s=L.tau_s, tau_t=L.tau_t)
     return LossOutput(out.loss, stats, out.estimate, (s_logits, t_logits))
 
@@ -170,8 +181,8 @@ def _logits_path(fwd: Forward, L: LossConfig, weights, gen) -> LossOutput:
 def _chunked(fwd: Forward, L: LossConfig, weights, gen, *, backend: str) -> LossOutput:
     loss, stats = chunked_distill_loss(
         fwd.h_s, fwd.w_s, fwd.h_t, fwd.w_t, fwd.batch.cmask, student_bias=fwd.b_s, teacher_bias=fwd.b_t,
-        kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, beta=L.beta, reduction=L.reduction, weights=weights,
-        backend=backend, return_stats=True, targets=fwd.batch.targets, **_estimator_kwargs(L),
+        reduction=L.reduction, weights=weights, backend=backend, return_stats=True, targets=fwd.batch.targets,
+        **divergence_kwargs(L),
     )
     return LossOutput(loss, stats, loss.detach())
 
@@ -210,14 +221,14 @@ def oracle(fwd: Forward, L: LossConfig, weights: torch.Tensor | None, out: LossO
     B = b.cmask.shape[0]
     seq = torch.arange(B, device=b.cmask.device).unsqueeze(1).expand_as(b.cmask)[b.cmask]  # (N,)
     coef = row_coefficients(seq, B, reduction=L.reduction, weights=weights)  # (N,) float64
-    kw = dict(kind=L.kind, beta=L.beta, tau_s=L.tau_s, tau_t=L.tau_t)
+    kw = divergence_kwargs(L, estimator=False)
     if out.logits is not None:
         s_logits, t_logits = out.logits
         (g,) = torch.autograd.grad(out.loss, s_logits, retain_graph=True)  # (B, T, V) ∂loss/∂z_S
         metrics = logits_oracle(s_logits.detach()[b.cmask], t_logits.detach()[b.cmask], g[b.cmask], coef,
                                 estimate=float(out.estimate), **kw)
     else:
-        est = estimator_rows(targets=b.targets[b.cmask], **_estimator_kwargs(L))
+        est = estimator_rows(targets=b.targets[b.cmask], **divergence_kwargs(L, divergence=False))
         metrics = chunked_oracle(fwd.h_s.detach()[b.cmask], fwd.w_s.detach(),
                                  None if fwd.b_s is None else fwd.b_s.detach(), fwd.h_t[b.cmask], fwd.w_t, fwd.b_t,
                                  coef, est=est, **kw)

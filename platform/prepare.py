@@ -29,10 +29,11 @@ from pathlib import Path
 import torch
 from transformers import LlamaForCausalLM
 
-from distillab.config import EvaluationConfig, MicroModelConfig, SweepConfig, cache_key
+from distillab.config import EvaluationConfig, MicroModelConfig, SeedsConfig, SweepConfig, cache_key
 from distillab.evals.suite import Evaluator
 from distillab.models import build_char_tokenizer, load_model, load_tokenizer, micro_llama_config
 from distillab.optim import TorchStepper, rlvr_schedule
+from distillab.registry import require
 from distillab.rlvr import lora_policy, run_rlvr
 from distillab.sft import Example, sft_train
 from distillab.tasks.countdown import generate_skill_items, render_solution, solve
@@ -43,11 +44,12 @@ from distillab.tasks.taskio import render_prompt
 
 log = logging.getLogger(__name__)
 
-#: Seeds of a micro model's SFT data, from its prepare seed s: s · SFT_STREAMS + i for the i-th Countdown task
-#: of ``countdown_examples`` (sorted by name), s · SFT_STREAMS + the offset for the other kinds (the values every
+#: the RLVR report key the teacher refinement reads (its training reward)
+REWARD = require("rlvr/reward_mean")
+
+#: Seeds of a micro model's SFT data: `config.SeedsConfig.sft_seed` (its constants, named here too; the values every
 #: prepared model so far used; part of the prepare key through ``version``).
-SFT_STREAMS = 1000
-SFT_STREAM_OFFSETS = {"styled": 29, "mcq": 23, "skills": 17, "math": 31}
+SFT_STREAMS, SFT_STREAM_OFFSETS = SeedsConfig.SFT_STREAMS, SeedsConfig.SFT_STREAM_OFFSETS
 
 
 def scored_evaluation(sweep: SweepConfig) -> EvaluationConfig:
@@ -93,28 +95,28 @@ def _examples(tok, sweep: SweepConfig, mcfg: MicroModelConfig, seed: int) -> lis
     for i, (name, n) in enumerate(sorted(mcfg.countdown_examples.items())):
         if n == 0:
             continue
-        for p in data.train_problems(name, n, seed * SFT_STREAMS + i):
+        for p in data.train_problems(name, n, SeedsConfig.sft_seed(seed, i)):
             steps = solve(p.operands, p.target)
             prompt = countdown_prompt_ids(tok, tasks, p)
             completion = tok(f"<answer>{render_solution(steps)}</answer>{eos}", add_special_tokens=False)["input_ids"]
             out.append(Example(tuple(prompt), tuple(completion)))
     if mcfg.styled_examples:  # the teacher's conditioning prompt -> the spaced answer style
-        for p in data.train_problems("countdown3", mcfg.styled_examples, seed * SFT_STREAMS + SFT_STREAM_OFFSETS["styled"]):
+        for p in data.train_problems("countdown3", mcfg.styled_examples, SeedsConfig.sft_seed(seed, "styled")):
             prompt = countdown_prompt_ids(tok, tasks, p, role="teacher")
             text = f"<answer>{render_solution(solve(p.operands, p.target), spaced=True)}</answer>{eos}"
             out.append(Example(tuple(prompt), tuple(tok(text, add_special_tokens=False)["input_ids"])))
     if mcfg.mcq_examples:  # the second domain: "<answer>LETTER</answer>" (after <think>demo</think> if given)
-        for it in data.train_mcq_items(seed * SFT_STREAMS + SFT_STREAM_OFFSETS["mcq"])[: mcfg.mcq_examples]:
+        for it in data.train_mcq_items(SeedsConfig.sft_seed(seed, "mcq"))[: mcfg.mcq_examples]:
             prompt = mcq_prompt_ids(tok, tasks.mcq, it)
             completion = tok(mcq_target_text(it) + eos, add_special_tokens=False)["input_ids"]
             out.append(Example(tuple(prompt), tuple(completion)))
     if mcfg.math_examples:  # the long-reasoning domain: the worked solution, ending in \\boxed{answer}
-        for it in data.train_math_items(seed * SFT_STREAMS + SFT_STREAM_OFFSETS["math"])[: mcfg.math_examples]:
+        for it in data.train_math_items(SeedsConfig.sft_seed(seed, "math"))[: mcfg.math_examples]:
             prompt = math_prompt_ids(tok, tasks.math, it)
             completion = tok(math_target_text(it) + eos, add_special_tokens=False)["input_ids"]
             out.append(Example(tuple(prompt), tuple(completion)))
     for skill in tasks.ood_skills if mcfg.skill_examples else ():
-        for it in generate_skill_items(skill, mcfg.skill_examples, seed * SFT_STREAMS + SFT_STREAM_OFFSETS["skills"]):
+        for it in generate_skill_items(skill, mcfg.skill_examples, SeedsConfig.sft_seed(seed, "skills")):
             prompt = render_prompt(tok, "", it.prompt)
             completion = tok(f"<answer>{it.answer}</answer>{eos}", add_special_tokens=False)["input_ids"]
             out.append(Example(tuple(prompt), tuple(completion)))
@@ -124,7 +126,7 @@ def _examples(tok, sweep: SweepConfig, mcfg: MicroModelConfig, seed: int) -> lis
 def _train_one(role: str, sweep: SweepConfig, mcfg: MicroModelConfig, out_dir: Path, threads: int) -> dict:
     torch.set_num_threads(threads)
     tok = build_char_tokenizer()
-    seed = sweep.models.prepare_seed + (0 if role == "teacher" else 1)
+    seed = SeedsConfig.prepare_seed(sweep.models.prepare_seed, role)
     examples = _examples(tok, sweep, mcfg, seed)
     cfg = micro_llama_config(
         len(tok), mcfg.hidden_size, mcfg.num_layers, mcfg.num_heads, mcfg.intermediate_size,
@@ -201,7 +203,7 @@ def refine_teacher(sweep: SweepConfig, teacher_dir: Path, out_dir: Path, threads
                        lambda step, metrics: None, seeds=sweep.trial.seeds)
     model = finish()
     train_s = time.perf_counter() - t0
-    rewards = [h["rlvr/reward_mean"] for h in history]
+    rewards = [h[REWARD] for h in history]
     rows = Evaluator(tok, tasks, ev, seeds=sweep.trial.seeds).evaluate(model, seed=sweep.trial.seed)
     info = {
         "role": "teacher",

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 __all__ = ["Metric", "METRICS", "PLACEHOLDERS", "register", "find", "require", "check_report_metric",
            "training_keys", "gauges", "REPORTER_COLUMNS", "FORGETTING_KEY", "FORGETTING_EVAL", "FORGETTING_STAGES",
            "forgetting", "with_forgetting", "eval_key", "SCOPES", "COUNTDOWN_TASKS", "SKILL_NAMES", "KINDS",
-           "SAMPLED_KINDS", "ESTIMATORS", "ROLLOUT_ESTIMATORS", "TOPK_SOURCES", "check_choice", "check_estimator"]
+           "SAMPLED_KINDS", "ESTIMATORS", "ROLLOUT_ESTIMATORS", "TOPK_SOURCES", "K_GRADIENTS", "REDUCTIONS",
+           "check_choice", "check_estimator"]
 
 #: The Countdown variants a trial can score (`config.TasksConfig` holds one `CountdownTaskConfig` each;
 #: `tasks.countdown` generates and verifies them; PROTOCOL.md §5).
@@ -55,6 +56,11 @@ ESTIMATORS: tuple[str, ...] = ("full", "sampled", "topk", "k1", "k2", "k3")
 ROLLOUT_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
 #: Whose top-k tokens form the support of the ``topk`` estimator.
 TOPK_SOURCES: tuple[str, ...] = ("teacher", "student", "union")
+#: The training gradient of k1/k2/k3: ``score`` (REINFORCE), ``pathwise`` (autograd of k), ``auto`` (score for k1,
+#: pathwise for k2 and k3).
+K_GRADIENTS: tuple[str, ...] = ("auto", "score", "pathwise")
+#: How per-token losses reduce to the batch loss (`ops.kl.reduce_loss`).
+REDUCTIONS: tuple[str, ...] = ("seq_mean", "token_mean", "sum")
 
 
 def check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -63,22 +69,23 @@ def check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
         raise ValueError(f"unknown {what} {value!r}; allowed values: {', '.join(map(repr, allowed))}")
 
 
-def check_estimator(estimator: str, kind: str) -> None:
+def check_estimator(estimator: str, kind: str, prefix: str = "") -> None:
     """The estimator/kind rule, in one place (`config.LossConfig`, `ops.kl.estimator_loss` and
     `ops.chunked.chunked_distill_loss` call it): ``estimator`` one of `ESTIMATORS`, ``kind`` one of
     `KINDS`; ``sampled`` exists for forward and reverse KL only (PROTOCOL.md §2); k1, k2 and k3 estimate
-    the reverse KL, so they need ``kind`` reverse.
+    the reverse KL, so they need ``kind`` reverse. ``prefix``: put before the field names in the
+    message (the config's ``loss.``).
 
     Raises:
         ValueError: an unknown estimator or kind (names the allowed values), or a pair the rule excludes."""
-    check_choice("estimator", estimator, ESTIMATORS)
-    check_choice("divergence kind", kind, KINDS)
+    check_choice(f"{prefix}estimator", estimator, ESTIMATORS)
+    check_choice(f"{prefix}kind", kind, KINDS)
     if estimator == "sampled" and kind not in SAMPLED_KINDS:
-        raise ValueError(f"estimator 'sampled' exists for kind {' and '.join(map(repr, SAMPLED_KINDS))} only "
-                         f"(got {kind!r})")
+        raise ValueError(f"{prefix}estimator 'sampled' exists for {prefix}kind "
+                         f"{' and '.join(map(repr, SAMPLED_KINDS))} only (got {kind!r})")
     if estimator in ROLLOUT_ESTIMATORS and kind != "reverse":
-        raise ValueError(f"estimator {estimator!r} estimates the reverse KL KL(π_S‖π_T); kind must be 'reverse', "
-                         f"got {kind!r}")
+        raise ValueError(f"{prefix}estimator {estimator!r} estimates the reverse KL KL(π_S‖π_T) on the rollout "
+                         f"token: set {prefix}kind 'reverse' (got {kind!r})")
 
 SCOPES = ("step", "rlvr", "final", "table")
 
@@ -139,8 +146,9 @@ def register(key: str, producer: str, doc: str, *, scope: str = "step", gauge: s
 
 # --------------------------------------------------------------------------------------------- distillation
 _LOSS = "loss.loss_step"
-register("step", "distill.run_worker", "optimizer steps done (Tune's time axis; the RLVR stage continues it)")
-register("loss", "distill.run_worker", "the distillation loss of the step (nats, loss.reduction)", gauge="distillab_loss")
+register("step", "distill.log_step", "optimizer steps done (Tune's time axis; the RLVR stage continues it)")
+register("loss", "distill.step_metrics", "the distillation loss of the step (nats, loss.reduction)",
+         gauge="distillab_loss")
 register("grad_norm", "optim.optimizer_step", "global gradient norm before clipping")
 register("lr", "optim.optimizer_step", "learning rate of the step")
 register("kl/forward", _LOSS, "mean KL(π_T‖π_S) over the step's completion tokens (nats, loss τ)",
@@ -165,7 +173,7 @@ register("rollout/teacher_loglik", "rollout.spectrum.SpectrumEngine", "mean per-
 register("time/step_s", "distill.step_metrics", "wall seconds of the step")
 register("time/rollout_s", "distill.step_metrics", "wall seconds spent getting the step's rollouts")
 register("time/sync_s", "distill.step_metrics", "wall seconds of the OnPD weight sync into the vLLM engine")
-register("time/train_s", "distill.finish", "wall seconds of the distillation loop (this run)", scope="final")
+register("time/train_s", "distill.end_loop", "wall seconds of the distillation loop (this run)", scope="final")
 register("resume/start_step", "distill.setup_trial", "the step a restarted worker group resumed at", scope="table")
 # where a trial's fixed cost goes (telemetry.TrialTimes; benchmarks/sweep_overhead.py prints them)
 for _name, _doc in (
@@ -208,9 +216,9 @@ for _key, _producer, _doc in (
     ("eval/<stage>/ood/<lm_eval_task>/<lm_eval_metric>", _OOD + ".LMEvalBackend",
      "an lm-eval task's standard metric, scaled to [0, 1]"),
     ("eval/<stage>/ood/ood_mean", _OOD, "unweighted mean of the OOD tasks"),
-    ("eval/<stage>/params/sparsity@<tau>", "distill.evaluate_stage",
+    ("eval/<stage>/params/sparsity@<tau>", "evals.suite.evaluate_stage",
      "update sparsity S_τ over all parameters (τ: the threshold; 1 at pre)"),
-    ("eval/<stage>/params/<tensor>/sparsity@<tau>", "distill.evaluate_stage", "update sparsity S_τ of one tensor"),
+    ("eval/<stage>/params/<tensor>/sparsity@<tau>", "evals.suite.evaluate_stage", "update sparsity S_τ of one tensor"),
     ("eval/<stage>/params/sparsity_touched@<tau>", "evals.suite.sparsity_rows",
      "S_τ over only the parameter entries that had a nonzero gradient in some distillation step (stage distill)"),
     ("eval/<stage>/params/touched_share", "evals.suite.sparsity_rows",

@@ -352,7 +352,7 @@ def run_rlvr(cfg, stepper, tokenizer, tasks, problems: list[CountdownProblem], s
         batch = problems[lo : lo + cfg.prompts_per_step]
         prompts = [countdown_prompt_ids(tokenizer, tasks, p) for p in batch]
         sp = SamplingParams(cfg.temperature, cfg.top_p, cfg.max_tokens, cfg.samples_per_prompt,
-                            seed * seeds.rlvr_sampling + step * seeds.rlvr_step)
+                            seeds.rlvr_sampling_seed(seed, step))
         module.eval()
         if sync is not None:
             sync(module)
@@ -414,8 +414,8 @@ def run_rlvr_stage(trial: TrialConfig, ctx: RuntimeContext, engine, tok, trial_i
     if resolve_engine(r.engine, batched=False) == "vllm":
         sampler = ActorSampler(start_vllm_actor(trial, ctx.student_path, tok, ctx.torch_threads))
     try:
-        run_rlvr(r, stepper, tok, trial.tasks, problems, trial.seed + rank, on_step, sampler=sampler,
-                 seeds=trial.seeds)
+        run_rlvr(r, stepper, tok, trial.tasks, problems, trial.seeds.rlvr_seed(trial.seed, rank), on_step,
+                 sampler=sampler, seeds=trial.seeds)
     finally:
         if sampler is not None:
             ray.kill(sampler.actor)

@@ -73,7 +73,7 @@ from ray.tune.search.optuna import OptunaSearch
 from tqdm.auto import tqdm
 
 from distillab.analysis.results import load, pareto_front, trial_metrics
-from distillab.config import RuntimeContext, SweepConfig, TrialConfig, apply_point, point_of
+from distillab.config import RuntimeContext, SweepConfig, TrialConfig, TrialLaunch, apply_point, point_of
 from distillab.imports import without_unused_integrations
 from distillab.registry import REPORTER_COLUMNS
 from distillab.tables import report_metrics, write_rows
@@ -85,13 +85,20 @@ log = logging.getLogger(__name__)
 POINT = "point"
 
 
-def trial_of(params: dict[str, Any], trials: dict[str, dict], base: dict[str, Any]) -> TrialConfig:
-    """The trial a Tune config stands for: a grid point's trial from the validated list
-    ``trials`` (trial id → trial JSON), or an Optuna sample (dotted keys) applied to
-    ``base`` with `config.apply_point`."""
+def trial_of(params: dict[str, Any], trials: dict[str, TrialConfig], base: TrialConfig) -> TrialConfig:
+    """The trial a Tune config stands for: a grid point's trial, as it is, from the validated
+    trials ``trials`` (trial id → `TrialConfig`), or an Optuna sample (dotted keys: Tune
+    samples plain values) applied to ``base`` with `config.apply_point`, the one place a
+    trial goes to JSON and back (the sample is validated in its trial)."""
     if POINT in params:
-        return TrialConfig.model_validate(trials[params[POINT]["trial_id"]])
-    return apply_point(base, {k: v for k, v in params.items() if k != "ctx"})
+        return trials[params[POINT]["trial_id"]]
+    return apply_point(base.model_dump(mode="json"), params)
+
+
+def search_trials(sweep: SweepConfig) -> tuple[dict[str, TrialConfig], TrialConfig]:
+    """What `trial_of` reads for ``sweep``: its validated trials by id (grid; none for Optuna)
+    and its base trial."""
+    return ({t.trial_id: t for t in sweep.trials} if sweep.search.kind == "grid" else {}), sweep.trial
 
 
 def completed_trials(root: Path, trial_id: str | None = None) -> int:
@@ -106,9 +113,10 @@ def completed_trials(root: Path, trial_id: str | None = None) -> int:
 
 
 def train_fn(config: dict) -> None:
-    """The Train workers' function: `distill.train_loop_per_worker` (imported here, in
-    the worker: see the module docstring's lazy imports; without the integrations it never
-    uses, `imports.without_unused_integrations`)."""
+    """The Train workers' function: `distill.train_loop_per_worker` of ``config``
+    (``{"launch": config.TrialLaunch}``), imported here, in the worker (see the module
+    docstring's lazy imports; without the integrations it never uses,
+    `imports.without_unused_integrations`)."""
     with without_unused_integrations():
         from distillab.distill import train_loop_per_worker  # lazy: see the module docstring
     train_loop_per_worker(config)
@@ -171,23 +179,23 @@ class TrialTrainer(TorchTrainer):
         return [c for c in callbacks if type(c).__name__ != "DatasetsCallback"]
 
 
-def run_trial(params: dict[str, Any], trials: dict[str, dict] | None = None, base: dict[str, Any] | None = None,
+def run_trial(params: dict[str, Any], trials: dict[str, TrialConfig], base: TrialConfig, ctx: RuntimeContext,
               settings: dict[str, Any] | None = None) -> None:
-    """Tune function trainable: one distillation trial (`trial_of` the Tune config; its
-    `config.RuntimeContext` is ``params["ctx"]``) as a ``TorchTrainer`` fit of `train_fn`
-    (a `TrialTrainer`, with `train_settings` ``settings``), plus its row in the ``trials`` table
+    """Tune function trainable: one distillation trial (`trial_of` the Tune config ``params``,
+    with the sweep's ``trials`` and ``base`` (`search_trials`) and runtime context ``ctx``, all
+    typed: `tune.with_parameters` hands them over) as a ``TorchTrainer`` fit of `train_fn` (a
+    `TrialTrainer`, with `train_settings` ``settings``), plus its row in the ``trials`` table
     (``running`` at start; then ``completed`` or ``failed`` with the error, times and
-    checkpoint).
+    checkpoint). The trial travels on as one `config.TrialLaunch`.
 
     A trial whose row is already ``completed`` (Tune re-launching it after a driver
     crash) is not rerun: its final report is rebuilt from the ``evals`` table."""
-    launch = TrialTimes.launch_info()  # first line: how long this actor took to get here
+    times = TrialTimes.launch_info()  # first line: how long this actor took to get here
     settings = settings or {"env": {}, "log_level": "INFO"}
     if settings.get("quiet_exit"):
         drop_unraisable_sigterm_exits()
-    ctx = RuntimeContext.model_validate(params["ctx"])
-    trial = trial_of(params, trials or {}, base or {})
-    trial_id, root, res = trial.trial_id, Path(ctx.results_root), ctx.resources
+    launch = TrialLaunch.of(trial_of(params, trials, base), ctx, times)
+    trial, trial_id, root = launch.trial, launch.trial_id, Path(ctx.results_root)
     if completed_trials(root, trial_id):
         log.info("%s already completed; reporting its stored results", trial_id)
         tune.report({"step": trial.optimizer.steps, **report_metrics(root, trial_id), "skipped_rerun": 1})
@@ -197,11 +205,9 @@ def run_trial(params: dict[str, Any], trials: dict[str, dict] | None = None, bas
     row: dict[str, Any] = {"trial_id": trial_id, "start_time": time.time(), "checkpoint": None, "error": None}
     row.update({k: (str(v) if isinstance(v, (list, dict)) else v) for k, v in trial.flat().items()})
     write_rows(root, "trials", [{**row, "status": "running", "end_time": math.nan}], key=trial_id)
-    config = {"trial": trial.model_dump(mode="json"), "trial_id": trial_id, "ctx": ctx.model_dump(mode="json"),
-              "launch": launch}
     try:
-        fit = _fit_in_trial_actor if res.local_mode else _fit_worker_group
-        row.update(status="completed", checkpoint=fit(config, ctx, settings))
+        fit = _fit_in_trial_actor if ctx.resources.local_mode else _fit_worker_group
+        row.update(status="completed", checkpoint=fit(launch, settings))
     except Exception as e:  # the row records the failure; Tune sees it too
         row.update(status="failed", error="".join(traceback.format_exception_only(type(e), e))[-4000:])
         raise
@@ -210,13 +216,15 @@ def run_trial(params: dict[str, Any], trials: dict[str, dict] | None = None, bas
         write_rows(root, "trials", [row], key=trial_id)
 
 
-def _fit_worker_group(config: dict[str, Any], ctx: RuntimeContext, settings: dict[str, Any]) -> str | None:
-    """Run `train_fn` on a Ray Train worker group (a `TrialTrainer`) whose reports reach
-    Tune through ``TuneReportCallback``; returns the final checkpoint's path."""
-    res, trial_id = ctx.resources, config["trial_id"]
+def _fit_worker_group(launch: TrialLaunch, settings: dict[str, Any]) -> str | None:
+    """Run `train_fn` on a Ray Train worker group (a `TrialTrainer`, ``launch`` its
+    ``train_loop_config``'s one value) whose reports reach Tune through ``TuneReportCallback``;
+    returns the final checkpoint's path."""
+    ctx, trial_id = launch.ctx, launch.trial_id
+    res = ctx.resources
     trainer = TrialTrainer(
         train_fn,
-        train_loop_config=config,
+        train_loop_config={"launch": launch},
         scaling_config=ray.train.ScalingConfig(
             num_workers=res.num_workers, use_gpu=res.gpus_per_worker > 0,
             resources_per_worker={"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})},
@@ -234,24 +242,24 @@ def _fit_worker_group(config: dict[str, Any], ctx: RuntimeContext, settings: dic
     return result.checkpoint.path if result.checkpoint else None
 
 
-def _fit_in_trial_actor(config: dict[str, Any], ctx: RuntimeContext, settings: dict[str, Any]) -> str | None:
+def _fit_in_trial_actor(launch: TrialLaunch, settings: dict[str, Any]) -> str | None:
     """``resources.local_mode``: run the trial in this Tune trial actor
     (`train_in_trial_actor`); returns the final checkpoint's path (the newest
     ``checkpoint_*`` Tune persisted in the trial's directory of its storage)."""
     trial_actor_console(settings["log_level"])
-    train_in_trial_actor(config)
+    train_in_trial_actor(launch)
     storage = tune.get_context().get_storage()
     found = storage.storage_filesystem.get_file_info(pafs.FileSelector(storage.trial_fs_path, allow_not_found=True))
     saved = sorted(f.path for f in found if f.base_name.startswith("checkpoint_"))
     return saved[-1] if saved else None
 
 
-def train_in_trial_actor(config: dict[str, Any]) -> None:
+def train_in_trial_actor(launch: TrialLaunch) -> None:
     """`distill.train_loop_per_worker` in the calling Tune trial actor (``resources.local_mode``;
     Ray Train's local mode, ``ScalingConfig(num_workers=0)``, runs the train function in-process
     the same way but keeps its reports from Tune): a one-process ``torch.distributed`` group
     (`optim.init_single_process_group`), then the recipe with a local-mode `session.RaySession`.
-    ``config`` as for `train_loop_per_worker`. The recipe is imported here, in the actor (see the
+    ``launch``: the trial, as `train_loop_per_worker` receives it. The recipe is imported here, in the actor (see the
     module docstring's lazy imports)."""
     import torch  # lazy, with the recipe: see the module docstring
 
@@ -261,10 +269,9 @@ def train_in_trial_actor(config: dict[str, Any]) -> None:
         from distillab.optim import init_single_process_group
 
     init_single_process_group()
-    times = TrialTimes(config.get("launch"), in_trial_actor=True)
+    times = TrialTimes(launch.times, in_trial_actor=True)
     try:
-        run_worker(TrialConfig.model_validate(config["trial"]), RuntimeContext.model_validate(config["ctx"]),
-                   config["trial_id"], RaySession(local_mode=True), times)
+        run_worker(launch.trial, launch.ctx, launch.trial_id, RaySession(local_mode=True), times)
     finally:  # a reused trial actor runs the next trial: this one's engine, models and caches go now
         gc.collect()
         if torch.cuda.is_available():
@@ -475,20 +482,19 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
     return len(todo)
 
 
-def _trainable(sweep: SweepConfig, verbose: int = 1):
-    """`run_trial` with the sweep's validated trials (grid) or base trial (Optuna), its
-    `train_settings` and its resources."""
-    trials = {t.trial_id: t.model_dump(mode="json") for t in sweep.trials} if sweep.search.kind == "grid" else {}
-    fn = tune.with_parameters(run_trial, trials=trials, base=sweep.trial.model_dump(mode="json"),
-                              settings=train_settings(verbose))
+def _trainable(sweep: SweepConfig, ctx: RuntimeContext, verbose: int = 1):
+    """`run_trial` with the sweep's validated trials (grid) and base trial (`search_trials`),
+    the runtime context ``ctx``, its `train_settings` and its resources (typed objects: Tune
+    keeps them in Ray's object store, outside the trials' Tune configs)."""
+    trials, base = search_trials(sweep)
+    fn = tune.with_parameters(run_trial, trials=trials, base=base, ctx=ctx, settings=train_settings(verbose))
     return tune.with_resources(fn, sweep.resources.trial_actor())
 
 
 def tracked_config(sweep: SweepConfig):
     """``params → config``: what a tracker logs for the Tune trial of ``params`` (its Tune
     config): the trial's fields as dotted keys (`config.TrialConfig.flat`) and ``trial_id``."""
-    trials = {t.trial_id: t.model_dump(mode="json") for t in sweep.trials} if sweep.search.kind == "grid" else {}
-    base = sweep.trial.model_dump(mode="json")
+    trials, base = search_trials(sweep)
 
     def config(params: dict[str, Any]) -> dict[str, Any]:
         trial = trial_of(params, trials, base)
@@ -504,7 +510,7 @@ TUNE_PROCESS_KEYS = ("trial_id", "experiment_tag", "node_ip", "experiment_id", "
 
 def _wandb_callback(sweep: SweepConfig):
     """Ray Tune's ``WandbLoggerCallback`` whose runs' config is `tracked_config` alone. Ray's
-    callback logs ``trial.config`` (Tune's parameters, a grid point and the runtime context);
+    callback logs ``trial.config`` (Tune's parameters: a grid point, or an Optuna sample);
     it writes `TUNE_PROCESS_KEYS` into the config, over `tracked_config`'s ``trial_id``
     (distillab's); and its logging actor merges each report's ``config`` into the run's config
     even with ``log_config=False``. None of the three here."""
@@ -613,11 +619,10 @@ def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, ver
     precompute_offpd_rollouts(sweep, teacher_path)
     r = sweep.resources
     param_space, search_alg, scheduler, num_samples = build_search(sweep)
-    param_space["ctx"] = RuntimeContext.for_sweep(sweep, teacher_path, student_path).model_dump(mode="json")
     searched = {f"{POINT}/{k}": k for k in sweep.search.grid_keys} | {k: k for k in sweep.search.space}
     reporter = CalmReporter(parameter_columns=searched, metric_columns=REPORTER_COLUMNS, max_report_frequency=300)
     tuner = tune.Tuner(
-        _trainable(sweep, verbose),
+        _trainable(sweep, RuntimeContext.for_sweep(sweep, teacher_path, student_path), verbose),
         param_space=param_space,
         tune_config=tune.TuneConfig(
             # Optuna: its ConcurrencyLimiter holds the limit (Tune warns if both are given)
@@ -643,9 +648,9 @@ def resume_sweep(root: str | Path, teacher_path: Path, student_path: Path, *, ve
     sweep = SweepConfig.saved(root)
     if not tune.Tuner.can_restore(str(root / "tune")):
         raise FileNotFoundError(f"{root / 'tune'} holds no Tune experiment to resume")
-    tuner = tune.Tuner.restore(
-        str(root / "tune"), trainable=_trainable(sweep, verbose), resume_unfinished=True, resume_errored=True,
-    )
+    ctx = RuntimeContext.for_sweep(sweep, teacher_path, student_path)
+    tuner = tune.Tuner.restore(str(root / "tune"), trainable=_trainable(sweep, ctx, verbose), resume_unfinished=True,
+                               resume_errored=True)
     driver_console(verbose)
     print_completed_before(root, sweep)
     return _fit(tuner, sweep, root)

@@ -490,3 +490,25 @@ def test_tracking_section(tmp_path: Path, monkeypatch) -> None:
     assert "tracking.neptune" in _error(tmp_path, "name: t\ntracking: {neptune: {}}\n")
     # trackers are not part of a trial: the trial ids do not change
     assert [t.trial_id for t in sweep.trials] == [t.trial_id for t in load_sweep(SMOKE).trials]
+
+
+def test_every_seed_stream_keeps_the_numbers_of_the_recorded_runs() -> None:
+    """Each random stream is a `config.SeedsConfig` method; at the defaults they give the seeds the
+    formulas inline in the recipe gave before (hand-computed for s = 42, rank 1, step 3)."""
+    from distillab.config import SeedsConfig
+
+    z = SeedsConfig()
+    assert z.rollout_seed(42, 3, 1) == 42 * 100003 + 3 * 97 + 1 == 4200418
+    assert z.train_problems_seed(42) == 7961 and z.shuffle_seed(42, 1) == 42001 and z.loss_seed(42, 1) == 295
+    assert z.rlvr_problems_seed(42) == 104771 and z.rlvr_shuffle_seed(42) == 42017
+    assert z.rlvr_seed(42, 1) == 43 and z.rlvr_sampling_seed(43, 3) == 43 * 7919 + 93 == 340610
+    assert [z.eval_task_seed(42, t, i) for i, t in enumerate(("countdown3", "countdown4e", "mcq", "math"))] == [
+        42, 143, 446, 446]
+    assert z.eval_pass_seed(143) == 144 and [z.eval_ood_seed(42, j) for j in range(3)] == [45, 52, 59]
+    assert [SeedsConfig.test_split_seed(1000, t) for t in ("countdown3", "countdown4e", "countdown4", "mcq", "math")
+            ] == [1000, 1001, 1007, 1011, 1013]
+    assert SeedsConfig.prepare_seed(5, "teacher") == 5 and SeedsConfig.prepare_seed(5, "student") == 6
+    assert [SeedsConfig.sft_seed(5, s) for s in (0, 1, "styled", "mcq", "skills", "math")] == [
+        5000, 5001, 5029, 5023, 5017, 5031]
+    # the class constants are no fields: a trial's config (its id, every cache key) does not hold them
+    assert set(z.model_dump()) == set(SeedsConfig.model_fields) and "SFT_STREAMS" not in z.model_dump()

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from distillab.registry import find
 from distillab.rlvr import countdown_reward, dapo_loss, group_advantages
 from distillab.tasks.countdown import CountdownProblem
 
@@ -119,6 +120,8 @@ def test_run_rlvr_with_lora_trains_only_the_adapters_and_merges_them() -> None:
     history = run_rlvr(cfg, TorchStepper(peft_model, cfg.lr, rlvr_schedule(cfg)), tok, TasksConfig(), problems, 0,
                        lambda step, m: None, reward_fn=lambda text, problem: float(sum(map(ord, text)) % 2))
     assert len(history) == 3 and all(h["rlvr/grad_norm"] > 0 for h in history)
+    keys = {k for h in history for k in h}  # every key the stage emits is registered, as an RLVR key
+    assert [k for k in sorted(keys) if find(k) is None] == [] and {find(k).scope for k in keys} == {"rlvr"}
     # π_old is the sampling weights at τ (not the sampler's top-p-renormalised logprobs): the ratio is exactly 1
     assert cfg.top_p == 0.95 and all(h["rlvr/ratio_mean"] == pytest.approx(1.0, abs=1e-6) for h in history)
     base_now = {k.replace("base_model.model.", "").replace(".base_layer", ""): v

@@ -88,7 +88,7 @@ def test_build_search_maps_domains_onto_tune() -> None:
 def test_build_search_over_a_union_of_grids() -> None:
     """search.grids (micro_findings.yaml): Tune's points are the validated trials of both grids,
     each with the values that tell them apart, and each point gives back its trial."""
-    from distillab.sweep import POINT, build_search, trial_of
+    from distillab.sweep import POINT, build_search, search_trials, trial_of
 
     s = load_sweep(REPO / "search_spaces" / "micro_findings.yaml")
     space, none, _, one = build_search(s)
@@ -97,9 +97,9 @@ def test_build_search_over_a_union_of_grids() -> None:
     assert points[0] == {"trial_id": s.trials[0].trial_id, "rollout.policy": "offpd", "loss.kind": "forward",
                          "optimizer.lr": s.trials[0].optimizer.lr, "seed": 42, "rollout.lambda": None}
     assert {p["rollout.lambda"] for p in points if p["rollout.policy"] == "spectrum"} == {-2.0, -1.0, 0.0, 1.0, 2.0}
-    trials = {t.trial_id: t.model_dump(mode="json") for t in s.trials}
+    trials, base = search_trials(s)
     for p, t in zip(points, s.trials):
-        assert trial_of({POINT: p}, trials, {}) == t
+        assert trial_of({POINT: p}, trials, base) == t
 
 
 

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 
 import polars as pl
 
-from distillab.registry import FORGETTING_EVAL, FORGETTING_STAGES
+from distillab.registry import FORGETTING_EVAL, FORGETTING_STAGES, require
 from distillab.registry import forgetting as forgetting_value
 from distillab.tables import EVAL_COLUMNS, STAGES, TABLES, TRIAL_COLUMNS, report_dict, scan_table, table_files
 
@@ -390,7 +390,7 @@ def rlvr_reward_summary(res: Results, window: int = 10) -> pl.DataFrame:
     """Per trial with an RLVR stage: the mean training reward (``rlvr/reward_mean``)
     over its first and last ``window`` steps, and the change. Columns ``trial_id``,
     ``first``, ``last``, ``change``, ``steps``; empty when no trial ran RLVR."""
-    m = res.metrics.filter((pl.col("stage") == "rlvr") & (pl.col("name") == "rlvr/reward_mean")).collect()
+    m = res.metrics.filter((pl.col("stage") == "rlvr") & (pl.col("name") == require("rlvr/reward_mean"))).collect()
     if m.is_empty():
         return pl.DataFrame(schema={"trial_id": pl.String, "first": pl.Float64, "last": pl.Float64,
                                     "change": pl.Float64, "steps": pl.Int64})

@@ -51,10 +51,6 @@ from distillab.tasks.math_task import MathItem, math_prompt_ids, math_test_split
 from distillab.tasks.mcq import MCQItem, item_key, mcq_prompt_ids, mcq_test_split, mcq_train_items
 from distillab.tasks.taskio import read_local_split, render_prompt
 
-#: Offset of each Countdown test split's seed from ``tasks.test_seed`` (others: `OTHER_TEST_OFFSET`).
-TEST_SEED_OFFSETS = {"countdown3": 0, "countdown4e": 1}
-OTHER_TEST_OFFSET = 7
-
 ProblemKey = tuple[tuple[int, ...], int]
 
 
@@ -65,9 +61,9 @@ def countdown_spec(tasks: TasksConfig, name: str) -> CountdownSpec:
 
 
 def countdown_test_split(tasks: TasksConfig, name: str, n: int) -> list[CountdownProblem]:
-    """The fixed test split of a Countdown task (seeded by ``tasks.test_seed``)."""
-    offset = TEST_SEED_OFFSETS.get(name, OTHER_TEST_OFFSET)
-    return generate_problems(countdown_spec(tasks, name), n, tasks.test_seed + offset)
+    """The fixed test split of a Countdown task (seeded by ``tasks.test_seed``:
+    `config.SeedsConfig.test_split_seed`)."""
+    return generate_problems(countdown_spec(tasks, name), n, SeedsConfig.test_split_seed(tasks.test_seed, name))
 
 
 def problem_key(problem: CountdownProblem) -> ProblemKey:
@@ -154,16 +150,16 @@ class TaskData:
         ``role="teacher"``: the same problems in the same order rendered with the teacher's
         conditioning, so entry i of both lists is one problem."""
         s, seeds = self.seed, self.seeds
-        rng = random.Random(s * seeds.shuffle + rank)
+        rng = random.Random(seeds.shuffle_seed(s, rank))
         if self.domain == "mcq":
-            items = self.train_mcq_items(seeds.train_problems + s)
+            items = self.train_mcq_items(seeds.train_problems_seed(s))
             rng.shuffle(items)
             return RenderedOnUse(items, lambda it: mcq_prompt_ids(tokenizer, self.tasks.mcq, it))
         if self.domain == "math":
-            items = self.train_math_items(seeds.train_problems + s)
+            items = self.train_math_items(seeds.train_problems_seed(s))
             rng.shuffle(items)
             return RenderedOnUse(items, lambda it: math_prompt_ids(tokenizer, self.tasks.math, it))
-        problems = self.train_problems("countdown3", self.train_items, seeds.train_problems + s)
+        problems = self.train_problems("countdown3", self.train_items, seeds.train_problems_seed(s))
         rng.shuffle(problems)
         return RenderedOnUse(problems, lambda p: countdown_prompt_ids(tokenizer, self.tasks, p, role))
 
@@ -171,8 +167,8 @@ class TaskData:
         """``cfg.train_prompts`` problems of ``cfg.task`` (test items removed), shuffled,
         and rank ``rank``'s stride of them (every ``world``-th)."""
         s, seeds = self.seed, self.seeds
-        problems = self.train_problems(cfg.task, cfg.train_prompts, seeds.rlvr_problems + s)
-        random.Random(s * seeds.shuffle + seeds.rlvr_shuffle).shuffle(problems)
+        problems = self.train_problems(cfg.task, cfg.train_prompts, seeds.rlvr_problems_seed(s))
+        random.Random(seeds.rlvr_shuffle_seed(s)).shuffle(problems)
         return problems[rank::world]
 
 
@@ -212,7 +208,7 @@ def train_prompts(trial: TrialConfig, tokenizer, rank: int, role: str = "student
 
 
 __all__ = ["TaskData", "RenderedOnUse", "train_prompts", "countdown_spec", "countdown_test_split", "problem_key", "test_keys",
-           "countdown_prompt_ids", "TEST_SEED_OFFSETS", "item_key", "COUNTDOWN_TASKS", "SKILL_NAMES",
+           "countdown_prompt_ids", "item_key", "COUNTDOWN_TASKS", "SKILL_NAMES",
            "PAPER_POOL", "SMALL_POOL", "CountdownSpec", "CountdownProblem", "generate_problems", "solve",
            "render_solution", "extract_answer", "verify_countdown", "score_countdown", "countdown_user_text",
            "render_prompt", "skill_user_text", "SkillItem", "SKILLS", "generate_skill_items", "score_skill",

@@ -37,6 +37,7 @@ from typing import Mapping
 
 from math_verify import parse, verify
 
+from distillab.config import SeedsConfig
 from distillab.tasks.taskio import read_local_split, render_prompt
 
 
@@ -158,7 +159,7 @@ def math_test_split(cfg, n: int, test_seed: int) -> list[MathItem]:
         ValueError: the test file has fewer than ``n`` rows (or the file errors of `load_math`).
     """
     if cfg.source == "synthetic":
-        return generate_arithmetic_chains(n, test_seed + 13, cfg.chain_length)
+        return generate_arithmetic_chains(n, SeedsConfig.test_split_seed(test_seed, "math"), cfg.chain_length)
     items = load_math(cfg.test_path, split="test", field_map=cfg.field_map)
     if len(items) < n:
         raise ValueError(f"{cfg.test_path}: {len(items)} test rows, evaluation needs {n} (lower math_items)")

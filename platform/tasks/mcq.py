@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from distillab.config import MCQ_INSTRUCTION
+from distillab.config import MCQ_INSTRUCTION, SeedsConfig
 from distillab.tasks.taskio import read_local_split, render_prompt
 
 LETTERS = ("A", "B", "C", "D")
@@ -163,7 +163,7 @@ def mcq_test_split(cfg, n: int, test_seed: int) -> list[MCQItem]:
         ValueError: the test file has fewer than ``n`` rows (or the file errors of `load_mcq`).
     """
     if cfg.source == "synthetic":
-        return generate_synthetic_mcq(n, test_seed + 11)
+        return generate_synthetic_mcq(n, SeedsConfig.test_split_seed(test_seed, "mcq"))
     items = load_mcq(cfg.test_path, split="test", field_map=cfg.field_map)
     if len(items) < n:
         raise ValueError(f"{cfg.test_path}: {len(items)} test rows, evaluation needs {n} (lower mcq_items)")

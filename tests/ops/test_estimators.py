@@ -84,16 +84,18 @@ def hand_batch():
 
 def test_topk_support_keeps_ties_at_the_kth_logit_and_unions():
     s, t, _ = hand_batch()
-    sup = topk_support(s, t, k=2, source="teacher")[0]
+    sup = topk_support(s, t, top_k=2, topk_source="teacher")[0]
     assert sup[0].nonzero().flatten().tolist() == [0, 1, 2]  # 2.0 and the tied 1.0, 1.0: |S| = 3 > k
     assert sup[1].nonzero().flatten().tolist() == [0, 2]
-    stu = topk_support(s, t, k=2, source="student")[0]
+    stu = topk_support(s, t, top_k=2, topk_source="student")[0]
     assert stu[2].nonzero().flatten().tolist() == [0, 1, 2]  # 3.0 and the tied 0.5, 0.5
-    uni = topk_support(s, t, k=2, source="union")[0]
+    uni = topk_support(s, t, top_k=2, topk_source="union")[0]
     assert uni[0].nonzero().flatten().tolist() == [0, 1, 2]  # {0,1,2} ∪ {1,0}
     assert uni[1].nonzero().flatten().tolist() == [0, 1, 2, 3]  # teacher {2, 0} ∪ student {3, 1}
-    assert torch.equal(uni, (topk_support(s, t, k=2, source="teacher") | topk_support(s, t, k=2, source="student"))[0])
-    assert topk_support(s, t, k=6, source="union").all() and topk_support(s, t, k=99, source="student").all()
+    both = topk_support(s, t, top_k=2, topk_source="teacher") | topk_support(s, t, top_k=2, topk_source="student")
+    assert torch.equal(uni, both[0])
+    assert topk_support(s, t, top_k=6, topk_source="union").all()
+    assert topk_support(s, t, top_k=99, topk_source="student").all()
 
 
 @pytest.mark.parametrize("tail", [False, True])
@@ -102,7 +104,8 @@ def test_topk_support_keeps_ties_at_the_kth_logit_and_unions():
 def test_topk_against_hand_computation(kind, source, tail):
     s, t, mask = hand_batch()
     want = [py_topk(zs, zt, 2, source, tail, kind) for zs, zt in zip(S_HAND, T_HAND)]
-    kw = dict(kind=kind, k=2, source=source, tail=tail, tau_s=TAU_S, tau_t=TAU_T, beta=BETA, compute_dtype=F64)
+    kw = dict(kind=kind, top_k=2, topk_source=source, topk_tail=tail, tau_s=TAU_S, tau_t=TAU_T, beta=BETA,
+              compute_dtype=F64)
     got = topk_divergence(s, t, **kw)[0].tolist()
     assert got == pytest.approx(want, abs=1e-12)
     rows, _, _ = topk_divergence_and_grad(s[0], t[0], need_grad=False, **kw)
@@ -194,8 +197,9 @@ def test_topk_with_k_equal_to_v_is_the_full_divergence_exactly(kind, beta, tail)
     s[0, 1, [3, 7]] = t[0, 1, [3, 7]] = float("-inf")
     kw = dict(kind=kind, beta=beta, tau_s=0.8, tau_t=0.5)
     for source in ("teacher", "student", "union"):
-        assert torch.equal(topk_divergence(s, t, k=41, source=source, tail=tail, **kw), token_divergence(s, t, **kw))
-        d, g, st = topk_divergence_and_grad(s[0], t[0], k=41, source=source, tail=tail, with_stats=True, **kw)
+        topk = {"top_k": 41, "topk_source": source, "topk_tail": tail}
+        assert torch.equal(topk_divergence(s, t, **topk, **kw), token_divergence(s, t, **kw))
+        d, g, st = topk_divergence_and_grad(s[0], t[0], **topk, with_stats=True, **kw)
         d0, g0, st0 = token_divergence_and_grad(s[0], t[0], with_stats=True, **kw)
         assert torch.equal(d, d0) and torch.equal(g, g0) and torch.equal(st, st0)
     mask = torch.ones(2, 4, dtype=torch.bool)
@@ -223,7 +227,8 @@ def test_topk_rows_match_autograd_of_the_reference(kind, beta, source, tail):
     zt[4, :6] = 2.0  # a 6-way tie at the top of the teacher
     zs[5, 10:] = float("-inf")  # the student's whole mass inside 10 entries: an empty-mass tail
     x = zs.clone().requires_grad_()
-    kw = dict(kind=kind, k=5, source=source, tail=tail, tau_s=0.8, tau_t=0.5, beta=beta, compute_dtype=F64)
+    kw = dict(kind=kind, top_k=5, topk_source=source, topk_tail=tail, tau_s=0.8, tau_t=0.5, beta=beta,
+              compute_dtype=F64)
     want = topk_divergence(x, zt, **kw)
     (want_g,) = torch.autograd.grad(want.sum(), x)
     div, grad, stats = topk_divergence_and_grad(zs, zt, with_stats=True, **kw)
@@ -284,9 +289,9 @@ def test_estimator_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"\[0, 6\)"):
         rollout_token_loss(s, t, torch.tensor([[0, 6, 1]]), mask)
     with pytest.raises(ValueError, match="top_k"):
-        topk_support(s, t, k=0)
-    with pytest.raises(ValueError, match="topk source 'both'"):
-        topk_support(s, t, k=2, source="both")
+        topk_support(s, t, top_k=0)
+    with pytest.raises(ValueError, match="topk_source 'both'"):
+        topk_support(s, t, top_k=2, topk_source="both")
     with pytest.raises(ValueError, match="k_gradient"):
         rollout_token_terms(s[0, 0], t[0, 0], estimator="k1", k_gradient="reinforce")
     with pytest.raises(ValueError, match="no chunked path"):
@@ -383,3 +388,62 @@ def test_expected_gradients_of_the_rollout_token_estimators():
                               estimator="k3", tau_s=TAU_S, tau_t=TAU_T, reduction="token_mean")
     (mc,) = torch.autograd.grad(loss, leaf)
     assert ((mc - grads["forward"]).norm() / grads["forward"].norm()).item() < 0.05
+
+
+def test_the_configs_names_are_the_ops_names() -> None:
+    """One set of names from the YAML to the kernels: each `config.LossConfig` ``Literal`` is the
+    registry's tuple, which ``ops.kl`` re-exports (the same object), and every field the loss
+    adapter (`loss.divergence_kwargs`) hands the ops is a parameter of the ops by its field name."""
+    import inspect
+    import typing
+
+    from distillab import ops, registry
+    from distillab.config import LossConfig
+    from distillab.loss import divergence_kwargs
+    from distillab.ops import chunked, kl
+
+    fields = LossConfig.model_fields
+    for field, name, values in (
+        ("kind", "KINDS", ("forward", "reverse", "jsd")),
+        ("estimator", "ESTIMATORS", ("full", "sampled", "topk", "k1", "k2", "k3")),
+        ("topk_source", "TOPK_SOURCES", ("teacher", "student", "union")),
+        ("k_gradient", "K_GRADIENTS", ("auto", "score", "pathwise")),
+        ("reduction", "REDUCTIONS", ("seq_mean", "token_mean", "sum")),
+    ):
+        assert typing.get_args(fields[field].annotation) == getattr(registry, name) == values, field
+        assert getattr(kl, name) is getattr(registry, name), name
+    assert ops.ESTIMATORS is registry.ESTIMATORS and kl.SAMPLED_KINDS is registry.SAMPLED_KINDS
+    assert kl.ROLLOUT_ESTIMATORS is registry.ROLLOUT_ESTIMATORS
+    L = LossConfig(kind="jsd", beta=0.25, estimator="topk", top_k=5, topk_source="union", topk_tail=True)
+    kw = divergence_kwargs(L)
+    assert kw == {"kind": "jsd", "tau_s": 1.0, "tau_t": 0.5, "beta": 0.25, "estimator": "topk", "top_k": 5,
+                  "topk_source": "union", "topk_tail": True, "k_gradient": "auto"}
+    for fn in (kl.estimator_loss, chunked.chunked_distill_loss):
+        assert set(kw) <= set(inspect.signature(fn).parameters), fn.__name__
+    assert set(divergence_kwargs(L, divergence=False)) - {"estimator"} <= set(
+        inspect.signature(kl.topk_divergence).parameters) | {"k_gradient"}
+    assert set(divergence_kwargs(L, divergence=False)) <= set(inspect.signature(chunked.estimator_rows).parameters)
+
+
+def test_the_estimator_kind_rule_is_one_function() -> None:
+    """`registry.check_estimator` is the rule: the config, ``ops.kl.estimator_loss`` and
+    ``ops.chunked.chunked_distill_loss`` give its message for the same pair."""
+    from distillab.config import LossConfig
+    from distillab.ops.chunked import chunked_distill_loss
+    from distillab.registry import check_estimator
+
+    z, m = torch.zeros(1, 2, 4), torch.ones(1, 2, dtype=torch.bool)
+    h, w = torch.zeros(1, 2, 3), torch.zeros(4, 3)
+    for est, kind in (("k2", "forward"), ("sampled", "jsd")):
+        with pytest.raises(ValueError) as rule:
+            check_estimator(est, kind)
+        with pytest.raises(ValueError) as e:
+            estimator_loss(z, z, m, estimator=est, kind=kind, targets=torch.zeros(1, 2, dtype=torch.long))
+        assert str(e.value) == str(rule.value)
+        with pytest.raises(ValueError) as e:
+            chunked_distill_loss(h, w, h, w, m, estimator=est, kind=kind, targets=torch.zeros(1, 2, dtype=torch.long))
+        assert str(e.value) == str(rule.value)
+        with pytest.raises(ValueError, match="loss.estimator") as e:
+            LossConfig(estimator=est, kind=kind)
+        check = "estimates the reverse KL" if est == "k2" else "'forward' and 'reverse' only"
+        assert check in str(e.value) and check in str(rule.value)
