@@ -41,6 +41,7 @@ from pathlib import Path
 
 import yaml
 
+from distillab.checks import checkpoint_files_error, env_errors, number_errors, storage_error  # the standard library only
 from distillab.imports import without_unused_integrations  # the standard library only: no cost at start-up
 
 #: Lines of Ray's forwarded worker logs that a calm console drops (``RAY_DEDUP_LOGS_SKIP_REGEX``, read
@@ -119,15 +120,18 @@ def _env_defaults(verbose: bool = False, local_ray: bool = False) -> None:
 def parse_overrides(pairs: list[str]) -> dict:
     """``--set`` pairs ``KEY=VALUE`` → ``{dotted key: value}``, each value read as YAML
     (safe loading: ``true``, ``1e-3``, ``[a, b]``, ``{k: v}``). Raises `config.ConfigError`
-    for a pair without ``=``."""
-    from distillab.config import ConfigError  # lazy: see the module docstring
+    for a pair without ``=`` or a value that is not YAML (a syntax error, a key given twice)."""
+    from distillab.config import ConfigError, load_yaml, yaml_error_line  # lazy: see the module docstring
 
     out = {}
     for p in pairs:
         if "=" not in p:
             raise ConfigError(f"--set expects KEY=VALUE (e.g. --set trial.loss.kind=reverse), got {p!r}")
         k, v = p.split("=", 1)
-        out[k] = yaml.safe_load(v)
+        try:
+            out[k] = load_yaml(v)  # safe loading, duplicate keys refused
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {p}: the value is not valid YAML: {yaml_error_line(e)}") from None
     return out
 
 
@@ -171,8 +175,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``distillab`` console script."""
+    """Entry point of the ``distillab`` console script. Ctrl-C before the sweep runs (Tune
+    handles its own) ends with one line and exit status 130."""
     args = _parser().parse_args(argv)
+    try:
+        return _main(args)
+    except KeyboardInterrupt:
+        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+            sys.modules["ray"].shutdown()
+        print("distillab: interrupted (Ctrl-C); nothing half-written (a sweep already under way continues with "
+              "distillab sweep --resume <storage_path>/<name>)", file=sys.stderr)
+        return 130
+
+
+def _main(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     _env_defaults(getattr(args, "verbose", False),
                   local_ray=args.cmd == "sweep" and not args.address and not os.environ.get("RAY_ADDRESS"))
@@ -180,18 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args)
     if args.cmd == "findings":
         return _findings(args)
-    from distillab.config import ConfigError, load_sweep  # lazy: see the module docstring
+    from distillab.config import ConfigError  # lazy: see the module docstring
 
-    resume = getattr(args, "resume", None)
     try:
-        if resume:
-            if args.config or args.set:
-                raise ConfigError("--resume takes the sweep directory only (its sweep.json holds the config)")
-            sweep = load_resumable(resume)
-        elif not args.config:
-            raise ConfigError("sweep needs a config YAML (or --resume PATH)")
-        else:
-            sweep = load_sweep(args.config, parse_overrides(args.set))
+        sweep = _load(args)
+        static_checks(args, sweep)  # before anything starts (Ray, prepare, the imports of torch)
     except (ConfigError, FileNotFoundError) as e:
         print(f"distillab: {e}", file=sys.stderr)
         return 2
@@ -207,6 +216,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"teacher: {teacher}\nstudent: {student}")
         return 0
     return _sweep(args, sweep)
+
+
+def _load(args):
+    """The validated sweep config of ``args``: the YAML with its ``--set`` overrides, or with
+    ``--resume`` the sweep directory's ``sweep.json``. Raises `config.ConfigError`."""
+    from distillab.config import ConfigError, load_sweep  # lazy: see the module docstring
+
+    resume = getattr(args, "resume", None)
+    if resume:
+        if args.config or args.set:
+            raise ConfigError("--resume takes the sweep directory only (its sweep.json holds the config)")
+        return load_resumable(resume)
+    if not args.config:
+        raise ConfigError("sweep needs a config YAML (or --resume PATH)")
+    return load_sweep(args.config, parse_overrides(args.set))
+
+
+def static_checks(args, sweep) -> None:
+    """What `checks` can say without Ray or torch, every bad input in one line: the numeric
+    flags, the environment switches, the checkpoint folders' files (config, tokenizer and,
+    for a run, weights), and for a run (not ``--dry-run``, which plans from configs alone and
+    writes nothing) ``storage_path`` (or the ``--resume`` directory) and ``models.cache_dir``.
+    Raises `config.ConfigError`."""
+    from distillab.config import ConfigError  # lazy: see the module docstring
+
+    errors, run = number_errors(args) + env_errors(), not getattr(args, "dry_run", False)
+    if run:
+        resume = getattr(args, "resume", None)
+        dirs = {"models.cache_dir": sweep.models.cache_dir}
+        if args.cmd == "sweep":
+            dirs = {"--resume" if resume else "storage_path": resume or sweep.storage_path, **dirs}
+        errors += [w for f, d in dirs.items() if (w := storage_error(d, f)) is not None]
+    paths = {f"models.{r}_path": getattr(sweep.models, f"{r}_path") for r in ("teacher", "student")}
+    errors += [w for f, p in paths.items() if p is not None and (w := checkpoint_files_error(p, f, run)) is not None]
+    if errors:
+        raise ConfigError("; ".join(errors))
 
 
 def _preflight(sweep, note: bool = True) -> None:
@@ -296,13 +341,18 @@ def _report(args) -> int:
     from distillab.analysis.plots import write_report  # lazy: see the module docstring
     from distillab.analysis.results import load
 
-    if (why := _not_sweeps("report", args.path)) is not None:
-        print(why, file=sys.stderr)
+    why = _not_sweeps("report", args.path) or (storage_error(args.plots, "report --plots") if args.plots else None)
+    if why is not None:
+        print(why if why.startswith("distillab:") else f"distillab: {why}", file=sys.stderr)
         return 2
     res = load(args.path if len(args.path) > 1 else args.path[0])
     _print_tables(res, full=args.full)
     if args.plots:
-        written = write_report(res, args.plots)  # grouped by the swept config fields
+        try:
+            written = write_report(res, args.plots)  # grouped by the swept config fields
+        except OSError as e:  # the folder went away or became unwritable since the check
+            print(f"distillab: report --plots: {args.plots}: {e.strerror or e}", file=sys.stderr)
+            return 2
         print(f"figures: {', '.join(str(p) for k, p in written.items() if k != 'summary')}")
         print(f"summary: {written['summary']}")
     return 0
@@ -359,6 +409,7 @@ def _sweep(args, sweep) -> int:
                      cpu_only=sweep.resources.gpus_per_worker == 0)
             ray_s = time.perf_counter() - perf0
             checks.result()
+            _check_placeable(sweep)
         except ConfigError as e:
             ray.shutdown()
             print(f"distillab: {e}", file=sys.stderr)
@@ -367,6 +418,19 @@ def _sweep(args, sweep) -> int:
         return _run_sweep(args, sweep, verbose, ray_s, perf0, wall0)
     finally:
         ray.shutdown()
+
+
+def _check_placeable(sweep) -> None:
+    """Every trial's resources against the connected cluster's nodes (`plan.unplaceable`),
+    before any trial: a trial no node can ever hold would wait for ever. Raises
+    `config.ConfigError`."""
+    from distillab.config import ConfigError  # lazy: see the module docstring
+    from distillab.plan import unplaceable
+    from distillab.raystart import node_resources
+
+    why = unplaceable(sweep, node_resources())
+    if why is not None:
+        raise ConfigError(f"{why} (distillab sweep --dry-run --nodes N --node-cpus C --node-gpus G plans one)")
 
 
 def _run_sweep(args, sweep, verbose: int, ray_s: float, perf0: float, wall0: float) -> int:
