@@ -237,8 +237,8 @@ def static_checks(args, sweep) -> None:
     """What `checks` can say without Ray or torch, every bad input in one line: the numeric
     flags, the environment switches, the checkpoint folders' files (config, tokenizer and,
     for a run, weights), and for a run (not ``--dry-run``, which plans from configs alone and
-    writes nothing) ``storage_path`` (or the ``--resume`` directory) and ``models.cache_dir``.
-    Raises `config.ConfigError`."""
+    writes nothing) ``storage_path`` (or the ``--resume`` directory), ``models.cache_dir`` and
+    ``$DISTILLAB_CACHE``. Raises `config.ConfigError`."""
     from distillab.config import ConfigError  # lazy: see the module docstring
 
     errors, run = number_errors(args) + env_errors(), not getattr(args, "dry_run", False)
@@ -247,6 +247,8 @@ def static_checks(args, sweep) -> None:
         dirs = {"models.cache_dir": sweep.models.cache_dir}
         if args.cmd == "sweep":
             dirs = {"--resume" if resume else "storage_path": resume or sweep.storage_path, **dirs}
+        if os.environ.get("DISTILLAB_CACHE"):  # torch's compiled extensions (DeepSpeed's) go under it
+            dirs["DISTILLAB_CACHE"] = os.environ["DISTILLAB_CACHE"]
         errors += [w for f, d in dirs.items() if (w := storage_error(d, f)) is not None]
     paths = {f"models.{r}_path": getattr(sweep.models, f"{r}_path") for r in ("teacher", "student")}
     errors += [w for f, p in paths.items() if p is not None and (w := checkpoint_files_error(p, f, run)) is not None]
@@ -365,8 +367,9 @@ def _findings(args) -> int:
     from distillab.telemetry import print_time
 
     t0 = time.perf_counter()
-    if (why := _not_sweeps("findings", args.path)) is not None:
-        print(why, file=sys.stderr)
+    why = _not_sweeps("findings", args.path) or (storage_error(args.out, "findings --out") if args.out else None)
+    if why is not None:
+        print(why if why.startswith("distillab:") else f"distillab: {why}", file=sys.stderr)
         return 2
     res = load(args.path if len(args.path) > 1 else args.path[0])
     try:
