@@ -16,6 +16,7 @@ What needs the cluster (placeability) is `plan.unplaceable`, asked right after R
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -110,6 +111,6 @@ def number_errors(args: object) -> list[str]:
         value = getattr(args, dest, None)
         if value is None:
             continue
-        if value < low or (value == low and not inclusive) or value != value:  # NaN: not in any range
+        if math.isnan(value) or value < low or (value == low and not inclusive):
             out.append(f"{flag} {value:g}: must be {'>=' if inclusive else '>'} {low:g}")
     return out

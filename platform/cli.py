@@ -41,7 +41,12 @@ from pathlib import Path
 
 import yaml
 
-from distillab.checks import checkpoint_files_error, env_errors, number_errors, storage_error  # the standard library only
+from distillab.checks import (  # the standard library only
+    checkpoint_files_error,
+    env_errors,
+    number_errors,
+    storage_error,
+)
 from distillab.imports import without_unused_integrations  # the standard library only: no cost at start-up
 
 #: Lines of Ray's forwarded worker logs that a calm console drops (``RAY_DEDUP_LOGS_SKIP_REGEX``, read
@@ -397,8 +402,9 @@ def _sweep(args, sweep) -> int:
     torch, transformers, DeepSpeed and Ray Tune. The two overlap (issue 14: 2.2 s of a
     one-trial run's 26 s, ``benchmarks/sweep_overhead.py --trials --steps 40``). A bad
     checkpoint still stops the run before anything is written or trained: Ray, already up,
-    is shut down and the exit status is 2. Exit 1 when trials failed or the sweep was
-    interrupted."""
+    is shut down and the exit status is 2. So does a trial that no node of the connected
+    cluster can ever hold (`_check_placeable`; what `static_checks` can say without Ray was
+    said before it started). Exit 1 when trials failed or the sweep was interrupted."""
     import ray  # lazy: see the module docstring
 
     from distillab.config import ConfigError

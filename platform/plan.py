@@ -17,6 +17,9 @@ Three parts, each a function:
   worker, the Tune trainable's CPUs, the vLLM engine sharing its worker's GPU) against a
   cluster of ``nodes`` equal nodes (default: this machine): how many trials run at a time,
   or why none ever can (a worker that fits on no node, a trial larger than the cluster).
+  `unplaceable` asks the same of a real cluster's nodes (their kinds, as Ray reports them):
+  `distillab sweep` calls it right after Ray connects, before any trial, and exits 2
+  instead of waiting for ever.
 - `estimate`: GPU-hours from token counts and parameter counts. Tokens per trial:
   distillation steps × prompts × rollouts × (mean prompt tokens + ``rollout.max_tokens``),
   the evaluation's samples × (prompt + ``evaluation.max_tokens``) at each stage, and the

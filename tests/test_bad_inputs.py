@@ -155,8 +155,8 @@ CASES: list[tuple[str, list[str], tuple[str, ...], dict[str, str]]] = [
     ("teacher-missing", sw("models.teacher_path=/nonexistent/dir"),
      ("models.teacher_path: /nonexistent/dir does not exist (give a checkpoint directory",), {}),
     ("teacher-is-config-json", sw("models.teacher_path={tmp}/ckpt_full/config.json"),
-     ("models.teacher_path: {tmp}/ckpt_full/config.json is a file", "give its folder: --set "
-      "models.teacher_path={tmp}/ckpt_full"), {}),
+     ("models.teacher_path: {tmp}/ckpt_full/config.json is a file",
+      "give its folder: --set models.teacher_path={tmp}/ckpt_full"), {}),
     ("teacher-no-config", sw("models.teacher_path={tmp}/ckpt_empty"),
      ("models.teacher_path: {tmp}/ckpt_empty is not a checkpoint directory (no config.json in it)",), {}),
     ("teacher-no-tokenizer", sw("models.teacher_path={tmp}/ckpt_config"),
@@ -303,9 +303,9 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path) -> None:
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-3000:]
     assert err.strip().splitlines() == [
-        "distillab: interrupted (Ctrl-C); nothing half-written (a sweep already under way continues with "
-        "distillab sweep --resume <storage_path>/<name>)"], err[-3000:]
+        ("distillab: interrupted (Ctrl-C); nothing half-written (a sweep already under way continues with "
+         "distillab sweep --resume <storage_path>/<name>)")], err[-3000:]
     assert out == ""
     assert not (tmp_path / "out").exists()
-    gone, alive = psutil.wait_procs(ray_procs, timeout=30)
+    _, alive = psutil.wait_procs(ray_procs, timeout=30)
     assert not alive, [p.pid for p in alive]
