@@ -41,6 +41,12 @@ from pathlib import Path
 
 import yaml
 
+from distillab.checks import (  # the standard library only
+    checkpoint_files_error,
+    env_errors,
+    number_errors,
+    storage_error,
+)
 from distillab.imports import without_unused_integrations  # the standard library only: no cost at start-up
 
 #: Lines of Ray's forwarded worker logs that a calm console drops (``RAY_DEDUP_LOGS_SKIP_REGEX``, read
@@ -119,15 +125,18 @@ def _env_defaults(verbose: bool = False, local_ray: bool = False) -> None:
 def parse_overrides(pairs: list[str]) -> dict:
     """``--set`` pairs ``KEY=VALUE`` → ``{dotted key: value}``, each value read as YAML
     (safe loading: ``true``, ``1e-3``, ``[a, b]``, ``{k: v}``). Raises `config.ConfigError`
-    for a pair without ``=``."""
-    from distillab.config import ConfigError  # lazy: see the module docstring
+    for a pair without ``=`` or a value that is not YAML (a syntax error, a key given twice)."""
+    from distillab.config import ConfigError, load_yaml, yaml_error_line  # lazy: see the module docstring
 
     out = {}
     for p in pairs:
         if "=" not in p:
             raise ConfigError(f"--set expects KEY=VALUE (e.g. --set trial.loss.kind=reverse), got {p!r}")
         k, v = p.split("=", 1)
-        out[k] = yaml.safe_load(v)
+        try:
+            out[k] = load_yaml(v)  # safe loading, duplicate keys refused
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {p}: the value is not valid YAML: {yaml_error_line(e)}") from None
     return out
 
 
@@ -171,8 +180,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``distillab`` console script."""
+    """Entry point of the ``distillab`` console script. Ctrl-C before the sweep runs (Tune
+    handles its own) ends with one line and exit status 130."""
     args = _parser().parse_args(argv)
+    try:
+        return _main(args)
+    except KeyboardInterrupt:
+        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+            sys.modules["ray"].shutdown()
+        print("distillab: interrupted (Ctrl-C); nothing half-written (a sweep already under way continues with "
+              "distillab sweep --resume <storage_path>/<name>)", file=sys.stderr)
+        return 130
+
+
+def _main(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     _env_defaults(getattr(args, "verbose", False),
                   local_ray=args.cmd == "sweep" and not args.address and not os.environ.get("RAY_ADDRESS"))
@@ -180,18 +201,11 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args)
     if args.cmd == "findings":
         return _findings(args)
-    from distillab.config import ConfigError, load_sweep  # lazy: see the module docstring
+    from distillab.config import ConfigError  # lazy: see the module docstring
 
-    resume = getattr(args, "resume", None)
     try:
-        if resume:
-            if args.config or args.set:
-                raise ConfigError("--resume takes the sweep directory only (its sweep.json holds the config)")
-            sweep = load_resumable(resume)
-        elif not args.config:
-            raise ConfigError("sweep needs a config YAML (or --resume PATH)")
-        else:
-            sweep = load_sweep(args.config, parse_overrides(args.set))
+        sweep = _load(args)
+        static_checks(args, sweep)  # before anything starts (Ray, prepare, the imports of torch)
     except (ConfigError, FileNotFoundError) as e:
         print(f"distillab: {e}", file=sys.stderr)
         return 2
@@ -207,6 +221,44 @@ def main(argv: list[str] | None = None) -> int:
         print(f"teacher: {teacher}\nstudent: {student}")
         return 0
     return _sweep(args, sweep)
+
+
+def _load(args):
+    """The validated sweep config of ``args``: the YAML with its ``--set`` overrides, or with
+    ``--resume`` the sweep directory's ``sweep.json``. Raises `config.ConfigError`."""
+    from distillab.config import ConfigError, load_sweep  # lazy: see the module docstring
+
+    resume = getattr(args, "resume", None)
+    if resume:
+        if args.config or args.set:
+            raise ConfigError("--resume takes the sweep directory only (its sweep.json holds the config)")
+        return load_resumable(resume)
+    if not args.config:
+        raise ConfigError("sweep needs a config YAML (or --resume PATH)")
+    return load_sweep(args.config, parse_overrides(args.set))
+
+
+def static_checks(args, sweep) -> None:
+    """What `checks` can say without Ray or torch, every bad input in one line: the numeric
+    flags, the environment switches, the checkpoint folders' files (config, tokenizer and,
+    for a run, weights), and for a run (not ``--dry-run``, which plans from configs alone and
+    writes nothing) ``storage_path`` (or the ``--resume`` directory), ``models.cache_dir`` and
+    ``$DISTILLAB_CACHE``. Raises `config.ConfigError`."""
+    from distillab.config import ConfigError  # lazy: see the module docstring
+
+    errors, run = number_errors(args) + env_errors(), not getattr(args, "dry_run", False)
+    if run:
+        resume = getattr(args, "resume", None)
+        dirs = {"models.cache_dir": sweep.models.cache_dir}
+        if args.cmd == "sweep":
+            dirs = {"--resume" if resume else "storage_path": resume or sweep.storage_path, **dirs}
+        if os.environ.get("DISTILLAB_CACHE"):  # torch's compiled extensions (DeepSpeed's) go under it
+            dirs["DISTILLAB_CACHE"] = os.environ["DISTILLAB_CACHE"]
+        errors += [w for f, d in dirs.items() if (w := storage_error(d, f)) is not None]
+    paths = {f"models.{r}_path": getattr(sweep.models, f"{r}_path") for r in ("teacher", "student")}
+    errors += [w for f, p in paths.items() if p is not None and (w := checkpoint_files_error(p, f, run)) is not None]
+    if errors:
+        raise ConfigError("; ".join(errors))
 
 
 def _preflight(sweep, note: bool = True) -> None:
@@ -296,13 +348,18 @@ def _report(args) -> int:
     from distillab.analysis.plots import write_report  # lazy: see the module docstring
     from distillab.analysis.results import load
 
-    if (why := _not_sweeps("report", args.path)) is not None:
-        print(why, file=sys.stderr)
+    why = _not_sweeps("report", args.path) or (storage_error(args.plots, "report --plots") if args.plots else None)
+    if why is not None:
+        print(why if why.startswith("distillab:") else f"distillab: {why}", file=sys.stderr)
         return 2
     res = load(args.path if len(args.path) > 1 else args.path[0])
     _print_tables(res, full=args.full)
     if args.plots:
-        written = write_report(res, args.plots)  # grouped by the swept config fields
+        try:
+            written = write_report(res, args.plots)  # grouped by the swept config fields
+        except OSError as e:  # the folder went away or became unwritable since the check
+            print(f"distillab: report --plots: {args.plots}: {e.strerror or e}", file=sys.stderr)
+            return 2
         print(f"figures: {', '.join(str(p) for k, p in written.items() if k != 'summary')}")
         print(f"summary: {written['summary']}")
     return 0
@@ -315,8 +372,9 @@ def _findings(args) -> int:
     from distillab.telemetry import print_time
 
     t0 = time.perf_counter()
-    if (why := _not_sweeps("findings", args.path)) is not None:
-        print(why, file=sys.stderr)
+    why = _not_sweeps("findings", args.path) or (storage_error(args.out, "findings --out") if args.out else None)
+    if why is not None:
+        print(why if why.startswith("distillab:") else f"distillab: {why}", file=sys.stderr)
         return 2
     res = load(args.path if len(args.path) > 1 else args.path[0])
     try:
@@ -345,8 +403,9 @@ def _sweep(args, sweep) -> int:
     torch, transformers, DeepSpeed and Ray Tune. The two overlap (issue 14: 2.2 s of a
     one-trial run's 26 s, ``benchmarks/sweep_overhead.py --trials --steps 40``). A bad
     checkpoint still stops the run before anything is written or trained: Ray, already up,
-    is shut down and the exit status is 2. Exit 1 when trials failed or the sweep was
-    interrupted."""
+    is shut down and the exit status is 2. So does a trial that no node of the connected
+    cluster can ever hold (`_check_placeable`; what `static_checks` can say without Ray was
+    said before it started). Exit 1 when trials failed or the sweep was interrupted."""
     import ray  # lazy: see the module docstring
 
     from distillab.config import ConfigError
@@ -360,6 +419,7 @@ def _sweep(args, sweep) -> int:
                      cpu_only=sweep.resources.gpus_per_worker == 0)
             ray_s = time.perf_counter() - perf0
             checks.result()
+            _check_placeable(sweep)
         except ConfigError as e:
             ray.shutdown()
             print(f"distillab: {e}", file=sys.stderr)
@@ -368,6 +428,19 @@ def _sweep(args, sweep) -> int:
         return _run_sweep(args, sweep, verbose, ray_s, perf0, wall0)
     finally:
         ray.shutdown()
+
+
+def _check_placeable(sweep) -> None:
+    """Every trial's resources against the connected cluster's nodes (`plan.unplaceable`),
+    before any trial: a trial no node can ever hold would wait for ever. Raises
+    `config.ConfigError`."""
+    from distillab.config import ConfigError  # lazy: see the module docstring
+    from distillab.plan import unplaceable
+    from distillab.raystart import node_resources
+
+    why = unplaceable(sweep, node_resources())
+    if why is not None:
+        raise ConfigError(f"{why} (distillab sweep --dry-run --nodes N --node-cpus C --node-gpus G plans one)")
 
 
 def _run_sweep(args, sweep, verbose: int, ray_s: float, perf0: float, wall0: float) -> int:

@@ -18,6 +18,7 @@ import importlib.util
 import itertools
 import json
 import math
+import os
 import re
 import typing
 from pathlib import Path
@@ -819,6 +820,29 @@ class ResourcesConfig(_Strict):
         return {"CPU": self.trial_cpus + self.cpus_per_worker, **gpus}
 
 
+def _check_warmup(trials: list["TrialConfig"], base: "TrialConfig") -> None:
+    """Every trial's warm-up ends before its last step: ``optimizer.warmup_steps <
+    optimizer.steps``, and the RLVR stage's ``max(1, round(warmup_ratio × steps))`` below its
+    ``steps`` (a stage of more than one step). Raises ValueError naming both values (and the
+    trial, where a grid point changed them from the base trial ``base``'s)."""
+    def rlvr(t: "TrialConfig") -> tuple | None:
+        return None if t.rlvr is None else (t.rlvr.warmup_ratio, t.rlvr.steps)
+
+    for t in trials:
+        o, b = t.optimizer, base.optimizer
+        if o.warmup_steps >= o.steps:
+            where = "" if (o.warmup_steps, o.steps) == (b.warmup_steps, b.steps) else f"trial {t.trial_id}: "
+            raise ValueError(f"{where}trial.optimizer.warmup_steps ({o.warmup_steps}) must be below "
+                             f"trial.optimizer.steps ({o.steps}): the LR would never reach optimizer.lr "
+                             f"(e.g. --set trial.optimizer.warmup_steps={o.steps // 10})")
+        r = t.rlvr
+        if r is not None and r.steps > 1 and max(1, round(r.warmup_ratio * r.steps)) >= r.steps:
+            where = "" if rlvr(t) == rlvr(base) else f"trial {t.trial_id}: "
+            raise ValueError(f"{where}trial.rlvr.warmup_ratio ({r.warmup_ratio:g}) x trial.rlvr.steps ({r.steps}) "
+                             f"is a warm-up of {max(1, round(r.warmup_ratio * r.steps))} steps, not below the stage's "
+                             f"{r.steps}: give a smaller warmup_ratio")
+
+
 #: Paths a grid may sweep (dotted into `TrialConfig`).
 SEARCHABLE = (
     "seed", "domain", "precision", "master_weights",
@@ -971,14 +995,17 @@ class SearchConfig(_Strict):
                                      "under trial and searched ones under search.space")
             return {**data, "grid": {}}
         if data.get("grids") is not None:
+            if not data["grids"]:
+                raise ValueError("search.grids must list at least one grid")
             if data.get("grid"):
                 raise ValueError("search.grid and search.grids are exclusive: give one cross product (grid) or a "
                                  "union of grids (grids); a file extending one with search.grid writes grid: null")
-            if not data["grids"]:
-                raise ValueError("search.grids must list at least one grid")
             return {**data, "grid": {}}
         if "grid" in data and data["grid"] is None:
             raise ValueError("search.grid: null only goes with search.grids")
+        if "grid" in data and isinstance(data["grid"], dict) and not data["grid"]:
+            raise ValueError("search.grid is empty: give at least one searchable key with a list of values "
+                             "(e.g. seed: [42]), or search.grids")
         return data
 
     @field_validator("grid")
@@ -1395,6 +1422,7 @@ class SweepConfig(_Strict):
             if r is not None and r.lora is not None and r.lora.load_in_4bit and w != 1:
                 raise ValueError(f"{where}.lora.load_in_4bit runs on one worker (plain AdamW, no gradient "
                                  f"all-reduce): set resources.num_workers to 1 (got {w})")
+        _check_warmup(self._trials, self.trial)
         zero3 = [t.trial_id for t in self._trials if t.optimizer.zero_stage == 3]
         if self.resources.compile and zero3:
             raise ValueError(f"resources.compile does not run with trial.optimizer.zero_stage 3 (trial {zero3[0]}): "
@@ -1413,7 +1441,10 @@ class SweepConfig(_Strict):
     def save(self, root: str | Path) -> None:
         """Write the validated config into the sweep directory ``root`` (`SWEEP_FILE`, JSON):
         what ``distillab sweep --resume`` and `saved` read back."""
-        (Path(root) / SWEEP_FILE).write_text(json.dumps(self.model_dump(mode="json"), indent=1))
+        target = Path(root) / SWEEP_FILE
+        tmp = target.with_name(f".{SWEEP_FILE}.tmp")  # then renamed: a crash or Ctrl-C leaves no half-written file
+        tmp.write_text(json.dumps(self.model_dump(mode="json"), indent=1))
+        os.replace(tmp, target)
 
     @classmethod
     def saved(cls, root: str | Path) -> "SweepConfig":
@@ -1427,8 +1458,10 @@ class SweepConfig(_Strict):
             raise ConfigError(f"{root}: no {SWEEP_FILE} there (not a sweep directory written by distillab sweep)")
         try:
             return cls.model_validate(json.loads(f.read_text()))
-        except ValueError as e:  # pydantic's ValidationError, or bad JSON
-            raise ConfigError(f"{root}: {SWEEP_FILE} does not validate: {e}") from None
+        except ValidationError as e:
+            raise ConfigError(f"{root}: {SWEEP_FILE} does not validate: {_errors(e, cls)}") from None
+        except ValueError as e:  # bad JSON (json.JSONDecodeError's message is one line)
+            raise ConfigError(f"{root}: {SWEEP_FILE} is not valid JSON: {e}") from None
 
     def shared_cache_dir(self) -> Path:
         """What trials share lives beside the prepared models, ``<models.cache_dir>/shared``:
@@ -1672,15 +1705,54 @@ class ConfigError(ValueError):
     """A sweep file that does not validate; the message names each bad field."""
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader refusing a mapping that gives a key twice (PyYAML keeps the
+    last one silently: a grid key or ``trial:`` given twice would lose the first)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first given on line {seen[key]})",
+                    key_node.start_mark)
+            if isinstance(key, typing.Hashable):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` read as YAML: safe loading (`UniqueKeyLoader`: no duplicate keys).
+
+    Raises:
+        yaml.YAMLError: a syntax error or a duplicate key (`yaml_error_line` says it in one line)."""
+    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def yaml_error_line(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: the problem and where (``line L, column C``), without
+    PyYAML's multi-line excerpt of the source."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context = getattr(e, "context", None)
+    return f"{where}{problem}" + (f" ({context})" if context and "duplicate key" not in problem else "")
+
+
 def _read_yaml_mapping(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
     except FileNotFoundError:
         raise FileNotFoundError(f"sweep file {path} does not exist") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot be read as a sweep YAML: {e.strerror if isinstance(e, OSError) else e}") \
+            from None
     try:
-        data = yaml.safe_load(text) or {}
+        data = load_yaml(text) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{path}: not valid YAML: {yaml_error_line(e)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     return data

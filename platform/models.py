@@ -28,6 +28,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from distillab.checks import ENV_SWITCHES
+
 log = logging.getLogger(__name__)
 
 #: Special tokens (skipped when decoding with ``skip_special_tokens``).
@@ -160,7 +162,8 @@ class Bf16MatmulsInFloat32(torch.overrides.TorchFunctionMode):
 
 
 #: ``DISTILLAB_BF16_MATMULS``: where a bf16 trial's CPU matrix products run (`bf16_matmuls`).
-BF16_MATMULS_ENV, BF16_MATMULS_CHOICES = "DISTILLAB_BF16_MATMULS", ("auto", "native", "float32")
+BF16_MATMULS_ENV = "DISTILLAB_BF16_MATMULS"
+BF16_MATMULS_CHOICES = ENV_SWITCHES[BF16_MATMULS_ENV]  # checked before anything starts (`checks.env_errors`)
 
 
 def bf16_matmuls_choice() -> str:

@@ -17,6 +17,9 @@ Three parts, each a function:
   worker, the Tune trainable's CPUs, the vLLM engine sharing its worker's GPU) against a
   cluster of ``nodes`` equal nodes (default: this machine): how many trials run at a time,
   or why none ever can (a worker that fits on no node, a trial larger than the cluster).
+  `unplaceable` asks the same of a real cluster's nodes (their kinds, as Ray reports them):
+  `distillab sweep` calls it right after Ray connects, before any trial, and exits 2
+  instead of waiting for ever.
 - `estimate`: GPU-hours from token counts and parameter counts. Tokens per trial:
   distillation steps × prompts × rollouts × (mean prompt tokens + ``rollout.max_tokens``),
   the evaluation's samples × (prompt + ``evaluation.max_tokens``) at each stage, and the
@@ -39,6 +42,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from distillab.checks import checkpoint_files_error
 from distillab.config import ConfigError, SweepConfig, TrialConfig
 from distillab.models import (
     bf16_in_float32,
@@ -57,7 +61,7 @@ from distillab.tasks.mcq import mcq_prompt_ids, mcq_test_split
 from distillab.tasks.taskio import render_prompt
 
 __all__ = ["ASSUMED_TFLOPS", "LM_EVAL_TOKENS_PER_ITEM", "CheckpointError", "Role", "Cluster", "Placement",
-           "Estimate", "check_checkpoints", "placement", "estimate", "bf16_cpu_note", "dry_run"]
+           "Estimate", "check_checkpoints", "placement", "unplaceable", "estimate", "bf16_cpu_note", "dry_run"]
 
 #: Effective training-loop throughput per GPU assumed by `estimate`, TFLOP/s (bf16). ASSUMED, not
 #: measured: one tenth of the dense bf16 peak of an H100 SXM or H200, 989 TFLOP/s (NVIDIA's H100 and
@@ -99,19 +103,18 @@ def _count_params(config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _checkpoint_role(role: str, raw: str) -> Role:
+def _checkpoint_role(role: str, raw: str, weights: bool = True) -> Role:
     path = Path(raw).expanduser()
     field_ = f"models.{role}_path"
-    if not path.exists():
-        raise CheckpointError(f"{field_}: {path} does not exist (give a checkpoint directory: "
-                              f"--set {field_}=DIR)")
-    if not path.is_dir() or not (path / "config.json").is_file():
-        raise CheckpointError(f"{field_}: {path} is not a checkpoint directory (no config.json in it)")
+    why = checkpoint_files_error(path, field_, weights)  # the files, named (before transformers reads them)
+    if why is not None:
+        raise CheckpointError(why)
     try:
         tok = load_tokenizer(path)
         config = AutoConfig.from_pretrained(str(path), trust_remote_code=False)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{field_}: {path}: cannot load its tokenizer or config: {e}") from None
+    except (OSError, ValueError, ImportError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{field_}: {path}: cannot load its tokenizer or config: {first}") from None
     return Role(role, path.resolve(), tok, int(config.vocab_size), _count_params(config))
 
 
@@ -125,9 +128,10 @@ def _micro_role(sweep: SweepConfig, role: str) -> Role:
     return Role(role, None, tok, config.vocab_size, _count_params(config), where)
 
 
-def check_checkpoints(sweep: SweepConfig) -> dict[str, Role]:
+def check_checkpoints(sweep: SweepConfig, weights: bool = True) -> dict[str, Role]:
     """The sweep's teacher and student, checked (module docstring). Reads configs and
-    tokenizers only.
+    tokenizers only; ``weights``: a checkpoint folder must hold weight files too (a run's
+    check; the dry-run plans from configs alone, `checks.checkpoint_files_error`).
 
     Raises:
         CheckpointError: a missing path or one that is not a checkpoint directory (every
@@ -138,7 +142,7 @@ def check_checkpoints(sweep: SweepConfig) -> dict[str, Role]:
     roles, errors = {}, []
     for r, p in (("teacher", m.teacher_path), ("student", m.student_path)):
         try:
-            roles[r] = _checkpoint_role(r, p) if p is not None else _micro_role(sweep, r)
+            roles[r] = _checkpoint_role(r, p, weights) if p is not None else _micro_role(sweep, r)
         except CheckpointError as e:  # check both, so that one run names every bad path
             errors.append(str(e))
     if errors:
@@ -220,6 +224,29 @@ def placement(sweep: SweepConfig, cluster: Cluster) -> Placement:
                  f"(+{r.trial_cpus:g} CPUs); {cluster.source} ({cluster.nodes} node(s) of {cluster.cpus:g} CPUs, "
                  f"{cluster.gpus:g} GPUs) holds {per_node * cluster.nodes} such workers")
     return p
+
+
+def unplaceable(sweep: SweepConfig, nodes: list[tuple[float, float]], source: str = "the Ray cluster") -> str | None:
+    """Why no trial of ``sweep`` can ever be placed on a cluster of ``nodes`` (each node's
+    total CPUs and GPUs, as Ray reports them: what a node has, not what is free now, so a
+    trial that waits for a busy cluster is placeable), or None: `placement` on the nodes of
+    each kind, then on all of them together (a trial's workers may spread over kinds)."""
+    if not nodes:
+        return None
+    r, kinds = sweep.resources, sorted(set(nodes), key=lambda n: (n[1], n[0]))
+    whys = []
+    for cpus, gpus in kinds:
+        p = placement(sweep, Cluster(nodes.count((cpus, gpus)), cpus, gpus, source))
+        if p.concurrent > 0:
+            return None
+        whys.append(p.why)
+    bundle = r.cpus_per_worker + (r.trial_cpus if r.local_mode else 0.0)
+    workers = sum(min(math.floor(c / bundle + 1e-9), math.floor(g / r.gpus_per_worker + 1e-9) if r.gpus_per_worker
+                      else r.num_workers) for c, g in nodes)
+    if len(kinds) > 1 and workers >= r.num_workers and sum(c for c, _ in nodes) + 1e-9 >= p.cpus:
+        return None
+    listed = ", ".join(f"{nodes.count(k)} x ({k[0]:g} CPU, {k[1]:g} GPU)" for k in kinds)
+    return f"resources: no trial can ever be placed on {source} ({listed} node(s)): {whys[-1]}"
 
 
 @dataclass
@@ -431,7 +458,7 @@ def dry_run(sweep: SweepConfig, cluster: Cluster | None = None, tflops: float | 
         CheckpointError: see `check_checkpoints`.
     """
     cluster = cluster or Cluster.this_machine()
-    roles = check_checkpoints(sweep)
+    roles = check_checkpoints(sweep, weights=False)  # planned from configs: weights need not be there yet
     p = placement(sweep, cluster)
     lines = [f"[dry-run] {sweep.name}: nothing started (no Ray, no prepare); results would go to {sweep.sweep_dir()}"]
     lines += _models_lines(roles, sweep) + _trial_lines(sweep) + _placement_lines(sweep, p, cluster)

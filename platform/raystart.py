@@ -121,6 +121,13 @@ def _end_new_children(before: set[int], grace_s: float = 5.0) -> int:
     return len(new)
 
 
+def node_resources() -> list[tuple[float, float]]:
+    """(CPUs, GPUs) of each live node of the connected Ray cluster: its totals (``ray.nodes()``),
+    not what is free now."""
+    return [(float(n["Resources"].get("CPU", 0.0)), float(n["Resources"].get("GPU", 0.0)))
+            for n in ray.nodes() if n.get("Alive")]
+
+
 def _free_port() -> int:
     """A TCP port nothing listens on now (the OS's pick)."""
     with socket.socket() as sock:

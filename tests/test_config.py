@@ -228,7 +228,7 @@ def test_sweep_dir_is_absolute(tmp_path: Path) -> None:
 
 def test_extends_merges_mappings_and_replaces_lists(tmp_path: Path) -> None:
     (tmp_path / "base.yaml").write_text(
-        "name: base\ntrial:\n  optimizer: {lr: 1.0e-3, steps: 7}\n  evaluation: {pass_k: [1, 10]}\n"
+        "name: base\ntrial:\n  optimizer: {lr: 1.0e-3, steps: 7, warmup_steps: 2}\n  evaluation: {pass_k: [1, 10]}\n"
         "search:\n  grid:\n    loss.kind: [forward, reverse]\n    optimizer.lr: [1.0e-3, 3.0e-3]\n")
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "child.yaml").write_text(

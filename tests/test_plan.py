@@ -15,7 +15,7 @@ import distillab.models as models
 from distillab.cli import main
 from distillab.config import SweepConfig, TrialConfig, load_sweep
 from distillab.models import build_char_tokenizer
-from distillab.plan import Cluster, bf16_cpu_note, check_checkpoints, estimate, placement
+from distillab.plan import Cluster, bf16_cpu_note, check_checkpoints, estimate, placement, unplaceable
 from distillab.tasks.countdown import countdown_user_text
 from distillab.tasks.data import countdown_test_split
 
@@ -275,6 +275,27 @@ def test_placement_by_hand() -> None:
     assert never.concurrent == 0 and "a trial (resources.local_mode: its one actor) needs 1.5 CPU" in never.why
 
 
+def test_unplaceable_on_a_cluster_of_mixed_nodes() -> None:
+    """What `distillab sweep` asks right after Ray connects (the nodes' totals, not what is free):
+    a trial no node kind can hold, alone or together, is named with the resource and the capacity."""
+    def sweep(**r):
+        return load_sweep(SMOKE, {f"resources.{k}": v for k, v in r.items()})
+
+    cpu_box, gpu_8, gpu_16 = (2.0, 0.0), (8.0, 1.0), (16.0, 1.0)
+    assert unplaceable(sweep(), [cpu_box]) is None and unplaceable(sweep(gpus_per_worker=1), []) is None
+    assert unplaceable(sweep(gpus_per_worker=1), [cpu_box]) == (
+        "resources: no trial can ever be placed on the Ray cluster (1 x (2 CPU, 0 GPU) node(s)): a worker needs "
+        "0.99 CPU and 1 GPU on one node (resources.cpus_per_worker, gpus_per_worker); a node of the Ray cluster has "
+        "2 CPU and 0 GPU")
+    assert unplaceable(sweep(gpus_per_worker=1), [cpu_box, gpu_8]) is None  # the GPU node holds it
+    assert "a worker needs 64 CPU and 0 GPU" in unplaceable(sweep(cpus_per_worker=64), [cpu_box, gpu_16])
+    two = sweep(gpus_per_worker=1, num_workers=2)  # one GPU worker on each of two kinds of node: placeable
+    assert unplaceable(two, [gpu_8, gpu_16]) is None and unplaceable(two, [gpu_8, gpu_8]) is None
+    why = unplaceable(sweep(gpus_per_worker=1, num_workers=3), [cpu_box, gpu_8, gpu_16])
+    assert why.startswith("resources: no trial can ever be placed on the Ray cluster (1 x (2 CPU, 0 GPU), "
+                          "1 x (8 CPU, 1 GPU), 1 x (16 CPU, 1 GPU) node(s)): a trial needs 3 workers"), why
+
+
 def test_check_checkpoints_of_a_mixed_sweep(standins) -> None:
     """A checkpoint teacher with a micro student: the micro role stands for the character
     tokenizer it would be prepared with, so the pair is refused before anything is trained."""
@@ -295,7 +316,8 @@ def test_parameter_counts_of_the_paper_models_from_their_configs(tmp_path) -> No
     for teacher, student, paper in (("llama-3.1-8b", "llama-3.2-1b", "paper_llama"),
                                     ("qwen2.5-7b", "qwen2.5-1.5b", "paper_qwen")):
         roles = check_checkpoints(load_sweep(PAPER[paper], {"models.teacher_path": str(paths[teacher]),
-                                                            "models.student_path": str(paths[student])}))
+                                                            "models.student_path": str(paths[student])}),
+                                  weights=False)  # the dry-run's check: no weights in these folders
         assert (roles["teacher"].params, roles["student"].params) == (want[teacher], want[student])
     assert {r.vocab_rows for r in roles.values()} == {152_064, 151_936}
 
