@@ -1,0 +1,396 @@
+"""A seeded chaos test of a sweep (issue 34, item 4): kill at random, many times, the
+processes of a running sweep, and check that its results are exactly those of an
+undisturbed run.
+
+It runs a micro-shaped grid on the smoke models (search_spaces/smoke.yaml): seed x LR x
+rollout policy, few steps, ``optimizer.checkpoint_every`` set so that a resume is exact.
+First the sweep once without faults (the reference), then the same sweep in another folder
+while a seeded RNG SIGKILLs, one at a time after a random pause, a Ray Train worker
+(``ray::RayTrainWorker``), a Tune trial actor (``ray::ImplicitFunc``: the trial's function
+trainable, whose Train controller and workers go with it) or the ``distillab sweep`` driver
+itself with the local Ray it started (then ``distillab sweep --resume DIR``), until the
+sweep completes. Only processes of the drivers this script started are killed (found by
+their session id), never others on the host.
+
+Then it checks (`check_sweep`):
+- each table holds every row once: ``trials`` one ``completed`` row per trial, ``metrics``
+  one per (trial, stage, step, name), ``evals`` one per (trial, stage, step, task, metric),
+  ``samples`` the reference's count per (trial, stage, step, task); no row lost against the
+  reference and none extra (but the ``resume/*`` metrics a resumed trial logs);
+- every trial's evals equal the reference's bitwise, and so do its per-step ``loss``;
+- every Parquet file under the sweep folder reads and every JSON file parses (a JSON-lines
+  file line by line); the hidden temporary files of interrupted atomic writes are counted.
+
+    python scripts/chaos.py --trials 20 --kills 10 --seed 0 --out .cache/chaos/run
+    python scripts/chaos.py --trials 4 --kills 3 --out /tmp/chaos   # the slow test's size
+
+Exit 0 when every check passes, 1 otherwise; the figures are printed either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+
+from distillab.analysis.results import Results, load
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = REPO / "search_spaces" / "smoke.yaml"
+NAME = "chaos"
+
+#: the row identity of each table: a resumed or retried trial must not write one twice
+KEYS: dict[str, tuple[str, ...]] = {
+    "trials": ("trial_id",),
+    "metrics": ("trial_id", "stage", "step", "name"),
+    "evals": ("trial_id", "stage", "step", "task", "metric"),
+}
+#: the samples table holds several rows per key (completions of a prompt): compared by count
+SAMPLE_KEY = ("trial_id", "stage", "step", "task")
+#: metrics only a resumed trial logs (where it restarted from): not in the reference
+RESUME_ONLY = "resume/"
+#: the process titles of what a kill may hit, by kind (the driver is the session leader)
+TITLES = {"worker": "ray::RayTrainWorker", "actor": "ray::ImplicitFunc"}
+KINDS = ("worker", "actor", "driver")
+
+
+@dataclass
+class Chaos:
+    """The run's settings: grid size (``trials``, a multiple of 4: seeds x 2 LRs x 2 policies),
+    kills, RNG seed, the pause between kills (seconds, uniform), steps and checkpoint interval."""
+
+    trials: int = 20
+    kills: int = 10
+    seed: int = 0
+    out: Path = REPO / ".cache" / "chaos" / "run"
+    pause: tuple[float, float] = (8.0, 30.0)
+    steps: int = 12
+    every: int = 4
+    timeout_s: float = 3600.0
+
+
+@dataclass
+class Figures:
+    kills: Counter = field(default_factory=Counter)
+    restarts: int = 0
+    reference_s: float = 0.0
+    chaos_s: float = 0.0
+    log: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------
+# the sweep and its processes
+# --------------------------------------------------------------------------------------
+
+
+def sweep_command(cfg: Chaos, storage: Path) -> list[str]:
+    """``distillab sweep`` of the chaos grid on the smoke models into ``storage/chaos``."""
+    if cfg.trials % 4 or cfg.trials < 4:
+        raise ValueError(f"trials must be a positive multiple of 4 (seeds x 2 LRs x 2 policies), got {cfg.trials}")
+    seeds = list(range(1, cfg.trials // 4 + 1))
+    grid = f"{{seed: {seeds}, optimizer.lr: [1.0e-3, 3.0e-3], rollout.policy: [offpd, onpd]}}"
+    sets = {"name": NAME, "storage_path": str(storage), "models.cache_dir": str(REPO / ".cache" / "models"),
+            "search.grid": grid, "trial.optimizer.steps": cfg.steps, "trial.optimizer.checkpoint_every": cfg.every,
+            "fault_tolerance.worker_restarts": 4 * cfg.kills, "fault_tolerance.trial_retries": 4 * cfg.kills,
+            "resources.max_concurrent_trials": 2}
+    args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    return [sys.executable, "-m", "distillab.cli", "sweep", str(SMOKE), *args, "--no-dashboard"]
+
+
+def start(cmd: list[str], log: Path) -> subprocess.Popen:
+    """A driver in a session of its own: it and the local Ray it starts share its session id."""
+    with log.open("a") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.flush()
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+
+
+def session_pids(sid: int, title: str | None = None) -> list[int]:
+    """PIDs of the processes in session ``sid`` (whose command line starts with ``title``)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(stat[3]) != sid:
+                continue
+            if title is not None:
+                cmd = (d / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+                if not cmd.startswith(title):
+                    continue
+            out.append(int(d.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return sorted(out)
+
+
+def kill_session(sid: int) -> int:
+    """SIGKILL every process of session ``sid`` (a driver and its Ray); returns how many."""
+    n = 0
+    for pid in session_pids(sid):
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+            n += 1
+        except ProcessLookupError:
+            pass
+    return n
+
+
+def resume_command(cfg: Chaos, storage: Path) -> list[str]:
+    """``--resume`` where Tune saved its experiment; else the first command again (a driver killed
+    before Tune wrote its state: completed trials are not rerun either way)."""
+    root = storage / NAME
+    if list((root / "tune").glob("experiment_state-*.json")):
+        return [sys.executable, "-m", "distillab.cli", "sweep", "--resume", str(root), "--no-dashboard"]
+    return sweep_command(cfg, storage)
+
+
+def completed(root: Path) -> int:
+    try:
+        return load(root).trials.filter(pl.col("status") == "completed").select(pl.len()).collect().item()
+    except Exception:  # noqa: BLE001 - a table being written by a live sweep: not complete yet
+        return 0
+
+
+# --------------------------------------------------------------------------------------
+# the runs
+# --------------------------------------------------------------------------------------
+
+
+def run_reference(cfg: Chaos, figures: Figures) -> Path:
+    """The sweep once, undisturbed, into ``out/reference``; returns its sweep folder."""
+    storage = cfg.out / "reference"
+    t0 = time.time()
+    driver = start(sweep_command(cfg, storage), cfg.out / "reference.log")
+    try:
+        rc = driver.wait(timeout=cfg.timeout_s)
+    finally:
+        kill_session(driver.pid)
+    figures.reference_s = time.time() - t0
+    if rc != 0 or completed(storage / NAME) != cfg.trials:
+        raise RuntimeError(f"the undisturbed sweep failed (exit {rc}); see {cfg.out / 'reference.log'}")
+    return storage / NAME
+
+
+def kill_one(kind: str, driver: subprocess.Popen) -> int | None:
+    """SIGKILL one process of ``kind`` in ``driver``'s session (the driver: all of them);
+    returns the PID hit, None when there is none of that kind right now."""
+    if kind == "driver":
+        kill_session(driver.pid)
+        driver.wait(timeout=120)
+        return driver.pid
+    pids = session_pids(driver.pid, TITLES[kind])
+    if not pids:
+        return None
+    pid = pids[0]
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return None
+    return pid
+
+
+def run_chaos(cfg: Chaos, figures: Figures) -> Path:
+    """The sweep into ``out/chaos`` under ``cfg.kills`` seeded kills (every kind at least once
+    where ``kills >= 3``), restarting the driver whenever it is gone, until every trial completed."""
+    rng = random.Random(cfg.seed)
+    plan = [KINDS[i % len(KINDS)] for i in range(cfg.kills)]
+    rng.shuffle(plan)
+    storage, log = cfg.out / "chaos", cfg.out / "chaos.log"
+    root, t0 = storage / NAME, time.time()
+    driver = start(sweep_command(cfg, storage), log)
+    next_kill = time.time() + rng.uniform(*cfg.pause)
+    try:
+        while completed(root) < cfg.trials or driver.poll() is None:
+            if time.time() - t0 > cfg.timeout_s:
+                raise TimeoutError(f"the chaos sweep did not complete in {cfg.timeout_s:.0f} s; see {log}")
+            if driver.poll() is not None:  # it ended (killed, or exited with trials failed): resume
+                figures.restarts += 1
+                figures.log.append(f"{time.time() - t0:7.1f} s  restart (driver exit {driver.returncode})")
+                driver = start(resume_command(cfg, storage), log)
+            elif plan and time.time() >= next_kill:
+                pid = kill_one(plan[0], driver)
+                if pid is not None:
+                    figures.kills[plan[0]] += 1
+                    figures.log.append(f"{time.time() - t0:7.1f} s  kill {plan.pop(0)} pid {pid}")
+                    next_kill = time.time() + rng.uniform(*cfg.pause)
+            time.sleep(0.5)
+    finally:
+        kill_session(driver.pid)
+    figures.chaos_s = time.time() - t0
+    return root
+
+
+# --------------------------------------------------------------------------------------
+# the checks
+# --------------------------------------------------------------------------------------
+
+
+def duplicated_rows(frame: pl.DataFrame, keys: tuple[str, ...]) -> pl.DataFrame:
+    """The keys that ``frame`` holds more than once, with their count ``len``."""
+    return frame.group_by(keys).len().filter(pl.col("len") > 1).sort(keys)
+
+
+def missing_rows(frame: pl.DataFrame, reference: pl.DataFrame, keys: tuple[str, ...]) -> pl.DataFrame:
+    """The keys of ``reference`` that ``frame`` lacks."""
+    return reference.select(keys).unique().join(frame.select(keys).unique(), on=keys, how="anti").sort(keys)
+
+
+def unequal_values(frame: pl.DataFrame, reference: pl.DataFrame, keys: tuple[str, ...]) -> pl.DataFrame:
+    """Rows of ``reference`` whose ``value`` ``frame`` holds with other bits (NaN equals NaN
+    of the same bits; a missing row is `missing_rows`' business), with both values."""
+    both = reference.select(*keys, "value").join(frame.select(*keys, "value"), on=keys, suffix="_run")
+    a = both["value"].to_numpy().astype(np.float64).view(np.int64)
+    b = both["value_run"].to_numpy().astype(np.float64).view(np.int64)
+    return both.filter(pl.Series(a != b)).sort(keys)
+
+
+def corrupt_files(root: Path) -> list[tuple[str, str]]:
+    """Files under ``root`` that do not read: a Parquet file pyarrow cannot read, a ``.json``
+    file that is neither JSON nor JSON lines. Returns (path relative to root, error)."""
+    bad = []
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or path.suffix not in (".parquet", ".json"):
+            continue
+        try:
+            if path.suffix == ".parquet":
+                pq.read_table(path)
+            else:
+                _parse_json(path.read_text())
+        except Exception as e:  # noqa: BLE001 - any failure to read is the finding
+            bad.append((str(path.relative_to(root)), f"{type(e).__name__}: {e}"[:200]))
+    return bad
+
+
+def _parse_json(text: str) -> None:
+    try:
+        json.loads(text)
+    except json.JSONDecodeError:  # Tune's result.json: one JSON object per line
+        for line in text.splitlines():
+            if line.strip():
+                json.loads(line)
+
+
+def leftover_temporaries(root: Path) -> list[str]:
+    """Hidden temporary files of atomic writes (`tables.atomic_write_bytes`) a kill interrupted:
+    readers skip them; counted, not an error."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob(".*.tmp"))
+
+
+def row_problems(run: Results, ref: Results) -> tuple[dict[str, int], list[str]]:
+    """Rows checked per table, and every lost, duplicated, extra or not-completed row of ``run``
+    against ``ref`` (`KEYS`; ``samples`` by count per `SAMPLE_KEY`)."""
+    checked, problems = {}, []
+    for table, keys in KEYS.items():
+        frame, reference = getattr(run, table).collect(), getattr(ref, table).collect()
+        if table == "metrics":
+            frame = frame.filter(~pl.col("name").str.starts_with(RESUME_ONLY))
+        checked[table] = frame.height
+        for what, bad in (("duplicated", duplicated_rows(frame, keys)), ("lost", missing_rows(frame, reference, keys)),
+                          ("extra", missing_rows(reference, frame, keys))):
+            if bad.height:
+                problems.append(f"{table}: {bad.height} {what} key(s), e.g. {bad.head(3).rows()}")
+    trials = run.trials.collect()
+    if not (trials["status"] == "completed").all():
+        problems.append(f"trials: not completed: {trials.filter(pl.col('status') != 'completed')['trial_id'].to_list()}")
+    samples = [getattr(r, "samples").group_by(SAMPLE_KEY).len().collect() for r in (run, ref)]
+    checked["samples"] = int(samples[0]["len"].sum())
+    diff = samples[0].join(samples[1], on=SAMPLE_KEY, how="full", coalesce=True, suffix="_ref").filter(
+        pl.col("len").fill_null(0) != pl.col("len_ref").fill_null(0))
+    if diff.height:
+        problems.append(f"samples: {diff.height} (trial, stage, step, task) with another row count, e.g. {diff.head(3).rows()}")
+    return checked, problems
+
+
+def value_problems(run: Results, ref: Results) -> tuple[list[str], list[str], list[str]]:
+    """Trials whose evals and per-step ``loss`` equal the reference's bitwise, those that do not,
+    and a line per unequal trial."""
+    evals = unequal_values(run.evals.collect(), ref.evals.collect(), KEYS["evals"])
+    loss = [r.metrics.filter(pl.col("name") == "loss").collect() for r in (run, ref)]
+    losses = unequal_values(loss[0], loss[1], KEYS["metrics"])
+    ids = ref.trials.select("trial_id").collect()["trial_id"].sort().to_list()
+    unequal = sorted(set(evals["trial_id"]) | set(losses["trial_id"]))
+    lines = [f"{t}: {evals.filter(pl.col('trial_id') == t).height} eval(s), "
+             f"{losses.filter(pl.col('trial_id') == t).height} loss step(s) differ, e.g. "
+             f"{(evals.filter(pl.col('trial_id') == t).head(2).rows() or losses.filter(pl.col('trial_id') == t).head(2).rows())}"
+             for t in unequal]
+    return [t for t in ids if t not in unequal], unequal, lines
+
+
+def check_sweep(root: Path, reference: Path) -> dict:
+    """Every check of the module docstring of the sweep folder ``root`` against ``reference``."""
+    run, ref = load(root), load(reference)
+    checked, problems = row_problems(run, ref)
+    equal, unequal, lines = value_problems(run, ref)
+    corrupt = corrupt_files(root)
+    problems += lines + [f"corrupt: {p}: {e}" for p, e in corrupt]
+    return {"rows": checked, "equal": equal, "unequal": unequal, "corrupt": corrupt,
+            "temporaries": leftover_temporaries(root), "problems": problems}
+
+
+# --------------------------------------------------------------------------------------
+# the command
+# --------------------------------------------------------------------------------------
+
+
+def print_figures(cfg: Chaos, figures: Figures, result: dict) -> None:
+    kinds = ", ".join(f"{k} {figures.kills[k]}" for k in KINDS)
+    print(f"[chaos] seed {cfg.seed}, {cfg.trials} trials x {cfg.steps} steps (checkpoint every {cfg.every})")
+    for line in figures.log:
+        print(f"[chaos]   {line}")
+    print(f"[chaos] kills: {sum(figures.kills.values())} ({kinds}); driver restarts: {figures.restarts}")
+    print(f"[chaos] rows checked: " + ", ".join(f"{t} {n}" for t, n in result["rows"].items()))
+    print(f"[chaos] trials equal to the undisturbed run (evals and per-step loss, bitwise): "
+          f"{len(result['equal'])}; unequal: {len(result['unequal'])}")
+    print(f"[chaos] files corrupt: {len(result['corrupt'])}; temporaries left by interrupted writes: "
+          f"{len(result['temporaries'])}")
+    print(f"[chaos] wall: undisturbed {figures.reference_s:.0f} s, under chaos {figures.chaos_s:.0f} s")
+    for p in result["problems"]:
+        print(f"[chaos] PROBLEM {p}")
+    print(f"[chaos] {'PASS' if not result['problems'] else 'FAIL'}", flush=True)
+
+
+def parse_args(argv: list[str] | None) -> Chaos:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trials", type=int, default=20, help="grid size, a multiple of 4 (default 20)")
+    p.add_argument("--kills", type=int, default=10, help="SIGKILLs in all (default 10)")
+    p.add_argument("--seed", type=int, default=0, help="the RNG of what is killed and when (default 0)")
+    p.add_argument("--out", type=Path, default=Chaos.out, help="folder of both runs (emptied first)")
+    p.add_argument("--pause", type=float, nargs=2, default=Chaos.pause, metavar=("MIN", "MAX"),
+                   help="seconds between kills, uniform (default 8 30)")
+    p.add_argument("--steps", type=int, default=Chaos.steps, help="steps per trial (default 12)")
+    p.add_argument("--every", type=int, default=Chaos.every, help="checkpoint interval (default 4)")
+    a = p.parse_args(argv)
+    return Chaos(a.trials, a.kills, a.seed, a.out.resolve(), tuple(a.pause), a.steps, a.every)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    shutil.rmtree(cfg.out, ignore_errors=True)
+    cfg.out.mkdir(parents=True)
+    figures = Figures()
+    reference = run_reference(cfg, figures)
+    root = run_chaos(cfg, figures)
+    result = check_sweep(root, reference)
+    print_figures(cfg, figures, result)
+    return 0 if not result["problems"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
