@@ -4,8 +4,8 @@ undisturbed run.
 
 It runs a micro-shaped grid on the smoke models (search_spaces/smoke.yaml): seed x LR x
 rollout policy, few steps, ``optimizer.checkpoint_every`` set so that a resume is exact.
-First the sweep once without faults (the reference), then the same sweep in another folder
-while a seeded RNG SIGKILLs, one at a time after a random pause, a Ray Train worker
+The sweep runs twice at once, into two folders: once without faults (the reference), and
+once while a seeded RNG SIGKILLs, one at a time after a random pause, a Ray Train worker
 (``ray::RayTrainWorker``), a Tune trial actor (``ray::ImplicitFunc``: the trial's function
 trainable, whose Train controller and workers go with it) or the ``distillab sweep`` driver
 itself with the local Ray it started (then ``distillab sweep --resume DIR``), until the
@@ -23,6 +23,7 @@ Then it checks (`check_sweep`):
 
     python scripts/chaos.py --trials 20 --kills 10 --seed 0 --out .cache/chaos/run
     python scripts/chaos.py --trials 4 --kills 3 --out /tmp/chaos   # the slow test's size
+    python scripts/chaos.py --check --out .cache/chaos/run             # the checks again, of runs done
 
 Exit 0 when every check passes, 1 otherwise; the figures are printed either way.
 """
@@ -32,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickletools
 import random
 import shutil
 import signal
@@ -65,6 +67,8 @@ RESUME_ONLY = "resume/"
 #: the process titles of what a kill may hit, by kind (the driver is the session leader)
 TITLES = {"worker": "ray::RayTrainWorker", "actor": "ray::ImplicitFunc"}
 KINDS = ("worker", "actor", "driver")
+#: the first byte of a pickle of protocol 2 or later
+PICKLE = b"\x80"
 
 
 @dataclass
@@ -173,19 +177,23 @@ def completed(root: Path) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def run_reference(cfg: Chaos, figures: Figures) -> Path:
-    """The sweep once, undisturbed, into ``out/reference``; returns its sweep folder."""
-    storage = cfg.out / "reference"
-    t0 = time.time()
-    driver = start(sweep_command(cfg, storage), cfg.out / "reference.log")
+def start_reference(cfg: Chaos) -> subprocess.Popen:
+    """The sweep once, undisturbed, into ``out/reference``: a driver in its own session, which
+    the kills never touch; it runs beside the chaos run (`finish_reference` waits for it)."""
+    return start(sweep_command(cfg, cfg.out / "reference"), cfg.out / "reference.log")
+
+
+def finish_reference(cfg: Chaos, driver: subprocess.Popen, t0: float, figures: Figures) -> Path:
+    """Wait for `start_reference`'s driver; returns its sweep folder."""
     try:
-        rc = driver.wait(timeout=cfg.timeout_s)
+        rc = driver.wait(timeout=max(1.0, cfg.timeout_s - (time.time() - t0)))
     finally:
         kill_session(driver.pid)
     figures.reference_s = time.time() - t0
-    if rc != 0 or completed(storage / NAME) != cfg.trials:
+    root = cfg.out / "reference" / NAME
+    if rc != 0 or completed(root) != cfg.trials:
         raise RuntimeError(f"the undisturbed sweep failed (exit {rc}); see {cfg.out / 'reference.log'}")
-    return storage / NAME
+    return root
 
 
 def kill_one(kind: str, driver: subprocess.Popen) -> int | None:
@@ -263,14 +271,18 @@ def unequal_values(frame: pl.DataFrame, reference: pl.DataFrame, keys: tuple[str
 
 def corrupt_files(root: Path) -> list[tuple[str, str]]:
     """Files under ``root`` that do not read: a Parquet file pyarrow cannot read, a ``.json``
-    file that is neither JSON nor JSON lines. Returns (path relative to root, error)."""
+    file that is neither JSON nor JSON lines, a pickle (``.pkl``, or a ``.json`` that is one:
+    Tune's ``basic-variant-state-*.json``) whose opcodes stop short of its end. Returns (path
+    relative to root, error)."""
     bad = []
     for path in sorted(root.rglob("*")):
-        if not path.is_file() or path.suffix not in (".parquet", ".json"):
+        if not path.is_file() or path.suffix not in (".parquet", ".json", ".pkl"):
             continue
         try:
             if path.suffix == ".parquet":
                 pq.read_table(path)
+            elif path.suffix == ".pkl" or path.read_bytes()[:1] == PICKLE:
+                _parse_pickle(path.read_bytes())
             else:
                 _parse_json(path.read_text())
         except Exception as e:  # noqa: BLE001 - any failure to read is the finding
@@ -285,6 +297,14 @@ def _parse_json(text: str) -> None:
         for line in text.splitlines():
             if line.strip():
                 json.loads(line)
+
+
+def _parse_pickle(data: bytes) -> None:
+    """Walk a pickle's opcodes without running them (`pickletools.genops`): a truncated one
+    raises; so do bytes after its STOP."""
+    end = max(pos for _, _, pos in pickletools.genops(data))
+    if end + 1 != len(data):
+        raise ValueError(f"{len(data) - end - 1} bytes after the pickle's STOP")
 
 
 def leftover_temporaries(root: Path) -> list[str]:
@@ -349,24 +369,27 @@ def check_sweep(root: Path, reference: Path) -> dict:
 # --------------------------------------------------------------------------------------
 
 
-def print_figures(cfg: Chaos, figures: Figures, result: dict) -> None:
+def print_run(cfg: Chaos, figures: Figures) -> None:
     kinds = ", ".join(f"{k} {figures.kills[k]}" for k in KINDS)
     print(f"[chaos] seed {cfg.seed}, {cfg.trials} trials x {cfg.steps} steps (checkpoint every {cfg.every})")
     for line in figures.log:
         print(f"[chaos]   {line}")
     print(f"[chaos] kills: {sum(figures.kills.values())} ({kinds}); driver restarts: {figures.restarts}")
+    print(f"[chaos] wall: undisturbed {figures.reference_s:.0f} s, under chaos {figures.chaos_s:.0f} s", flush=True)
+
+
+def print_check(result: dict) -> None:
     print(f"[chaos] rows checked: " + ", ".join(f"{t} {n}" for t, n in result["rows"].items()))
     print(f"[chaos] trials equal to the undisturbed run (evals and per-step loss, bitwise): "
           f"{len(result['equal'])}; unequal: {len(result['unequal'])}")
     print(f"[chaos] files corrupt: {len(result['corrupt'])}; temporaries left by interrupted writes: "
           f"{len(result['temporaries'])}")
-    print(f"[chaos] wall: undisturbed {figures.reference_s:.0f} s, under chaos {figures.chaos_s:.0f} s")
     for p in result["problems"]:
         print(f"[chaos] PROBLEM {p}")
     print(f"[chaos] {'PASS' if not result['problems'] else 'FAIL'}", flush=True)
 
 
-def parse_args(argv: list[str] | None) -> Chaos:
+def parse_args(argv: list[str] | None) -> tuple[Chaos, bool]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=20, help="grid size, a multiple of 4 (default 20)")
     p.add_argument("--kills", type=int, default=10, help="SIGKILLs in all (default 10)")
@@ -376,19 +399,30 @@ def parse_args(argv: list[str] | None) -> Chaos:
                    help="seconds between kills, uniform (default 8 30)")
     p.add_argument("--steps", type=int, default=Chaos.steps, help="steps per trial (default 12)")
     p.add_argument("--every", type=int, default=Chaos.every, help="checkpoint interval (default 4)")
+    p.add_argument("--check", action="store_true", help="only the checks, of the runs already in --out")
     a = p.parse_args(argv)
-    return Chaos(a.trials, a.kills, a.seed, a.out.resolve(), tuple(a.pause), a.steps, a.every)
+    return Chaos(a.trials, a.kills, a.seed, a.out.resolve(), tuple(a.pause), a.steps, a.every), a.check
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(argv)
+    cfg, check_only = parse_args(argv)
+    if check_only:
+        result = check_sweep(cfg.out / "chaos" / NAME, cfg.out / "reference" / NAME)
+        print_check(result)
+        return 0 if not result["problems"] else 1
     shutil.rmtree(cfg.out, ignore_errors=True)
     cfg.out.mkdir(parents=True)
-    figures = Figures()
-    reference = run_reference(cfg, figures)
-    root = run_chaos(cfg, figures)
+    figures, t0 = Figures(), time.time()
+    reference = start_reference(cfg)
+    try:
+        root = run_chaos(cfg, figures)
+    except BaseException:
+        kill_session(reference.pid)
+        raise
+    reference = finish_reference(cfg, reference, t0, figures)
+    print_run(cfg, figures)
     result = check_sweep(root, reference)
-    print_figures(cfg, figures, result)
+    print_check(result)
     return 0 if not result["problems"] else 1
 
 

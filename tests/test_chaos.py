@@ -6,6 +6,7 @@ found, and two equal folders pass), and a small run of the driver itself (slow: 
 from __future__ import annotations
 
 import math
+import pickle
 from pathlib import Path
 
 import pytest
@@ -80,9 +81,12 @@ def test_truncated_parquet_found(tmp_path: Path) -> None:
     (run / "tune").mkdir()
     (run / "tune" / "result.json").write_text('{"a": 1}\n{"a": 2}\n')  # JSON lines: fine
     (run / "tune" / "state.json").write_text('{"a": [1, 2')  # truncated JSON
+    state = pickle.dumps({"trials": list(range(100))})
+    (run / "tune" / "basic-variant-state-1.json").write_bytes(state)  # Tune's pickle named .json: fine
+    (run / "tune" / "tuner.pkl").write_bytes(state[:-3])  # a truncated pickle
     (run / "metrics" / ".t1__x.abc.tmp").write_bytes(b"PAR1")  # an interrupted atomic write: counted only
     bad = chaos.corrupt_files(run)
-    assert [p for p, _ in bad] == ["metrics/t0__distill__steps.parquet", "tune/state.json"]
+    assert [p for p, _ in bad] == ["metrics/t0__distill__steps.parquet", "tune/state.json", "tune/tuner.pkl"]
     assert chaos.leftover_temporaries(run) == ["metrics/.t1__x.abc.tmp"]
     with pytest.raises(Exception):  # the tables themselves no longer read either
         chaos.check_sweep(run, ref)
