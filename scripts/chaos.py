@@ -339,12 +339,13 @@ def row_problems(run: Results, ref: Results) -> tuple[dict[str, int], list[str]]
 
 
 def value_problems(run: Results, ref: Results) -> tuple[list[str], list[str], list[str]]:
-    """Trials whose evals and per-step ``loss`` equal the reference's bitwise, those that do not,
-    and a line per unequal trial."""
+    """The run's completed trials whose evals and per-step ``loss`` equal the reference's bitwise,
+    those that do not, and a line per unequal trial."""
     evals = unequal_values(run.evals.collect(), ref.evals.collect(), KEYS["evals"])
     loss = [r.metrics.filter(pl.col("name") == "loss").collect() for r in (run, ref)]
     losses = unequal_values(loss[0], loss[1], KEYS["metrics"])
-    ids = ref.trials.select("trial_id").collect()["trial_id"].sort().to_list()
+    # only the trials the run completed are compared (a trial not completed is `row_problems`' business)
+    ids = run.trials.filter(pl.col("status") == "completed").select("trial_id").collect()["trial_id"].sort().to_list()
     unequal = sorted(set(evals["trial_id"]) | set(losses["trial_id"]))
     lines = [f"{t}: {evals.filter(pl.col('trial_id') == t).height} eval(s), "
              f"{losses.filter(pl.col('trial_id') == t).height} loss step(s) differ, e.g. "

@@ -68,6 +68,9 @@ def test_lost_row_found(tmp_path: Path) -> None:
     assert result["problems"][0] == "evals: 1 lost key(s), e.g. [('t1', 'distill', 2, 'countdown3', 'accuracy')]"
     assert result["problems"][1].startswith("samples: 1 (trial, stage, step, task) with another row count")
     assert len(result["problems"]) == 2
+    # a trial not completed is not counted equal
+    write_rows(run, "trials", [dict(trial_id="t1", status="running", start_time=1.0, end_time=math.nan, seed=1)], key="t1")
+    assert chaos.check_sweep(run, ref)["equal"] == ["t0"]
     # the other way round, the same row is extra
     assert chaos.check_sweep(ref, run)["problems"][0].startswith("evals: 1 extra key(s)")
 
