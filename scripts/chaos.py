@@ -9,8 +9,11 @@ once while a seeded RNG SIGKILLs, one at a time after a random pause, a Ray Trai
 (``ray::RayTrainWorker``), a Tune trial actor (``ray::ImplicitFunc``: the trial's function
 trainable, whose Train controller and workers go with it) or the ``distillab sweep`` driver
 itself with the local Ray it started (then ``distillab sweep --resume DIR``), until the
-sweep completes. Only processes of the drivers this script started are killed (found by
-their session id), never others on the host.
+sweep completes. A worker or trial actor is killed only while some trial not yet completed
+has a registered checkpoint (`past_checkpoint`; else, under load, most kills land in a
+trial's start-up and no trial ever resumes mid-way); the driver at any time. Only processes
+of the drivers this script started are killed (found by their session id), never others on
+the host.
 
 Then it checks (`check_sweep`):
 - each table holds every row once: ``trials`` one ``completed`` row per trial, ``metrics``
@@ -21,8 +24,8 @@ Then it checks (`check_sweep`):
 - every Parquet file under the sweep folder reads and every JSON file parses (a JSON-lines
   file line by line); the hidden temporary files of interrupted atomic writes are counted.
 
-    python scripts/chaos.py --trials 20 --kills 10 --seed 0 --out .cache/chaos/run
-    python scripts/chaos.py --trials 4 --kills 3 --out /tmp/chaos   # the slow test's size
+    python scripts/chaos.py --trials 20 --kills 10 --seed 0 --pause 15 60 --out .cache/chaos/run
+    python scripts/chaos.py --trials 4 --kills 4 --seed 1 --pause 5 20 --out .cache/chaos/small
     python scripts/chaos.py --check --out .cache/chaos/run             # the checks again, of runs done
 
 Exit 0 when every check passes, 1 otherwise; the figures are printed either way.
@@ -81,8 +84,8 @@ class Chaos:
     seed: int = 0
     out: Path = REPO / ".cache" / "chaos" / "run"
     pause: tuple[float, float] = (8.0, 30.0)
-    steps: int = 12
-    every: int = 4
+    steps: int = 40
+    every: int = 10
     timeout_s: float = 3600.0
 
 
@@ -165,6 +168,23 @@ def resume_command(cfg: Chaos, storage: Path) -> list[str]:
     return sweep_command(cfg, storage)
 
 
+def past_checkpoint(root: Path) -> bool:
+    """Whether a trial not yet completed has a checkpoint that Ray Train registered (its run's
+    ``train/<trial_id>/checkpoint_manager_snapshot.json``): a kill of a worker or trial actor
+    now makes a trial resume mid-way, from that checkpoint."""
+    try:
+        done = set(load(root).trials.filter(pl.col("status") == "completed").collect()["trial_id"])
+    except Exception:  # noqa: BLE001 - a table being written by a live sweep: try again
+        return False
+    for f in (root / "train").glob("*/checkpoint_manager_snapshot.json"):
+        try:
+            if f.parent.name not in done and json.loads(f.read_text()).get("checkpoint_results"):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
 def completed(root: Path) -> int:
     try:
         return load(root).trials.filter(pl.col("status") == "completed").select(pl.len()).collect().item()
@@ -189,8 +209,9 @@ def finish_reference(cfg: Chaos, driver: subprocess.Popen, t0: float, figures: F
         rc = driver.wait(timeout=max(1.0, cfg.timeout_s - (time.time() - t0)))
     finally:
         kill_session(driver.pid)
-    figures.reference_s = time.time() - t0
     root = cfg.out / "reference" / NAME
+    runs = root / "runs.json"  # written as its driver ends, maybe long before the chaos run does
+    figures.reference_s = (runs.stat().st_mtime if runs.exists() else time.time()) - t0
     if rc != 0 or completed(root) != cfg.trials:
         raise RuntimeError(f"the undisturbed sweep failed (exit {rc}); see {cfg.out / 'reference.log'}")
     return root
@@ -232,7 +253,7 @@ def run_chaos(cfg: Chaos, figures: Figures) -> Path:
                 figures.restarts += 1
                 figures.log.append(f"{time.time() - t0:7.1f} s  restart (driver exit {driver.returncode})")
                 driver = start(resume_command(cfg, storage), log)
-            elif plan and time.time() >= next_kill:
+            elif plan and time.time() >= next_kill and (plan[0] == "driver" or past_checkpoint(root)):
                 pid = kill_one(plan[0], driver)
                 if pid is not None:
                     figures.kills[plan[0]] += 1
@@ -361,7 +382,9 @@ def check_sweep(root: Path, reference: Path) -> dict:
     equal, unequal, lines = value_problems(run, ref)
     corrupt = corrupt_files(root)
     problems += lines + [f"corrupt: {p}: {e}" for p, e in corrupt]
+    starts = run.metrics.filter(pl.col("name") == RESUME_ONLY + "start_step").collect()
     return {"rows": checked, "equal": equal, "unequal": unequal, "corrupt": corrupt,
+            "resumes": starts.select("trial_id", pl.col("value").cast(pl.Int64)).sort("trial_id").rows(),
             "temporaries": leftover_temporaries(root), "problems": problems}
 
 
@@ -383,6 +406,9 @@ def print_check(result: dict) -> None:
     print(f"[chaos] rows checked: " + ", ".join(f"{t} {n}" for t, n in result["rows"].items()))
     print(f"[chaos] trials equal to the undisturbed run (evals and per-step loss, bitwise): "
           f"{len(result['equal'])}; unequal: {len(result['unequal'])}")
+    res = result["resumes"]
+    print(f"[chaos] trial resumes logged (resume/start_step): {len(res)}, {sum(v > 0 for _, v in res)} from a "
+          f"checkpoint (steps {sorted(v for _, v in res)})")
     print(f"[chaos] files corrupt: {len(result['corrupt'])}; temporaries left by interrupted writes: "
           f"{len(result['temporaries'])}")
     for p in result["problems"]:
@@ -398,8 +424,8 @@ def parse_args(argv: list[str] | None) -> tuple[Chaos, bool]:
     p.add_argument("--out", type=Path, default=Chaos.out, help="folder of both runs (emptied first)")
     p.add_argument("--pause", type=float, nargs=2, default=Chaos.pause, metavar=("MIN", "MAX"),
                    help="seconds between kills, uniform (default 8 30)")
-    p.add_argument("--steps", type=int, default=Chaos.steps, help="steps per trial (default 12)")
-    p.add_argument("--every", type=int, default=Chaos.every, help="checkpoint interval (default 4)")
+    p.add_argument("--steps", type=int, default=Chaos.steps, help="steps per trial (default 40)")
+    p.add_argument("--every", type=int, default=Chaos.every, help="checkpoint interval (default 10)")
     p.add_argument("--check", action="store_true", help="only the checks, of the runs already in --out")
     a = p.parse_args(argv)
     return Chaos(a.trials, a.kills, a.seed, a.out.resolve(), tuple(a.pause), a.steps, a.every), a.check

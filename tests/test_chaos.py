@@ -121,7 +121,7 @@ def test_sweep_command_grid() -> None:
 @pytest.mark.slow
 def test_chaos_small(tmp_path: Path, capsys) -> None:
     """4 trials, one kill of each kind: every row once, every trial equal to the undisturbed run."""
-    rc = chaos.main(["--trials", "4", "--kills", "3", "--seed", "1", "--pause", "6", "15", "--steps", "12",
+    rc = chaos.main(["--trials", "4", "--kills", "3", "--seed", "1", "--pause", "5", "20", "--steps", "40", "--every", "10",
                      "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out
