@@ -350,7 +350,7 @@ def row_problems(run: Results, ref: Results) -> tuple[dict[str, int], list[str]]
     trials = run.trials.collect()
     if not (trials["status"] == "completed").all():
         problems.append(f"trials: not completed: {trials.filter(pl.col('status') != 'completed')['trial_id'].to_list()}")
-    samples = [getattr(r, "samples").group_by(SAMPLE_KEY).len().collect() for r in (run, ref)]
+    samples = [r.samples.group_by(SAMPLE_KEY).len().collect() for r in (run, ref)]
     checked["samples"] = int(samples[0]["len"].sum())
     diff = samples[0].join(samples[1], on=SAMPLE_KEY, how="full", coalesce=True, suffix="_ref").filter(
         pl.col("len").fill_null(0) != pl.col("len_ref").fill_null(0))
@@ -403,7 +403,7 @@ def print_run(cfg: Chaos, figures: Figures) -> None:
 
 
 def print_check(result: dict) -> None:
-    print(f"[chaos] rows checked: " + ", ".join(f"{t} {n}" for t, n in result["rows"].items()))
+    print("[chaos] rows checked: " + ", ".join(f"{t} {n}" for t, n in result["rows"].items()))
     print(f"[chaos] trials equal to the undisturbed run (evals and per-step loss, bitwise): "
           f"{len(result['equal'])}; unequal: {len(result['unequal'])}")
     res = result["resumes"]

@@ -9,6 +9,7 @@ import math
 import pickle
 from pathlib import Path
 
+import polars as pl
 import pytest
 from _helpers import load_script
 
@@ -91,7 +92,7 @@ def test_truncated_parquet_found(tmp_path: Path) -> None:
     bad = chaos.corrupt_files(run)
     assert [p for p, _ in bad] == ["metrics/t0__distill__steps.parquet", "tune/state.json", "tune/tuner.pkl"]
     assert chaos.leftover_temporaries(run) == ["metrics/.t1__x.abc.tmp"]
-    with pytest.raises(Exception):  # the tables themselves no longer read either
+    with pytest.raises(pl.exceptions.ComputeError):  # the tables themselves no longer read either
         chaos.check_sweep(run, ref)
 
 
