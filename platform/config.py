@@ -303,6 +303,10 @@ class RolloutConfig(_StrictAliased):
     (teacher, prompts, sampling, seed, steps) and reused by every trial with the same
     key (the fixed-dataset OffPD baseline; ``distillab sweep`` generates them before
     the trials start).
+    ``max_staleness`` k ≥ 1 (OnPD, spectrum; transformers engine): step t + k is sampled
+    while step t trains, by the student at most k updates old (`rollout.stale`); refused
+    for OffPD, whose frozen teacher is never stale. ``staleness_correction: tis`` weights
+    the loss by min(``tis_cap``, p_θ/q) per token, averaged per sequence (`loss.importance_weights`).
     """
 
     #: who samples the rollouts: ``offpd`` the teacher, ``onpd`` the student, ``spectrum`` π_λ between them
