@@ -105,20 +105,25 @@ def test_staleness_config_defaults_and_errors() -> None:
     assert find("rollout/staleness").producer == "distill.step_metrics"
 
 
-@pytest.mark.parametrize("policy, extra", [("onpd", {}), ("offpd", {}), ("spectrum", {"lambda": 0.5})])
+@pytest.mark.parametrize("policy, extra, precision", [("onpd", {}, "fp32"), ("offpd", {}, "fp32"),
+                                                       ("spectrum", {"lambda": 0.5}, "fp32"), ("onpd", {}, "bf16")])
 def test_k0_through_the_producer_is_the_synchronous_trial_bitwise(models, shared, tmp_path, monkeypatch, policy,
-                                                                    extra) -> None:
-    trial = _trial(policy, **extra)
-    sync = _run(models, shared, tmp_path, monkeypatch, trial, f"sync-{policy}")
+                                                                    extra, precision) -> None:
+    """bf16 with its products in float32 (`models.Bf16MatmulsInFloat32`, a per-thread torch
+    function mode): the producer thread enters the mode itself."""
+    monkeypatch.setenv("DISTILLAB_BF16_MATMULS", "float32")
+    trial = _trial(policy, **extra).model_copy(update={"precision": precision})
+    sync = _run(models, shared, tmp_path, monkeypatch, trial, f"sync-{policy}-{precision}")
     monkeypatch.setattr(distill, "stale_source", partial(stale_source, force=True))
     produced = []
     real_produce = StaleRollouts._produce
     monkeypatch.setattr(StaleRollouts, "_produce", lambda self, step, version, snap: produced.append(
         (step, version, threading.current_thread().name)) or real_produce(self, step, version, snap))
-    forced = _run(models, shared, tmp_path, monkeypatch, trial, f"forced-{policy}")
+    forced = _run(models, shared, tmp_path, monkeypatch, trial, f"forced-{policy}-{precision}")
     assert [(s, v) for s, v, _ in produced] == [(t, t) for t in range(STEPS)]  # each step by its own weights
     assert all(name.startswith("distillab-stale-rollouts") for _, _, name in produced)  # on the producer thread
     _assert_same_trial(sync, forced)
+    assert sync[1]["lm_head.weight"].dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
     assert [s["rollout/staleness"] for s in sync[0]] == [s["rollout/staleness"] for s in forced[0]] == [0.0] * STEPS
 
 
