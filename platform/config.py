@@ -315,6 +315,10 @@ class RolloutConfig(_StrictAliased):
     (teacher, prompts, sampling, seed, steps) and reused by every trial with the same
     key (the fixed-dataset OffPD baseline; ``distillab sweep`` generates them before
     the trials start).
+    ``max_staleness`` k ≥ 1 (OnPD, spectrum; transformers engine): step t + k is sampled
+    while step t trains, by the student at most k updates old (`rollout.stale`); refused
+    for OffPD, whose frozen teacher is never stale. ``staleness_correction: tis`` weights
+    the loss by min(``tis_cap``, p_θ/q) per token, averaged per sequence (`loss.importance_weights`).
     """
 
     #: who samples the rollouts: ``offpd`` the teacher, ``onpd`` the student, ``spectrum`` π_λ between them
@@ -346,6 +350,13 @@ class RolloutConfig(_StrictAliased):
     vllm_gpu_memory_utilization: float = Field(default=0.3, gt=0, le=1)
     #: vLLM: the longest prompt + completion it must hold (tokens)
     vllm_max_model_len: int = Field(default=512, ge=16)
+    #: asynchronous rollouts: the student that samples step t's rollouts is at most this many
+    #: updates behind the learner (0: the synchronous trial; OnPD and spectrum; `rollout.stale`)
+    max_staleness: int = Field(default=0, ge=0)
+    #: correct stale rollouts with truncated importance weights (``tis``, `loss.importance_weights`)
+    staleness_correction: Literal["none", "tis"] = "none"
+    #: ``tis``: the cap c of mean_t min(c, exp(log p_θ − log q)) (PROTOCOL.md §2's min(2, ·))
+    tis_cap: float = Field(default=2.0, gt=0)
 
     @model_validator(mode="after")
     def _check_lambda(self) -> "RolloutConfig":
@@ -356,6 +367,19 @@ class RolloutConfig(_StrictAliased):
                 f"rollout.lambda is only used with rollout.policy 'spectrum' (got policy {self.policy!r}; "
                 "offpd is λ = -1 and onpd is λ = 1)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_staleness(self) -> "RolloutConfig":
+        if self.max_staleness and self.policy == "offpd":
+            raise ValueError("rollout.max_staleness > 0 needs a student that samples (policy 'onpd' or 'spectrum'): "
+                             "OffPD rollouts come from the frozen teacher, so they are never stale")
+        if self.max_staleness and self.engine == "vllm":
+            raise ValueError("rollout.max_staleness > 0 samples with the transformers engine in a background thread "
+                             "(rollout.stale); the vLLM actor path is not built: set rollout.engine 'transformers'")
+        if self.staleness_correction == "tis" and self.policy == "spectrum":
+            raise ValueError("rollout.staleness_correction 'tis' needs rollout.policy 'onpd' (π_λ has no "
+                             "trainer-side distribution to compare with), got 'spectrum'")
         return self
 
 
@@ -848,6 +872,7 @@ SEARCHABLE = (
     "seed", "domain", "precision", "master_weights",
     "rollout.policy", "rollout.lambda", "rollout.alpha", "rollout.clip_c", "rollout.tau_t", "rollout.tau_s",
     "rollout.top_p", "rollout.max_tokens", "rollout.engine", "rollout.sync_every", "rollout.offpd_reuse",
+    "rollout.max_staleness", "rollout.staleness_correction", "rollout.tis_cap",
     "loss.kind", "loss.beta", "loss.importance_weight", "loss.estimator", "loss.tau_t", "loss.tau_s", "loss.reduction",
     "loss.top_k", "loss.topk_source", "loss.topk_tail", "loss.k_gradient",
     "optimizer.lr", "optimizer.clip", "optimizer.steps", "optimizer.warmup_steps", "optimizer.zero_stage",

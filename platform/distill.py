@@ -46,6 +46,7 @@ from distillab.optim import (Resume, TouchedParameters, engine_state, gathered_f
 from distillab.registry import with_forgetting
 from distillab.rlvr import run_rlvr_stage
 from distillab.rollout.source import RolloutSource, TeacherPrompts, step_prompts
+from distillab.rollout.stale import StaleRollouts, stale_source
 from distillab.rollout.types import Rollouts
 from distillab.session import RaySession, Session
 from distillab.tables import report_metrics
@@ -92,7 +93,7 @@ class WorkerState:
     start_step: int
     prompts: Sequence[list[int]]  # `tasks.data.RenderedOnUse`: each rendered when first read
     per_worker: int
-    source: RolloutSource
+    source: RolloutSource | StaleRollouts
     gen: torch.Generator
     log: MetricsLog
     gauges: RayGauges | None
@@ -152,6 +153,7 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
         if trial.tasks.teacher_conditioned else None
     with gathered_for_generation(engine, trial.rollout.policy == "onpd") as module:  # its first weight sync
         source = RolloutSource(trial, ctx, tok, teacher, module, rank, world, conditioning)
+        source = stale_source(trial, source, module, prompts, per_worker, start_step)  # rollout.max_staleness
     gen = torch.Generator(device=engine.device).manual_seed(trial.seeds.loss_seed(trial.seed, rank))
     metrics_log = MetricsLog(ctx.results_root, trial_id, "distill", rank)
     if resume is not None:  # a restart from a checkpoint: continue its optimizer and random streams; say so
@@ -175,7 +177,7 @@ def step_metrics(w: WorkerState, rollouts: Rollouts, loss: torch.Tensor, diag: d
     n_tok = sum(rollouts.lengths)
     metrics = {
         "loss": float(loss.detach()), "grad_norm": grad_norm, "lr": lr,
-        "rollout/length": n_tok / max(1, len(rollouts.lengths)),
+        "rollout/length": n_tok / max(1, len(rollouts.lengths)), "rollout/staleness": float(rollouts.staleness),
         **({"rollout/tokens_per_s": n_tok / max(1e-9, t_gen)} if w.source.fresh else {}),
         "time/step_s": time.perf_counter() - t0, "time/rollout_s": t_gen,
         **({"time/sync_s": t_sync} if w.source.syncs else {}), **diag,

@@ -237,11 +237,16 @@ def oracle(fwd: Forward, L: LossConfig, weights: torch.Tensor | None, out: LossO
 
 def importance_weights(trial: TrialConfig, rollouts: Rollouts, cmask: torch.Tensor,
                        policy_logp: torch.Tensor) -> torch.Tensor:
-    """Engine-mismatch importance weights w(y) = mean_t min(2, exp(log p_θ − log q))
-    (PROTOCOL.md §2; ``ops.kl.engine_mismatch_weights``): ``policy_logp`` (B, T) is
-    the trainer's log p_θ of each sampled token under the rollout policy at its
-    sampling τ, q the engine's logprobs carried by ``rollouts``. Returns (B,) float32."""
-    return engine_mismatch_weights(policy_logp, engine_logprobs(rollouts, cmask), cmask)
+    """Truncated importance weights w(y) = mean_t min(c, exp(log p_θ − log q)) (PROTOCOL.md
+    §2; ``ops.kl.engine_mismatch_weights``; detached): ``policy_logp`` (B, T) is the
+    trainer's log p_θ of each sampled token under the rollout policy at its sampling τ,
+    q the behaviour logprobs carried by ``rollouts`` (the engine's, of weights up to
+    ``rollout.max_staleness`` updates old). One weight corrects both the engine mismatch
+    (``loss.importance_weight``) and staleness (``rollout.staleness_correction: tis``);
+    its cap c is 2 (§2), or ``rollout.tis_cap`` with ``tis``. Returns (B,) float32."""
+    r = trial.rollout
+    cap = r.tis_cap if r.staleness_correction == "tis" else 2.0
+    return engine_mismatch_weights(policy_logp, engine_logprobs(rollouts, cmask), cmask, clip=cap)
 
 
 def _policy_logp(trial: TrialConfig, fwd: Forward) -> torch.Tensor:
@@ -274,7 +279,7 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
     `oracle_due` ``step`` (the 1-based optimizer step) they include the `oracle`'s
     ``estimator/*`` keys.
 
-    With ``loss.importance_weight`` each sequence's loss is multiplied by
+    With ``loss.importance_weight`` or ``rollout.staleness_correction: tis`` each sequence's loss is multiplied by
     `importance_weights` (the rollout policy's log p_θ at its sampling τ against the
     engine's logprobs in ``rollouts.logprobs``).
 
@@ -287,7 +292,7 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
     batch = pack_batch(rollouts, pad_id, model_device(engine.module))
     fwd = forward(engine, teacher, batch, L.pad_vocab)
     weights = None
-    if L.importance_weight:
+    if L.importance_weight or trial.rollout.staleness_correction == "tis":
         weights = importance_weights(trial, rollouts, batch.cmask, _policy_logp(trial, fwd))
     out = LOSSES[loss_impl(L)](fwd, L, weights, gen)
     diag = diagnostics(out.stats, weights)

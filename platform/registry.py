@@ -157,7 +157,8 @@ register("kl/reverse", _LOSS, "mean KL(π_S‖π_T) over the step's completion t
          gauge="distillab_kl_reverse")
 register("teacher/entropy", _LOSS, "mean H(π_T) over completion tokens (nats)")
 register("teacher/cross_entropy", _LOSS, "mean H(π_T, π_S) over completion tokens (nats)")
-register("is/weight_mean", _LOSS, "mean engine-mismatch importance weight w(y) (loss.importance_weight)")
+register("is/weight_mean", _LOSS, "mean truncated importance weight w(y) (loss.importance_weight; "
+         "rollout.staleness_correction tis)")
 # the oracle (every loss.oracle_every steps): the estimator against the exact full-vocabulary divergence (ops.oracle)
 _ORACLE = "loss.oracle"
 register("estimator/bias", _ORACLE, "estimator's estimate − exact value of the reduced divergence it estimates (nats)")
@@ -166,6 +167,9 @@ register("estimator/grad_norm_ratio", _ORACLE, "‖estimator gradient‖ / ‖ex
 register("estimator/grad_cos_forward", _ORACLE, "cosine between the estimator's gradient and the exact KL(π_T‖π_S)'s")
 register("estimator/grad_cos_reverse", _ORACLE, "cosine between the estimator's gradient and the exact KL(π_S‖π_T)'s")
 register("rollout/length", "distill.step_metrics", "mean completion length (tokens)")
+register("rollout/staleness", "distill.step_metrics",
+         "update lag of the weights that sampled the step's rollouts (steps; ≤ rollout.max_staleness; "
+         "rollout.stale.StaleRollouts)")
 register("rollout/tokens_per_s", "distill.step_metrics", "completion tokens sampled per second (fresh rollouts)",
          gauge="distillab_rollout_tokens_per_s")
 register("rollout/student_loglik", "rollout.spectrum.SpectrumEngine", "mean per-token log π_S of the λ-spectrum rollouts")

@@ -49,6 +49,9 @@ class Rollouts:
     - ``finish_reasons[k]``: ``"stop"`` (eos) or ``"length"``.
     - ``teacher_prompt_ids[k]`` (teacher conditioning only, else None): the
       teacher's prompt for the same problem; ``prompt_ids`` is then the student's.
+    - ``staleness``: the update lag of the weights that sampled them (optimizer steps
+      behind the learner's step that trains on them; 0 for the current weights and the
+      frozen teacher; `rollout.stale`).
     """
 
     prompt_ids: list[list[int]]
@@ -57,6 +60,7 @@ class Rollouts:
     finish_reasons: list[str]
     extras: dict[str, list[float]] = field(default_factory=dict)
     teacher_prompt_ids: list[list[int]] | None = None
+    staleness: int = 0
 
     @property
     def lengths(self) -> list[int]:
