@@ -188,7 +188,8 @@ def test_smoke_sweep_with_vllm_rollouts(run_locally, tmp_path) -> None:
 QUIET_ACTOR_SCRIPT = r"""
 import os, sys, time
 import ray
-from distillab.rollout import SamplingParams, start_rollout_actor
+from distillab.rollout.actor import start_rollout_actor
+from distillab.rollout.types import SamplingParams
 ray.init(address="local", num_cpus=2, include_dashboard=False)
 for level in ("default", "INFO"):  # the project's default console, then VLLM_LOGGING_LEVEL=INFO (--verbose)
     if level == "INFO":
