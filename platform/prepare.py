@@ -49,7 +49,6 @@ REWARD = require("rlvr/reward_mean")
 
 #: Seeds of a micro model's SFT data: `config.SeedsConfig.sft_seed` (its constants, named here too; the values every
 #: prepared model so far used; part of the prepare key through ``version``).
-SFT_STREAMS, SFT_STREAM_OFFSETS = SeedsConfig.SFT_STREAMS, SeedsConfig.SFT_STREAM_OFFSETS
 
 
 def scored_evaluation(sweep: SweepConfig) -> EvaluationConfig:

@@ -48,8 +48,8 @@ def test_micro_and_micro_rlvr_teachers_differ_in_data() -> None:
     problems (operands 1..10, targets ≤ 1000) can be Countdown-4 test items. micro_findings.yaml
     scores Countdown-4 in its spectrum grid only, and `prepare.scored_evaluation` widens the
     exclusion to every trial of the sweep: its models are micro_rlvr.yaml's."""
-    from distillab.config import load_sweep
-    from distillab.prepare import SFT_STREAMS, prepare_key, scored_evaluation
+    from distillab.config import SeedsConfig, load_sweep
+    from distillab.prepare import prepare_key, scored_evaluation
     from distillab.tasks.data import TaskData, problem_key, test_keys
 
     spaces = REPO / "search_spaces"
@@ -58,7 +58,7 @@ def test_micro_and_micro_rlvr_teachers_differ_in_data() -> None:
     assert scored_evaluation(micro) == micro.trial.evaluation  # one grid: the base trial's evaluation
     tasks, teacher = micro.trial.tasks, micro.models.micro_teacher
     assert sorted(teacher.countdown_examples) == ["countdown3", "countdown4e"]  # 4E is the data stream i = 1
-    seed = micro.models.prepare_seed * SFT_STREAMS + 1
+    seed = SeedsConfig.sft_seed(micro.models.prepare_seed, 1)
     n = teacher.countdown_examples["countdown4e"]
     a = TaskData(tasks, scored_evaluation(micro)).train_problems("countdown4e", n, seed)
     b = TaskData(tasks, scored_evaluation(findings)).train_problems("countdown4e", n, seed)

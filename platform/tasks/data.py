@@ -14,7 +14,7 @@ and its seeds, and gives
 
 The primitives live in `distillab.tasks.countdown` (Countdown, prior skills),
 `distillab.tasks.mcq` (multiple choice), `distillab.tasks.math_task` (long-reasoning math) and
-`distillab.tasks.taskio` (prompt rendering, local files); their public names are re-exported here.
+`distillab.tasks.taskio` (prompt rendering, local files); import them from there.
 
     >>> data = TaskData(TasksConfig(), EvaluationConfig(id_items=4, pass_items=2))
     >>> len(data.test_split("countdown3"))

@@ -359,3 +359,11 @@ def test_a_trials_training_prompts_are_its_problems_rendered_in_order() -> None:
     assert prompts[7:12] == [countdown_prompt_ids(tok, trial.tasks, p) for p in problems[7:12]]
     assert prompts == [countdown_prompt_ids(tok, trial.tasks, p) for p in problems]
     assert prompts != data.train_prompts(tok, 0)  # each rank its own order
+
+
+def test_the_registrys_skill_names_are_the_generated_skills() -> None:
+    """`registry.SKILL_NAMES` (what config and the metric keys accept) names `countdown.SKILLS`, in order."""
+    from distillab.registry import SKILL_NAMES
+    from distillab.tasks.countdown import SKILLS
+
+    assert tuple(SKILLS) == SKILL_NAMES == ("add", "mul", "reverse", "sort")
