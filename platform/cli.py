@@ -33,10 +33,12 @@ import datetime
 import logging
 import os
 import shlex
+import signal
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
@@ -412,7 +414,7 @@ def _sweep(args, sweep) -> int:
     from distillab.raystart import init_ray
 
     verbose, perf0, wall0 = 2 if args.verbose else 1, time.perf_counter(), time.time()
-    with ThreadPoolExecutor(1, thread_name_prefix="preflight") as pool:
+    with _start_up_interrupts(), ThreadPoolExecutor(1, thread_name_prefix="preflight") as pool:
         checks = pool.submit(_preflight, sweep)
         try:
             init_ray(args.address, dashboard=not args.no_dashboard, verbose=verbose,
@@ -428,6 +430,31 @@ def _sweep(args, sweep) -> int:
         return _run_sweep(args, sweep, verbose, ray_s, perf0, wall0)
     finally:
         ray.shutdown()
+
+
+@contextmanager
+def _start_up_interrupts():
+    """Ctrl-C during a sweep's start-up raises KeyboardInterrupt as usual and is also remembered:
+    Python drops an exception raised inside a callback it cannot raise from (seen in CI: the
+    SIGINT landed in logging's at-fork handler ``_releaseLock`` while Ray forked its processes,
+    "Exception ignored", and the sweep ran on), so a remembered one is raised again when the
+    start-up ends, before any trial (`main` then exits 130)."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        yield
+        return
+    hit: list[int] = []
+
+    def interrupt(signum, frame):
+        hit.append(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if hit:
+        raise KeyboardInterrupt
 
 
 def _check_placeable(sweep) -> None:
