@@ -221,7 +221,8 @@ def test_trackers_hold_every_trials_config_and_accuracy(run_locally, tmp_path: P
     from distillab.analysis.results import load
 
     sweep = load_sweep(SMOKE, {"storage_path": str(tmp_path), "models.cache_dir": str(REPO / ".cache" / "models"),
-                               "trial.optimizer.steps": 4, "tracking": {"wandb": {"mode": "offline"}, "mlflow": {}}})
+                               "trial.optimizer.steps": 4, "tracking": {"wandb": {"mode": "offline"}, "mlflow": {}},
+                               "resources.local_mode": True})  # one process per trial: lean for CI
     smoke_sweep = run_locally(sweep)
     trials = load(smoke_sweep).trials.collect()
     policy = dict(zip(trials["trial_id"], trials["rollout.policy"]))

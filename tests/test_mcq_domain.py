@@ -124,6 +124,7 @@ def test_smoke_trial_in_the_mcq_domain(run_locally, tmp_path) -> None:
         "storage_path": str(tmp_path), "models.cache_dir": str(REPO / ".cache" / "models"),
         "search.grid": {"rollout.policy": ["offpd", "onpd"]}, "trial.domain": "mcq",
         "trial.evaluation.mcq_items": 8, "models.micro_teacher.mcq_examples": 200,
+        "resources.local_mode": True,  # one process per trial: lean for CI
     })
     res = load(run_locally(sweep))
     trials = res.trials.collect()

@@ -55,6 +55,7 @@ def test_smoke_trial_with_rlvr_stage(run_locally, tmp_path, workers) -> None:
         "storage_path": str(tmp_path), "models.cache_dir": str(REPO / ".cache" / "models"),
         "search.grid": None, "search.grids": [{"grid": grid}, *([{"set": {"rlvr.lora": QLORA}, "grid": grid}] * qlora)],
         "trial.rlvr": RLVR, "resources.num_workers": workers, "resources.max_concurrent_trials": 3 - workers,
+        "resources.local_mode": workers == 1,  # one process per trial where one worker: lean for CI
         "trial.evaluation.countdown_tasks": ["countdown3", "countdown4e", "countdown4"],
     })
     res = load(run_locally(sweep))

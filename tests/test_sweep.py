@@ -127,7 +127,8 @@ def divergence_and_estimator_sweep(run_locally, tmp_path_factory):
                      "optimizer.steps": 2, "optimizer.warmup_steps": 1},
              "grid": {"loss.estimator": ["full", "topk", "k3"]}}],
         "trial.evaluation.countdown_tasks": ["countdown3"], "trial.evaluation.id_items": 2,
-        "trial.evaluation.pass_items": 1, "trial.evaluation.ood_items": 1, "trial.evaluation.sparsity_touched": False})
+        "trial.evaluation.pass_items": 1, "trial.evaluation.ood_items": 1, "trial.evaluation.sparsity_touched": False,
+        "resources.local_mode": True})
     return sweep, load(run_locally(sweep))
 
 

@@ -166,6 +166,7 @@ def test_smoke_sweep_with_vllm_rollouts(run_locally, tmp_path) -> None:
     sweep = load_sweep(repo / "search_spaces" / "smoke.yaml", {
         "storage_path": str(tmp_path), "models.cache_dir": str(repo / ".cache" / "models"),
         "trial.rollout.engine": "vllm", "trial.rollout.offpd_reuse": True, "trial.loss.importance_weight": True,
+        "resources.local_mode": True,  # one process per trial: lean for CI (worker groups: test_sweep, test_faults)
     })
     root = run_locally(sweep)
     res = load(root)
