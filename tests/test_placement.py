@@ -20,6 +20,7 @@ only). Then it ends the driver (by PID) and the cluster.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -59,8 +60,6 @@ def paper_overrides(tmp_path: Path, teacher: Path, student: Path) -> dict:
 
 
 def _set_args(overrides: dict) -> list[str]:
-    import json
-
     return [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v)}")]  # JSON is YAML
 
 
@@ -76,7 +75,7 @@ def observe(n_trials: int, deadline: float, driver: subprocess.Popen) -> dict:
         workers = [a for a in actors if a["ActorClassName"] == "RayTrainWorker" and a["State"] == "ALIVE"]
         owners = {w["Address"]["Port"]: w for w in workers}
         rollouts = [a for a in actors if a["ActorClassName"] == "RolloutActor" and a["State"] != "DEAD"
-                    and a["Address"]["NodeID"] != "0" * 56 and a["OwnerAddress"]["Port"] in owners]
+                    and a["Address"]["NodeID"].strip("0") and a["OwnerAddress"]["Port"] in owners]
         if len(workers) >= n_trials and len(rollouts) >= n_trials:
             groups = [g for g in ray.util.placement_group_table().values() if g["state"] == "CREATED"]
             total, free = ray.cluster_resources(), ray.available_resources()
