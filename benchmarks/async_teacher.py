@@ -46,15 +46,15 @@ import torch
 from transformers import LlamaConfig, Qwen2Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import peer_trl  # noqa: E402  (the shared micro setting and the timed distillab step)
+import peer_trl  # the shared micro setting and the timed distillab step (after the path insert)
 
-from distillab.config import RuntimeContext, load_sweep  # noqa: E402
-from distillab.distill import setup_trial  # noqa: E402
-from distillab.models import load_model  # noqa: E402
-from distillab.payload import payload_bytes_per_token  # noqa: E402
-from distillab.plan import _count_params  # noqa: E402  (the dry-run's meta-device count, the one there is)
-from distillab.prepare import prepare  # noqa: E402
-from distillab.session import LocalSession  # noqa: E402
+from distillab.config import RuntimeContext, load_sweep
+from distillab.distill import setup_trial
+from distillab.models import load_model
+from distillab.payload import payload_bytes_per_token
+from distillab.plan import _count_params  # the dry-run's meta-device count, the one there is
+from distillab.prepare import prepare
+from distillab.session import LocalSession
 
 REPO = peer_trl.REPO
 #: The paper's teachers (PROTOCOL.md §1), as their ``config.json`` on the Hugging Face Hub gives them
@@ -145,13 +145,14 @@ def throughput(args) -> list[str]:
             print(f"  round {rnd} k={k}: {n / s:.2f} steps/s over {n} steps", flush=True)
             runs[k] += res["rows"]
     rate = {k: len(rows) / sum(r["step_s"] for r in rows) for k, rows in runs.items()}
-    lines = ["| max_staleness | steps/s | step ms | rollout wait ms | update ms (CPU ms) | snapshot ms | generation ms "
-             "(CPU ms) | tokens/step |", "|---|---|---|---|---|---|---|---|"]
+    lines = [("| max_staleness | steps/s | step ms | rollout wait ms | update ms (CPU ms) | snapshot ms | "
+              "generation ms (CPU ms) | tokens/step |"), "|---|---|---|---|---|---|---|---|"]
     for k, rows in runs.items():
         med = {f: statistics.median(r[f] for r in rows) * 1e3 for f in
                ("step_s", "wait_s", "update_s", "update_cpu_s", "sync_s", "gen_s", "gen_cpu_s")}
         lines.append(f"| {k} | {rate[k]:.2f} | {med['step_s']:.0f} | {med['wait_s']:.0f} | {med['update_s']:.0f} "
-                     f"({med['update_cpu_s']:.0f}) | {med['sync_s']:.1f} | {med['gen_s']:.0f} ({med['gen_cpu_s']:.0f}) | "
+                     f"({med['update_cpu_s']:.0f}) | {med['sync_s']:.1f} | {med['gen_s']:.0f} "
+                     f"({med['gen_cpu_s']:.0f}) | "
                      f"{statistics.mean(r['tokens'] for r in rows):.0f} |")
     lines.append(f"\nratio k=1 / k=0: {rate[1] / rate[0]:.2f}x steps/s ({len(runs[0])} + {len(runs[1])} counted steps, "
                  f"{args.rounds} rounds alternating; medians per step; load average now "
@@ -169,8 +170,8 @@ def memory(args) -> list[str]:
         s = load_sweep(REPO / "search_spaces" / f, {})
         rows.append((f"{name} ({f})", _count_params(cfg), cfg.vocab_size * cfg.hidden_size, s.trial.precision,
                      s.resources.max_concurrent_trials))
-    lines = ["| teacher | parameters (lm_head) | dtype | one copy | N trials/node | N in-worker | shared: 1/node, "
-             "topk | shared: 1/node + N lm_heads, hidden |", "|---|---|---|---|---|---|---|---|"]
+    lines = [("| teacher | parameters (lm_head) | dtype | one copy | N trials/node | N in-worker | shared: 1/node, "
+              "topk | shared: 1/node + N lm_heads, hidden |"), "|---|---|---|---|---|---|---|---|"]
     for name, n, head, prec, conc in rows:
         one, heads = n * BYTES[prec], conc * head * BYTES[prec]
         lines.append(f"| {name} | {n:,} ({head:,}) | {prec} | {_gib(one)} | {conc} | {_gib(conc * one)} | "

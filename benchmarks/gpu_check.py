@@ -297,11 +297,12 @@ def row_trial_stale() -> str:
              "rollout": {"policy": "onpd", "max_tokens": 12, "engine": "transformers", "max_staleness": 1,
                          "staleness_correction": "tis"},
              "optimizer": {"lr": 1e-3, "steps": 4, "prompts_per_step": 4, "warmup_steps": 1, "train_prompts": 100}}
-    final, losses, s = _run_trial(teacher, student, trial, root)
+    _, losses, s = _run_trial(teacher, student, trial, root)
     m = load(root / "results").metrics.filter(pl.col("name") == "rollout/staleness").collect().sort("step")
     lags = m["value"].to_list()
     assert lags == [0.0, 1.0, 1.0, 1.0], f"rollout/staleness per step {lags}, expected [0, 1, 1, 1] at k = 1"
-    return f"4 steps at k = 1 in {s:.0f} s (evaluations included), staleness {lags}, loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+    return (f"4 steps at k = 1 in {s:.0f} s (evaluations included), staleness {lags}, "
+            f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
 def row_trial_half_b() -> str:

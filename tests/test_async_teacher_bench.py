@@ -28,6 +28,7 @@ def test_memory_and_payload_tables(capsys) -> None:
     assert mod.main(["--config", "search_spaces/smoke.yaml", "--parts", "memory,payload", "--top-k", "1,8"]) == 0
     out = capsys.readouterr().out
     # 8,030,261,248 bf16 parameters = 14.96 GiB; 8 trials on a node: 8 copies against one
-    assert "| Llama-3.1-8B (paper_llama.yaml) | 8,030,261,248 (525,336,576) | bf16 | 15 GiB | 8 | 120 GiB | 15 GiB (8x less) |" in out
+    assert ("| Llama-3.1-8B (paper_llama.yaml) | 8,030,261,248 (525,336,576) | bf16 | 15 GiB | 8 | 120 GiB | "
+            "15 GiB (8x less) |") in out
     # per token: logits 128,256 x 2 B; hidden 4,096 x 2 B; top-1 2 + 4 + 2 B; top-8 8 x 6 + 2 B
     assert "| Llama-3.1-8B | 128,256 | 4,096 | 2 | 256,512 | 8,192 (31.3x) | 8 (3.21e+04x) | 50 (5.13e+03x) |" in out
