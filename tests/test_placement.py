@@ -65,7 +65,8 @@ def _set_args(overrides: dict) -> list[str]:
 
 def observe(n_trials: int, deadline: float, driver: subprocess.Popen) -> dict:
     """Poll the GCS until ``n_trials`` Train workers are alive at once, each with a rollout actor it
-    created; returns {"workers", "rollouts", "owners" (worker by port), "groups", "used"} seen then (fails on timeout or a dead driver)."""
+    created; returns {"workers", "rollouts", "owners" (worker by port), "groups", "used"} seen then
+    (fails on timeout or a dead driver)."""
     import ray
     from ray._private import state  # the GCS tables directly: no dashboard (its state API) to start
 
