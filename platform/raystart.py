@@ -30,7 +30,8 @@ QUIET_WORKER_ENV = {
 
 def init_ray(address: str | None, dashboard: bool, num_cpus: int | None = None, *, verbose: int = 1,
              cpu_only: bool = False) -> None:
-    """Connect to ``address`` (or ``RAY_ADDRESS``, set by ``ray job submit``), else
+    """Connect to ``address`` (or ``RAY_ADDRESS``, set by ``ray job submit``; a GCS address
+    ``host:port`` is handed on to the workers as ``RAY_ADDRESS``, see `_start_local_ray`), else
     start a local Ray whose dashboard binds to 127.0.0.1. Below ``verbose`` 2 the workers
     run with `QUIET_WORKER_ENV` and the driver logs Ray's warnings only; ``cpu_only`` (no
     trial asks for a GPU) tells DeepSpeed its accelerator (``DS_ACCELERATOR=cpu``) instead
@@ -47,6 +48,9 @@ def init_ray(address: str | None, dashboard: bool, num_cpus: int | None = None, 
         env_vars["DS_ACCELERATOR"] = os.environ.get("DS_ACCELERATOR", "cpu")
     kw = {"runtime_env": {"env_vars": env_vars}, "logging_level": logging.INFO if verbose >= 2 else logging.WARNING}
     if address or os.environ.get("RAY_ADDRESS"):
+        target = address or os.environ["RAY_ADDRESS"]
+        if target != "auto" and "://" not in target:  # a GCS address: told to the workers, as a local start does
+            env_vars.setdefault("RAY_ADDRESS", target)  # (`_start_local_ray`: Train's PlacementGroupCleaner)
         ray.init(address=address, **kw)
         return
     for attempt in range(1, RAY_START_ATTEMPTS + 1):

@@ -64,7 +64,7 @@ import pyarrow.fs as pafs
 import ray
 import ray.train
 from ray import tune
-from ray.train.torch import TorchTrainer
+from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 from ray.tune.schedulers import ASHAScheduler
@@ -128,16 +128,40 @@ def train_fn(config: dict) -> None:
 #: the start and the end of every run: 0.5 s keeps the wait below a micro step (issue 14 measured
 #: 1.2 s per report at 2 s).
 TRAIN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+#: ``DISTILLAB_TRAIN_BACKEND``: the ``torch.distributed`` backend of a trial's Train workers (`train_backend`)
+TRAIN_BACKEND_ENV = "DISTILLAB_TRAIN_BACKEND"
+#: its values: ``auto`` (Ray Train's choice: NCCL for workers that hold a GPU, gloo otherwise), ``gloo``, ``nccl``
+TRAIN_BACKENDS = ("auto", "gloo", "nccl")
+
+
+def train_backend() -> str | None:
+    """``$DISTILLAB_TRAIN_BACKEND`` (default ``auto``) as ``TorchConfig``'s ``backend``: None for ``auto``.
+
+    ``gloo`` is for a cluster whose nodes advertise GPUs that torch cannot use (Ray's resource
+    flags on CPU hosts, tests/test_placement.py): the workers are placed and hold the GPUs Ray
+    gives them exactly as with NCCL, and their process group is gloo's (DeepSpeed then runs on
+    the CPU). Placement does not depend on it.
+
+    Raises:
+        ValueError: a value not in `TRAIN_BACKENDS` (the variable and the allowed values named)."""
+    value = os.environ.get(TRAIN_BACKEND_ENV, "auto").strip().lower()
+    if value not in TRAIN_BACKENDS:
+        raise ValueError(f"{TRAIN_BACKEND_ENV} must be one of {', '.join(TRAIN_BACKENDS)}, "
+                         f"got {os.environ[TRAIN_BACKEND_ENV]!r}")
+    return None if value == "auto" else value
 
 
 def train_settings(verbose: int = 1) -> dict[str, Any]:
     """What `run_trial` applies around each ``TorchTrainer`` (computed in the driver, Ray
     initialised): ``env``, `TRAIN_ENV` plus, on a one-node cluster, Ray Train's preemption
-    watcher off (an actor per trial that can only watch its own node go); ``log_level``,
+    watcher off (an actor per trial that can only watch its own node go), and a set
+    `TRAIN_BACKEND_ENV` (checked by `train_backend`, raising ValueError); ``log_level``,
     Ray Train's console level (``WARNING``; ``INFO`` at ``verbose`` ≥ 2); ``quiet_exit``,
     whether the trial actor drops Ray's unraisable SIGTERM exits
     (`drop_unraisable_sigterm_exits`; not at ``verbose`` ≥ 2)."""
     env = dict(TRAIN_ENV)
+    if train_backend() is not None:  # checked here, in the driver, before any trial; the trial actors read it
+        env[TRAIN_BACKEND_ENV] = os.environ[TRAIN_BACKEND_ENV]
     if len([n for n in ray.nodes() if n.get("Alive")]) <= 1:
         env["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] = "0"
     return {"env": env, "log_level": "INFO" if verbose >= 2 else "WARNING", "quiet_exit": verbose < 2}
@@ -225,6 +249,7 @@ def _fit_worker_group(launch: TrialLaunch, settings: dict[str, Any]) -> str | No
     trainer = TrialTrainer(
         train_fn,
         train_loop_config={"launch": launch},
+        torch_config=TorchConfig(backend=train_backend()),
         scaling_config=ray.train.ScalingConfig(
             num_workers=res.num_workers, use_gpu=res.gpus_per_worker > 0,
             resources_per_worker={"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if res.gpus_per_worker else {})},

@@ -121,3 +121,21 @@ def test_a_local_ray_starts_no_idle_workers_ahead() -> None:
         assert ray.get(pid.remote(), timeout=120) != os.getpid()  # a worker still starts when asked for
     finally:
         ray.shutdown()
+
+
+@pytest.mark.parametrize("address, env, told", [("10.0.0.1:6379", None, "10.0.0.1:6379"),
+                                                (None, "10.0.0.2:6380", "10.0.0.2:6380"),
+                                                ("auto", None, None), ("ray://10.0.0.1:10001", None, None)])
+def test_a_cluster_address_is_told_to_the_workers(monkeypatch, address, env, told) -> None:
+    """Connecting to a cluster: its GCS address reaches the workers as ``RAY_ADDRESS`` (Ray Train's
+    PlacementGroupCleaner, beside another Ray on the same host, otherwise connects to "the latest
+    cluster", which may be another one); ``auto`` and client addresses are left to Ray."""
+    calls = []
+    monkeypatch.setattr(raystart.ray, "init", lambda **kw: calls.append(kw))
+    if env is None:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    else:
+        monkeypatch.setenv("RAY_ADDRESS", env)
+    raystart.init_ray(address, dashboard=False)
+    (kw,) = calls
+    assert kw["address"] == address and kw["runtime_env"]["env_vars"].get("RAY_ADDRESS") == told
