@@ -74,6 +74,13 @@ findings run, never tuned to a result):
   finds the smallest n' (≤ `SEEDS_CAP`) at which it is firm when every cell has n' seeds with its
   mean and standard deviation as measured (SEM' = sd / √n', n' − 1 degrees of freedom; the
   reference then is the rule on the measured means with SEM', which may flip a "clearly").
+- **Replication.** Beside the confidence, `assess` reports the share of redraws with the means
+  spread √2 times as far, mean + √2 · SEM · t (`REPLICATION_SPREAD`), the SEMs the rule reads
+  unchanged: a replication of the same design lands about √2 · SEM from this run's mean (its own
+  noise plus this run's), so this is the chance that a rerun (another seed draw, or another CPU's
+  arithmetic, which acts as one) gives the same verdict. Reported, never a rule; it answers the
+  case the confidence cannot: a conjunction of near-threshold clauses that is firm "not reproduced"
+  given this run's means and still flips on a rerun (docs/findings.md, F1).
 - **Retention or transfer.** findings.md's table of pass@10 before → after distillation → after
   RLVR on Countdown-4E (and Countdown-4) per cell, with `regime`: transfer when some cell gains
   by more than 2 SEM of the difference, else retention (issue 33; reported, not a rule).
@@ -124,7 +131,8 @@ __all__ = [
     "Stat", "mean_of", "Clause", "Verdict", "PAPER", "FINDINGS", "MIN_SEEDS", "SPECTRUM",
     "trial_values", "cell_table", "CellView", "f1", "f2", "f3", "f4", "f5", "decide",
     "format_verdicts", "findings_markdown", "DRAWS", "DRAW_SEED", "FIRM", "SEEDS_CAP", "Redraws", "agreement",
-    "seeds_needed", "assess", "confidence_text", "CONFIDENCE_NOTE", "verdict_table_lines", "NOT_RECORDED",
+    "seeds_needed", "assess", "confidence_text", "REPLICATION_SPREAD", "replication_text", "CONFIDENCE_NOTE",
+    "verdict_table_lines", "NOT_RECORDED",
     "run_arithmetic", "STAGED", "TRANSFER", "RETENTION", "regime", "retention_lines", "TASK", "evals_of", "name_of", "provenance_lines", "not_reproduced_lines", "power_note", "ratio_note", "FINDINGS_FIGURES", "write_findings",
 ]
 
@@ -492,6 +500,9 @@ class Verdict:
     #: PROTOCOL.md §9.1: the share of redraws in which the finding's verdict is the observed one (`assess`);
     #: None for an inconclusive verdict (no redraw) or a verdict decided without redraws
     confidence: float | None = None
+    #: the share of redraws spread by `REPLICATION_SPREAD` giving the observed verdict (`assess`): how
+    #: likely a rerun of the design is to agree; None where ``confidence`` is
+    replication: float | None = None
 
 
 def _verdict(finding: str, clauses: list[Clause], views: Sequence[CellView], ours: dict[str, Stat],
@@ -703,6 +714,9 @@ _SPLIT: dict[str, tuple[Callable[[pl.DataFrame], CellView], Callable[[CellView],
 #: PROTOCOL.md §9.1: redraws per confidence (B ≥ 2,000), their RNG seed, the share at which a verdict is firm,
 #: and the largest seed count the seeds-needed search tries
 DRAWS, DRAW_SEED, FIRM, SEEDS_CAP = 2000, 91, 0.9, 50
+#: the replication redraw's spread in SEMs (module docstring, "Replication"): a rerun's mean differs from this
+#: run's by its own sampling error and this run's, √(SEM² + SEM²) = √2 · SEM when both have the same design
+REPLICATION_SPREAD = math.sqrt(2)
 
 
 class Redraws:
@@ -712,11 +726,14 @@ class Redraws:
     fixed order, so the same view and seed give the same redraws). With ``seeds`` = n', every
     cell is as if it had n' seeds with its mean and standard deviation as measured: SEM' =
     sd / √n' = SEM · √(n / n'), t with n' − 1 degrees of freedom, and the rule's SEMs are SEM'.
-    ``b`` = −1 (the start) gives the measured means (with SEM' where ``seeds`` is set)."""
+    ``spread`` scales the draw, mean + spread · SEM · t, leaving the SEMs the rule reads as they are
+    (`REPLICATION_SPREAD` for a rerun's mean). ``b`` = −1 (the start) gives the measured means (with
+    SEM' where ``seeds`` is set)."""
 
-    def __init__(self, view: CellView, draws: int = DRAWS, seed: int = DRAW_SEED, seeds: int | None = None):
+    def __init__(self, view: CellView, draws: int = DRAWS, seed: int = DRAW_SEED, seeds: int | None = None,
+                 spread: float = 1.0):
         rng = np.random.default_rng(seed)
-        self.draws, self.seeds, self.b = draws, seeds, -1
+        self.draws, self.seeds, self.b, self.spread = draws, seeds, -1, spread
         self._t: dict[tuple, list[float]] = {}
         for key in sorted(view._rows, key=repr):
             row = view._rows[key]
@@ -728,7 +745,7 @@ class Redraws:
         """The `Stat` of quantity ``q`` in cell ``key`` (measured ``mean``, ``sem``, ``n``) in redraw ``b``."""
         if self.seeds and n:
             sem, n = sem * math.sqrt(n / self.seeds), self.seeds
-        return Stat(mean if self.b < 0 else mean + sem * self._t[key, q][self.b], sem, n)
+        return Stat(mean if self.b < 0 else mean + self.spread * sem * self._t[key, q][self.b], sem, n)
 
 
 def agreement(view: CellView, rule: Callable[[CellView], Verdict], draw: Redraws,
@@ -781,8 +798,9 @@ def assess(finding: str, trials: pl.DataFrame, draws: int = DRAWS, seed: int = D
     """``FINDINGS[finding](trials)`` with PROTOCOL.md §9.1's confidence: each clause's and the
     finding's share of ``draws`` redraws (`Redraws`, RNG ``seed``) in which the same rule gives the
     observed outcome, and for each fragile clause (confidence < `FIRM`) the seeds needed
-    (`seeds_needed`, up to ``cap``). The verdict itself is the rule on the measured means,
-    unchanged; an inconclusive verdict is not redrawn (confidence None).
+    (`seeds_needed`, up to ``cap``), and the finding's replication share (the same redraws spread by
+    `REPLICATION_SPREAD`). The verdict itself is the rule on the measured means, unchanged; an
+    inconclusive verdict is not redrawn (confidence and replication None).
 
     Raises:
         KeyError: an unknown finding."""
@@ -792,6 +810,7 @@ def assess(finding: str, trials: pl.DataFrame, draws: int = DRAWS, seed: int = D
     if verdict.verdict == INCONCLUSIVE:
         return verdict
     shares, overall = agreement(view, rule, Redraws(view, draws, seed), verdict)
+    _, rerun = agreement(view, rule, Redraws(view, draws, seed, spread=REPLICATION_SPREAD), verdict)
     fragile = [i for i, x in enumerate(shares) if x < FIRM]
     need = seeds_needed(view, rule, fragile, view.seeds, draws, seed, cap) if fragile else {}
     clauses = []
@@ -800,7 +819,12 @@ def assess(finding: str, trials: pl.DataFrame, draws: int = DRAWS, seed: int = D
         text = "" if i not in need else f"> {cap}" if n is None else (
             f"{n}" + ("" if holds == c.holds else f" (where it then {'holds' if holds else 'fails'})"))
         clauses.append(replace(c, confidence=x, needed=n, needed_text=text))
-    return replace(verdict, clauses=tuple(clauses), confidence=overall)
+    return replace(verdict, clauses=tuple(clauses), confidence=overall, replication=rerun)
+
+
+def replication_text(x: float | None) -> str:
+    """A replication share as printed: "0.71"; "–" for None (not redrawn)."""
+    return "–" if x is None else f"{x:.2f}"
 
 
 def confidence_text(x: float | None) -> str:
@@ -854,7 +878,8 @@ def format_verdicts(result: dict[str, list[Verdict]]) -> str:
     for group, verdicts in result.items():
         lines.append(f"== findings ({group}) ==")
         for v in verdicts:
-            lines.append(f"{v.finding}  {v.verdict.upper()}  (confidence {confidence_text(v.confidence)})  — {v.claim}")
+            lines.append(f"{v.finding}  {v.verdict.upper()}  (confidence {confidence_text(v.confidence)}; "
+                         f"replication {replication_text(v.replication)})  — {v.claim}")
             lines.append(f"    rule (§9): {v.rule}")
             lines += [f"    {_MARK[c.holds]} {c.name + ': ' if c.name else ''}{c.text}{_why(c)}{_sure(c)}"
                       for c in v.clauses]
@@ -910,12 +935,16 @@ CONFIDENCE_NOTE = (
     "seeds\" is the seed count per cell at which it would be firm if every cell's mean and standard deviation "
     "stayed as measured (SEM' = sd / √n', t with n' − 1 degrees of freedom; searched up to {cap}). A study may "
     "raise the seeds of all its cells at once, to a number committed before it runs; never of some cells after "
-    "seeing them.")
+    "seeing them. Replication: the share of the same redraws spread √2 times as far (mean + √2 · SEM · t, the rule's "
+    "SEMs unchanged) giving the observed verdict: how likely a rerun of the same design (new seeds, or another "
+    "CPU's arithmetic) is to agree, since a rerun's mean lies about √2 · SEM from this one's. Reported, never a "
+    "rule.")
 
 
 def verdict_table_lines(result: dict[str, list[Verdict]], sources: Sequence[str] | None = None) -> list[str]:
     """findings.md's verdict table: for one group the columns finding, verdict, confidence, firm/fragile,
-    ours and paper; for several groups one column per group holding "verdict (confidence firm/fragile)",
+    replication, ours and paper; for several groups one column per group holding "verdict (confidence
+    firm/fragile; replication)",
     side by side. With ``sources`` (the sweep directories of ``--by sweep``) its first rows name
     each run's CPU and bf16-product arithmetic (`run_arithmetic`). Then `CONFIDENCE_NOTE`."""
     first = next(iter(result.values()))
@@ -924,6 +953,7 @@ def verdict_table_lines(result: dict[str, list[Verdict]], sources: Sequence[str]
         table = {"finding": [v.finding for v in first], "verdict": [v.verdict for v in first],
                  "confidence": [confidence_text(v.confidence).split(" ")[0] for v in first],
                  "firm/fragile": [confidence_text(v.confidence).split(" ")[-1] for v in first],
+                 "replication": [replication_text(v.replication) for v in first],
                  "ours": [_ours(v) for v in first], **paper}
     else:
         runs = {g: run_arithmetic([s for s in sources if Path(s).name == g.split("=", 1)[1]])
@@ -931,7 +961,8 @@ def verdict_table_lines(result: dict[str, list[Verdict]], sources: Sequence[str]
         head = ["CPU", "bf16 products"] if runs else []
         table = {"finding": [*head, *(v.finding for v in first)],
                  **{g: [*([runs[g]["cpu"], runs[g]["bf16_products"]] if runs else []),
-                        *(f"{v.verdict} ({confidence_text(v.confidence)})" for v in vs)] for g, vs in result.items()},
+                        *(f"{v.verdict} ({confidence_text(v.confidence)}; replication {replication_text(v.replication)})"
+                          for v in vs)] for g, vs in result.items()},
                  "paper": [*[""] * len(head), *paper["paper"]]}
     return [format_table(pl.DataFrame(table)), "",
             CONFIDENCE_NOTE.format(draws=DRAWS, seed=DRAW_SEED, firm=FIRM, cap=SEEDS_CAP), ""]
@@ -1055,7 +1086,8 @@ def findings_markdown(res: Results, result: dict[str, list[Verdict]], figures: d
     for g, verdicts in result.items():
         lines += [f"## Statistics ({g}: {_counts(groups[g])})", ""]
         for v in verdicts:
-            lines += [f"### {v.finding}: {v.verdict} (confidence {confidence_text(v.confidence)})", "",
+            lines += [f"### {v.finding}: {v.verdict} (confidence {confidence_text(v.confidence)}; replication "
+                      f"{replication_text(v.replication)})", "",
                       f"Finding (PROTOCOL.md §7): {v.claim}", "", f"Rule (§9): {v.rule}.", "", f"Ours: {_ours(v)}.", ""]
             lines += [f"- {_MARK[c.holds]} {c.name + ': ' if c.name else ''}{c.text}{_why(c)}{_sure(c)}"
                       for c in v.clauses]

@@ -605,6 +605,28 @@ def test_confidence_of_a_single_difference_in_closed_form() -> None:
     assert below.verdict == NOT_REPRODUCED and below.confidence == pytest.approx(_t_cdf(1.0, 2), abs=0.04)
 
 
+def test_replication_of_a_single_difference_in_closed_form() -> None:
+    """The replication redraw spreads d by √2: d' = d + √2 (S0 / 2)·t while the rule's SEM_d stays S0 / 2,
+    so F4 holds in the share P(t > (2 − 2z)/√2) = F((2z − 2)/√2) (2 df): 0.724 at z = 1.5 (confidence 0.789),
+    0.5 at the threshold, ≈ 1 far away; a failing z = 0.5 agrees in F((2 − 1)/√2) = F(0.707) = 0.724."""
+    from distillab.analysis.findings import assess, format_verdicts, replication_text, verdict_table_lines
+
+    def f2(x: float) -> float:  # the t CDF with 2 degrees of freedom, closed form
+        return 0.5 + x / (2 * math.sqrt(2 + x * x))
+
+    assert f2(1 / math.sqrt(2)) == pytest.approx(_t_cdf(1 / math.sqrt(2), 2), abs=1e-9)
+    for z, verdict in ((1.5, REPRODUCED), (1 + 1e-6, REPRODUCED), (20.0, REPRODUCED), (0.5, NOT_REPRODUCED)):
+        v = assess("F4", _f4_at(z))
+        p = f2((2 * z - 2) / math.sqrt(2)) if verdict == REPRODUCED else f2((2 - 2 * z) / math.sqrt(2))
+        assert v.verdict == verdict
+        assert v.replication == pytest.approx(p, abs=4 * math.sqrt(p * (1 - p) / 2000) + 1e-3), z
+    v = assess("F4", _f4_at(1.5))
+    assert v.replication < v.confidence  # a rerun agrees less often than this run's own redraw
+    assert f"replication {replication_text(v.replication)})" in format_verdicts({"all": [v]})
+    assert replication_text(v.replication) in verdict_table_lines({"all": [v]})[0].splitlines()[2]
+    assert replication_text(None) == "–"
+
+
 def test_seeds_needed_for_a_fragile_clause() -> None:
     """d = 1.5 S0 with sd = 0.01 per cell: at n' seeds SEM' = 0.01/√n', the clause holds iff d > SEM' and
     a redraw agrees with probability F_{n'−1}(2d/SEM' − 2) = F_{n'−1}(√3·√n' − 2): 0.789 at 3 seeds,
@@ -694,15 +716,15 @@ def test_run_records_with_and_without_cpu_and_arithmetic_side_by_side(tmp_path) 
     md = findings_markdown(res, decide(res, by="sweep", only=["F4"]), {}, sources, by="sweep")
     table = md[md.index("## Verdicts"):md.index("Confidence (PROTOCOL.md §9.1")]
     assert table.splitlines()[2:7] == [
-        "| finding       | sweep=float32            | sweep=native            | paper                                    "
-        "                                    |",
-        "|---------------|--------------------------|-------------------------|------------------------------------------"
-        "------------------------------------|",
-        "| CPU           | AMD EPYC 7B13            | not recorded            |                                          "
-        "                                    |",
-        "| bf16 products | float32 (no native bf16) | not recorded            |                                          "
-        "                                    |",
-        "| F4            | reproduced (1.000 firm)  | reproduced (1.000 firm) | coverage pass@k at similar pass@1: higher"
-        " for forward KL than for reverse KL |"]
+        "| finding       | sweep=float32                             | sweep=native                  "
+        "            | paper                                                                        |",
+        "|---------------|-------------------------------------------|-------------------------------"
+        "------------|------------------------------------------------------------------------------|",
+        "| CPU           | AMD EPYC 7B13                             | not recorded                  "
+        "            |                                                                              |",
+        "| bf16 products | float32 (no native bf16)                  | not recorded                  "
+        "            |                                                                              |",
+        "| F4            | reproduced (1.000 firm; replication 1.00) | reproduced (1.000 firm; replic"
+        "ation 1.00) | coverage pass@k at similar pass@1: higher for forward KL than for reverse KL |"]
     assert "(AMD EPYC 7B13; bf16 products: float32 (no native bf16))" in md
     assert "on 2 CPUs (not recorded; bf16 products: not recorded)" in md
