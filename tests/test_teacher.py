@@ -1,0 +1,180 @@
+"""The shared teacher service (`distillab.teacher`, issue 35 item 2) against in-worker scoring,
+in-process (no Ray): `loss.loss_step` with a `teacher.SharedTeacher` whose scorer is a
+`teacher.TeacherScorer` loaded from a saved checkpoint, and whose lm_head is read from the
+checkpoint's safetensors alone (`teacher.load_lm_head`).
+
+- ``hidden``: the loss and every student gradient equal in-worker scoring to 1e-6 on every
+  estimator (full, sampled, top-k over each support with and without the tail, k1/k2/k3), on the
+  chunked and the reference paths;
+- ``topk``: the loss is the divergence against π̂_T (top-k exact, tail spread uniformly) and the
+  oracle's ``estimator/bias`` is that loss minus the exact one, both recomputed here in float64
+  from the teacher's full logits;
+- the lm_head read from the safetensors (untied and tied embeddings) is the model's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from _helpers import EngineStandIn
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from distillab.config import TrialConfig
+from distillab.loss import loss_step, pack_batch
+from distillab.ops.kl import reduce_loss
+from distillab.payload import payload_bytes_per_token
+from distillab.rollout.types import Rollouts
+from distillab.teacher import SharedTeacher, TeacherScorer, load_lm_head, topk_logits, topk_payload
+
+V, PAD = 41, 0
+
+
+@pytest.fixture(scope="module")
+def teacher_path(tmp_path_factory):
+    """A tiny Qwen2 teacher with a biased-free untied lm_head, saved as safetensors."""
+    torch.manual_seed(0)
+    teacher = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=V, hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, pad_token_id=PAD, tie_word_embeddings=False))
+    path = tmp_path_factory.mktemp("teacher")
+    teacher.save_pretrained(path)  # safetensors
+    return path
+
+
+def _student():
+    torch.manual_seed(1)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, pad_token_id=PAD, tie_word_embeddings=False))
+
+
+def _rollouts():
+    g = torch.Generator().manual_seed(2)
+    lens = [(3, 5), (6, 2), (2, 0), (4, 7)]  # (prompt, completion); one empty completion
+    prompts = [torch.randint(1, V, (p,), generator=g).tolist() for p, _ in lens]
+    comps = [torch.randint(1, V, (c,), generator=g).tolist() for _, c in lens]
+    return Rollouts(prompts, comps, [[0.0] * len(c) for c in comps], ["stop"] * len(comps))
+
+
+def _shared(trial: TrialConfig, path) -> SharedTeacher:
+    w, b = load_lm_head(path, torch.float32)
+    return SharedTeacher(trial.teacher, w, b, TeacherScorer(str(path)), "t")
+
+
+def _run(trial: TrialConfig, teacher, step=None):
+    student = _student()
+    loss, diag = loss_step(trial, EngineStandIn(student), teacher, _rollouts(), PAD,
+                           torch.Generator().manual_seed(0), step=step)
+    loss.backward()
+    return loss, diag, {n: p.grad.clone() for n, p in student.named_parameters() if p.grad is not None}
+
+
+ESTIMATORS = [  # (loss section, impls): every estimator where it is valid (k1/k2/k3: reverse KL, OnPD)
+    *[({"kind": k, "estimator": "full"}, ("chunked", "reference")) for k in ("forward", "reverse", "jsd")],
+    *[({"kind": k, "estimator": "sampled"}, ("reference",)) for k in ("forward", "reverse")],
+    *[({"kind": "forward", "estimator": "topk", "top_k": 4, "topk_source": src, "topk_tail": tail},
+       ("chunked", "reference")) for src in ("teacher", "student", "union") for tail in (False, True)],
+    *[({"kind": "reverse", "estimator": k}, ("chunked", "reference")) for k in ("k1", "k2", "k3")],
+]
+
+
+@pytest.mark.parametrize("loss, impls", ESTIMATORS, ids=lambda x: "-".join(map(str, x.values()))
+                         if isinstance(x, dict) else "")
+def test_hidden_payload_equals_in_worker_scoring(teacher_path, loss, impls) -> None:
+    """``teacher.payload: hidden``: loss, diagnostics (the oracle's included) and every student
+    gradient equal the in-worker teacher's to 1e-6; the payload's bytes per token are H·4."""
+    from distillab.models import load_model
+
+    in_worker = load_model(teacher_path).eval().requires_grad_(False)
+    for impl in impls:
+        cfg = {"rollout": {"policy": "onpd"}, "loss": {**loss, "impl": impl, "oracle_every": 1}}
+        worker = TrialConfig.model_validate(cfg)
+        shared = TrialConfig.model_validate({**cfg, "teacher": {"serve": "shared", "payload": "hidden"}})
+        ref_loss, ref_diag, ref_grads = _run(worker, in_worker, step=1)
+        got_loss, got_diag, got_grads = _run(shared, _shared(shared, teacher_path), step=1)
+        assert got_loss.item() == pytest.approx(ref_loss.item(), rel=1e-6, abs=1e-6)
+        assert got_diag["teacher/bytes_per_token"] == 48 * 4 and got_diag["teacher/request_ms"] > 0
+        assert {k: v for k, v in got_diag.items() if not k.startswith("teacher/")} == pytest.approx(
+            {k: v for k, v in ref_diag.items() if not k.startswith("teacher/")}, rel=1e-6, abs=1e-6, nan_ok=True)
+        assert "estimator/bias" in got_diag and got_grads.keys() == ref_grads.keys()
+        for n, g in got_grads.items():
+            assert torch.allclose(g, ref_grads[n], rtol=1e-6, atol=1e-6), (impl, n)
+
+
+def _f64_divergence(s_logits, t_logp, kind: str, tau_s: float) -> torch.Tensor:
+    """(N,) float64 KL from its definition: forward Σ π_T (log π_T − log π_S), reverse Σ π_S (log π_S − log π_T)."""
+    s_logp = torch.log_softmax(s_logits.double() / tau_s, -1)
+    if kind == "forward":
+        return (t_logp.exp() * (t_logp - s_logp)).sum(-1)
+    return (s_logp.exp() * (s_logp - t_logp)).sum(-1)
+
+
+@pytest.mark.parametrize("kind", ["forward", "reverse"])
+@pytest.mark.parametrize("k", [2, 8])
+def test_topk_payload_loss_and_oracle_bias_against_float64(teacher_path, kind, k) -> None:
+    """``teacher.payload: topk``: the loss is KL against π̂_T (the teacher's k largest probabilities
+    exact, the rest of the mass spread uniformly over the other V − k tokens) and, at an oracle
+    step, ``estimator/bias`` = that loss − the exact KL against π_T: both recomputed in float64 from
+    the teacher's full logits, to 1e-5 (the trial computes in float32)."""
+    from distillab.models import load_model
+
+    tau_t, tau_s = 0.5, 1.0
+    trial = TrialConfig.model_validate({"rollout": {"policy": "onpd"},
+                                        "loss": {"kind": kind, "oracle_every": 1, "tau_t": tau_t, "tau_s": tau_s},
+                                        "teacher": {"serve": "shared", "payload": "topk", "top_k": k}})
+    loss, diag, _ = _run(trial, _shared(trial, teacher_path), step=1)
+    # the float64 reference, from the teacher's and the student's full logits
+    student, teacher = _student(), load_model(teacher_path)
+    batch = pack_batch(_rollouts(), PAD)
+    with torch.no_grad():
+        s_logits = student(**batch.inputs).logits.double()  # (B, T, V)
+        t_logp = torch.log_softmax(teacher(**batch.teacher_inputs).logits.double() / tau_t, -1)
+    top = t_logp.topk(k, -1)
+    tail = torch.log1p(-top.values.exp().sum(-1))  # log of the mass off the top k
+    hat = (tail - math.log(V - k)).unsqueeze(-1).expand_as(t_logp).scatter(-1, top.indices, top.values)
+    assert torch.allclose(hat.exp().sum(-1), torch.ones_like(tail), atol=1e-12)
+    trunc = reduce_loss(_f64_divergence(s_logits, hat, kind, tau_s), batch.cmask)
+    exact = reduce_loss(_f64_divergence(s_logits, t_logp, kind, tau_s), batch.cmask)
+    assert loss.item() == pytest.approx(trunc.item(), abs=1e-5)
+    assert diag["estimator/bias"] == pytest.approx((trunc - exact).item(), abs=1e-5)
+    assert abs(diag["estimator/bias"]) > 1e-4  # the truncation costs something at k << V
+    assert diag["teacher/bytes_per_token"] == payload_bytes_per_token("topk", vocab_size=V, hidden_size=48, top_k=k)
+    assert diag["teacher/bytes_per_token"] == k * 8 + 4  # float32 values, int32 ids, one float32 tail
+    no_oracle, _, _ = _run(trial, _shared(trial, teacher_path), step=2)  # oracle_every 1: step 2 too
+    assert no_oracle.item() == pytest.approx(loss.item(), rel=1e-6)
+
+
+def test_topk_payload_round_trip_by_hand() -> None:
+    """`topk_payload` then `topk_logits` on a 5-token vocabulary, checked by hand: the 2 largest
+    log-probs and ids, the tail log(1 − p1 − p2), and the rebuilt distribution (tail / 3 on the rest)."""
+    p = torch.tensor([0.1, 0.4, 0.05, 0.3, 0.15])
+    h = torch.log(p).view(1, 1, 5)  # hidden = log p, lm_head = identity, τ = 1: log π = log p
+    vals, ids, tail = topk_payload(h, torch.eye(5), None, 2, 1.0)
+    assert ids.tolist() == [[[1, 3]]] and ids.dtype == torch.int32
+    assert torch.allclose(vals, torch.log(torch.tensor([[[0.4, 0.3]]])), atol=1e-6)
+    assert tail.item() == pytest.approx(math.log(0.3), abs=1e-6)
+    z = topk_logits(vals, ids, tail, 5, tau_t=0.5)
+    want = torch.tensor([0.1, 0.4, 0.1, 0.3, 0.1])  # 0.3 spread over the 3 others
+    assert torch.allclose(torch.softmax(z / 0.5, -1), want.view(1, 1, 5), atol=1e-6)
+    full = topk_logits(*topk_payload(h, torch.eye(5), None, 5, 1.0), 5, tau_t=1.0)  # k = V: π̂ = π
+    assert torch.allclose(torch.softmax(full, -1), p.view(1, 1, 5), atol=1e-6)
+    with pytest.raises(ValueError, match="teacher.top_k must be in \\[1, 5\\]"):
+        topk_payload(h, torch.eye(5), None, 6, 1.0)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_lm_head_read_from_the_safetensors(tmp_path, tied) -> None:
+    """`load_lm_head` returns the model's output embedding (tied: the input embedding the
+    checkpoint stores under its own name), in the dtype asked for; it does not build the model's weights."""
+    torch.manual_seed(3)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, tie_word_embeddings=tied))
+    model.save_pretrained(tmp_path)
+    w, b = load_lm_head(tmp_path, torch.bfloat16)
+    assert b is None and w.dtype == torch.bfloat16
+    assert torch.equal(w, model.get_output_embeddings().weight.detach().to(torch.bfloat16))
+    h = torch.randn(3, 16)
+    assert torch.equal(F.linear(h, w.float()), F.linear(h, model.lm_head.weight.detach().bfloat16().float()))
