@@ -15,6 +15,7 @@ checkpoint's safetensors alone (`teacher.load_lm_head`).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -178,3 +179,55 @@ def test_lm_head_read_from_the_safetensors(tmp_path, tied) -> None:
     assert torch.equal(w, model.get_output_embeddings().weight.detach().to(torch.bfloat16))
     h = torch.randn(3, 16)
     assert torch.equal(F.linear(h, w.float()), F.linear(h, model.lm_head.weight.detach().bfloat16().float()))
+
+
+@pytest.mark.slow
+def test_sweep_shares_one_teacher_and_hidden_equals_the_worker(run_locally, tmp_path) -> None:
+    """A smoke sweep of four concurrent-pair trials on a local Ray (``resources.local_mode``, 2 steps):
+    OnPD and OffPD (OffPD samples with the worker's teacher, scores through the service) each with
+    ``teacher.serve: worker`` and with ``shared`` + ``payload: hidden``. One service actor answered
+    both shared trials (its request counts: one per step each), the shared trials report
+    ``teacher/bytes_per_token`` = H_T · 4 and ``teacher/request_ms``, and every other per-step metric
+    equals the worker trial's to 1e-6."""
+    import json
+
+    import polars as pl
+
+    from distillab.analysis.results import load
+    from distillab.config import load_sweep
+    from distillab.sweep import TEACHER_STATS_FILE
+
+    repo = Path(__file__).resolve().parents[1]
+    sweep = load_sweep(repo / "search_spaces" / "smoke.yaml", {
+        "storage_path": str(tmp_path), "models.cache_dir": str(repo / ".cache" / "models"),
+        "search.grid": None, "search.grids": [
+            {"grid": {"rollout.policy": ["onpd", "offpd"]}},
+            {"set": {"teacher.serve": "shared", "teacher.payload": "hidden"}, "grid": {"rollout.policy": ["onpd", "offpd"]}}],
+        "trial.optimizer.steps": 2, "trial.optimizer.warmup_steps": 1, "trial.loss.oracle_every": 1,
+        "trial.evaluation.countdown_tasks": ["countdown3"], "trial.evaluation.id_items": 2,
+        "trial.evaluation.pass_items": 1, "trial.evaluation.ood_items": 1, "trial.evaluation.sparsity_touched": False,
+        "resources.local_mode": True})
+    root = run_locally(sweep)
+    res = load(root)
+    trials = res.trials.collect()
+    assert trials.height == 4 and (trials["status"] == "completed").all(), trials["error"].to_list()
+    shared = {t.trial_id: t.rollout.policy for t in sweep.trials if t.teacher.serve == "shared"}
+    worker = {t.rollout.policy: t.trial_id for t in sweep.trials if t.teacher.serve == "worker"}
+    assert all("-hidden-" in tid for tid in shared)
+    stats = json.loads((root / TEACHER_STATS_FILE).read_text())
+    assert len(stats) == 1 and stats[0]["requests"] == {tid: 2 for tid in shared}  # one actor (one node), 2 steps each
+    m = res.metrics.filter(pl.col("stage") == "distill").collect()
+    hidden_size = load_sweep(repo / "search_spaces" / "smoke.yaml").models.micro_teacher.hidden_size
+    timed = pl.col("name").str.starts_with("time/") | pl.col("name").str.contains("tokens_per_s|_s$")
+    for tid, policy in shared.items():
+        mine = m.filter(pl.col("trial_id") == tid)
+        sent = mine.filter(pl.col("name") == "teacher/bytes_per_token")["value"].to_list()
+        assert sent == [hidden_size * 4.0] * 2  # float32 hidden states: H values of 4 bytes per token
+        assert (mine.filter(pl.col("name") == "teacher/request_ms")["value"] > 0).all()
+        got = mine.filter(~timed & ~pl.col("name").str.starts_with("teacher/request")
+                          & (pl.col("name") != "teacher/bytes_per_token")).sort("step", "name")
+        want = m.filter((pl.col("trial_id") == worker[policy]) & ~timed).sort("step", "name")
+        assert got["name"].to_list() == want["name"].to_list() and got.height >= 2 * 8
+        assert "estimator/bias" in got["name"].to_list()
+        for name, a, b in zip(got["name"], got["value"], want["value"]):
+            assert a == pytest.approx(b, rel=1e-6, abs=1e-6, nan_ok=True), (policy, name)
