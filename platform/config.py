@@ -916,6 +916,7 @@ SEARCHABLE = (
     "rollout.max_staleness", "rollout.staleness_correction", "rollout.tis_cap",
     "loss.kind", "loss.beta", "loss.importance_weight", "loss.estimator", "loss.tau_t", "loss.tau_s", "loss.reduction",
     "loss.top_k", "loss.topk_source", "loss.topk_tail", "loss.k_gradient",
+    "teacher.serve", "teacher.payload", "teacher.top_k",
     "optimizer.lr", "optimizer.clip", "optimizer.steps", "optimizer.warmup_steps", "optimizer.zero_stage",
     "optimizer.weight_decay", "optimizer.prompts_per_step", "optimizer.rollouts_per_prompt",
 )
