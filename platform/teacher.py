@@ -44,8 +44,8 @@ from typing import Any
 import ray
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from distillab.config import RuntimeContext, TeacherConfig, TrialConfig
@@ -149,7 +149,7 @@ def load_lm_head(path: str | Path, dtype: torch.dtype) -> tuple[torch.Tensor, to
             f = path / where.get(n, "")
             if n in where and f.is_file():
                 with safe_open(str(f), framework="pt") as s:
-                    if n in s.keys():
+                    if n in set(s.keys()):  # safe_open has keys(), no __contains__
                         return s.get_tensor(n).to(dtype)
         return None
 
