@@ -526,7 +526,9 @@ def shared_teacher_service(sweep: SweepConfig, root: Path, teacher_path: Path):
         return
     from distillab.teacher import service_stats, start_teacher_service, stop_teacher_service  # lazy: torch
 
-    actors = start_teacher_service(name, teacher_path, sweep.resources.torch_threads)
+    models = sorted({(t.precision, t.attn_implementation) for t in sweep.trials if t.teacher.serve == "shared"},
+                    key=str)
+    actors = start_teacher_service(name, teacher_path, sweep.resources.torch_threads, models)
     print(f"[teacher] shared teacher service {name}: {len(actors)} actor(s), one per node", flush=True)
     try:
         yield

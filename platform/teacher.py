@@ -39,7 +39,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import ray
 import torch
@@ -189,6 +189,11 @@ class TeacherScorer:
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         torch.set_num_threads(threads)
 
+    def load(self, precision: str, attn: str | None = None) -> int:
+        """Hold the teacher in ``precision`` with attention ``attn`` now (the sweep asks before its
+        trials start, so that a checkpoint that does not load fails first). Returns its parameters."""
+        return sum(p.numel() for p in self._model(precision, attn).parameters())
+
     def _model(self, precision: str, attn: str | None):
         key = (precision, attn)
         if key not in self.models:
@@ -272,19 +277,23 @@ def _actor_name(service: str, node_id: str) -> str:
     return f"{service}@{node_id}"
 
 
-def start_teacher_service(service: str, teacher_path: str | Path, threads: int = 1) -> list:
+def start_teacher_service(service: str, teacher_path: str | Path, threads: int = 1,
+                          models: Iterable[tuple[str, str | None]] = ()) -> list:
     """One `TeacherScorer` actor per alive Ray node, named ``<service>@<node id>`` in
     `SERVICE_NAMESPACE`, hard-pinned to its node, reserving no CPU (it time-shares the node's
     cores with the trials, which wait for its answers) and restarted by Ray if it dies
-    (``max_restarts=-1``, calls retried). Ray must be initialised. Returns the handles (end them
-    with `stop_teacher_service`)."""
+    (``max_restarts=-1``, calls retried), each holding the teacher in every (precision, attention
+    implementation) of ``models`` before this returns (`TeacherScorer.load`; an error there is raised
+    here). Ray must be initialised. Returns the handles (end them with `stop_teacher_service`)."""
     cls = ray.remote(TeacherScorer)
     nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-    return [cls.options(name=_actor_name(service, node), namespace=SERVICE_NAMESPACE, num_cpus=0,
-                        max_restarts=-1, max_task_retries=3, lifetime=None,
-                        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
-                        runtime_env={"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}},
-                        ).remote(str(teacher_path), threads) for node in nodes]
+    env = {"env_vars": {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}}
+    actors = [cls.options(name=_actor_name(service, node), namespace=SERVICE_NAMESPACE, num_cpus=0, max_restarts=-1,
+                          max_task_retries=3, runtime_env=env,
+                          scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
+                          ).remote(str(teacher_path), threads) for node in nodes]
+    ray.get([a.load.remote(*m) for a in actors for m in models])
+    return actors
 
 
 def service_stats(actors: list) -> list[dict[str, Any]]:
