@@ -181,11 +181,24 @@ def test_lm_head_read_from_the_safetensors(tmp_path, tied) -> None:
     assert torch.equal(F.linear(h, w.float()), F.linear(h, model.lm_head.weight.detach().bfloat16().float()))
 
 
+def test_which_workers_still_hold_the_teacher_to_sample() -> None:
+    """With ``teacher.serve: shared`` a worker loads the whole teacher only where it samples from it:
+    OffPD without a reused set and the λ-spectrum; OnPD and a reused OffPD set do not."""
+    from distillab.teacher import samples_with_teacher
+
+    def needs(**rollout) -> bool:
+        return samples_with_teacher(TrialConfig.model_validate({"rollout": rollout}))
+
+    assert needs(policy="offpd") and needs(policy="spectrum", **{"lambda": 0.0})
+    assert not needs(policy="onpd") and not needs(policy="offpd", offpd_reuse=True)
+
+
 @pytest.mark.slow
 def test_sweep_shares_one_teacher_and_hidden_equals_the_worker(run_locally, tmp_path) -> None:
-    """A smoke sweep of four concurrent-pair trials on a local Ray (``resources.local_mode``, 2 steps):
-    OnPD and OffPD (OffPD samples with the worker's teacher, scores through the service) each with
-    ``teacher.serve: worker`` and with ``shared`` + ``payload: hidden``. One service actor answered
+    """A smoke sweep of four trials, two at a time, on a local Ray (``resources.local_mode``, 2 steps):
+    OnPD and OffPD (a reused OffPD set, which the driver generates before the trials: the shared
+    OffPD worker holds no teacher at all) each with ``teacher.serve: worker`` and with ``shared`` +
+    ``payload: hidden``. One service actor answered
     both shared trials (its request counts: one per step each), the shared trials report
     ``teacher/bytes_per_token`` = H_T · 4 and ``teacher/request_ms``, and every other per-step metric
     equals the worker trial's to 1e-6."""
@@ -204,6 +217,7 @@ def test_sweep_shares_one_teacher_and_hidden_equals_the_worker(run_locally, tmp_
             {"grid": {"rollout.policy": ["onpd", "offpd"]}},
             {"set": {"teacher.serve": "shared", "teacher.payload": "hidden"}, "grid": {"rollout.policy": ["onpd", "offpd"]}}],
         "trial.optimizer.steps": 2, "trial.optimizer.warmup_steps": 1, "trial.loss.oracle_every": 1,
+        "trial.rollout.offpd_reuse": True, "trial.rollout.engine": "transformers",
         "trial.evaluation.countdown_tasks": ["countdown3"], "trial.evaluation.id_items": 2,
         "trial.evaluation.pass_items": 1, "trial.evaluation.ood_items": 1, "trial.evaluation.sparsity_touched": False,
         "resources.local_mode": True})
