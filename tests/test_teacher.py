@@ -31,6 +31,7 @@ from distillab.rollout.types import Rollouts
 from distillab.teacher import SharedTeacher, TeacherScorer, load_lm_head, topk_logits, topk_payload
 
 V, PAD = 41, 0
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +182,24 @@ def test_lm_head_read_from_the_safetensors(tmp_path, tied) -> None:
     assert torch.equal(F.linear(h, w.float()), F.linear(h, model.lm_head.weight.detach().bfloat16().float()))
 
 
+def _tiny_sets(tmp_path: Path) -> dict:
+    """Overrides that make a sweep file smoke-sized: smoke.yaml's models (prepared once, under
+    ``<repo>/.cache/models``, for both slow tests here), tasks and a tiny evaluation; 2 steps, the
+    oracle at each, local mode."""
+    from distillab.config import load_sweep
+
+    smoke = load_sweep(REPO / "search_spaces" / "smoke.yaml")
+    return {"storage_path": str(tmp_path), "models": {**smoke.models.model_dump(mode="json"),
+                                                      "cache_dir": str(REPO / ".cache" / "models")},
+            "trial.tasks": smoke.trial.tasks.model_dump(mode="json"), "trial.precision": "fp32",
+            "trial.master_weights": "fp32", "trial.optimizer.steps": 2, "trial.optimizer.warmup_steps": 1,
+            "trial.optimizer.prompts_per_step": 4, "trial.optimizer.train_prompts": 200,
+            "trial.rollout.max_tokens": 12, "trial.loss.oracle_every": 1,
+            "trial.evaluation": {"countdown_tasks": ["countdown3"], "id_items": 2, "pass_items": 1, "pass_n": 2,
+                                 "pass_k": [1, 2], "ood_items": 1, "max_tokens": 12, "sparsity_touched": False},
+            "resources.local_mode": True}
+
+
 def test_which_workers_still_hold_the_teacher_to_sample() -> None:
     """With ``teacher.serve: shared`` a worker loads the whole teacher only where it samples from it:
     OffPD without a reused set and the λ-spectrum; OnPD and a reused OffPD set do not."""
@@ -210,17 +229,11 @@ def test_sweep_shares_one_teacher_and_hidden_equals_the_worker(run_locally, tmp_
     from distillab.config import load_sweep
     from distillab.sweep import TEACHER_STATS_FILE
 
-    repo = Path(__file__).resolve().parents[1]
-    sweep = load_sweep(repo / "search_spaces" / "smoke.yaml", {
-        "storage_path": str(tmp_path), "models.cache_dir": str(repo / ".cache" / "models"),
-        "search.grid": None, "search.grids": [
+    sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
+        **_tiny_sets(tmp_path), "search.grid": None, "search.grids": [
             {"grid": {"rollout.policy": ["onpd", "offpd"]}},
             {"set": {"teacher.serve": "shared", "teacher.payload": "hidden"}, "grid": {"rollout.policy": ["onpd", "offpd"]}}],
-        "trial.optimizer.steps": 2, "trial.optimizer.warmup_steps": 1, "trial.loss.oracle_every": 1,
-        "trial.rollout.offpd_reuse": True, "trial.rollout.engine": "transformers",
-        "trial.evaluation.countdown_tasks": ["countdown3"], "trial.evaluation.id_items": 2,
-        "trial.evaluation.pass_items": 1, "trial.evaluation.ood_items": 1, "trial.evaluation.sparsity_touched": False,
-        "resources.local_mode": True})
+        "trial.rollout.offpd_reuse": True, "trial.rollout.engine": "transformers"})
     root = run_locally(sweep)
     res = load(root)
     trials = res.trials.collect()
@@ -231,7 +244,7 @@ def test_sweep_shares_one_teacher_and_hidden_equals_the_worker(run_locally, tmp_
     stats = json.loads((root / TEACHER_STATS_FILE).read_text())
     assert len(stats) == 1 and stats[0]["requests"] == {tid: 2 for tid in shared}  # one actor (one node), 2 steps each
     m = res.metrics.filter(pl.col("stage") == "distill").collect()
-    hidden_size = load_sweep(repo / "search_spaces" / "smoke.yaml").models.micro_teacher.hidden_size
+    hidden_size = load_sweep(REPO / "search_spaces" / "smoke.yaml").models.micro_teacher.hidden_size
     timed = pl.col("name").str.starts_with("time/") | pl.col("name").str.contains("tokens_per_s|_s$")
     for tid, policy in shared.items():
         mine = m.filter(pl.col("trial_id") == tid)
@@ -245,3 +258,29 @@ def test_sweep_shares_one_teacher_and_hidden_equals_the_worker(run_locally, tmp_
         assert "estimator/bias" in got["name"].to_list()
         for name, a, b in zip(got["name"], got["value"], want["value"]):
             assert a == pytest.approx(b, rel=1e-6, abs=1e-6, nan_ok=True), (policy, name)
+
+
+@pytest.mark.slow
+def test_micro_payload_file_runs_a_topk_trial(run_locally, tmp_path) -> None:
+    """search_spaces/micro_payload.yaml at smoke size, one trial of its top-k grid (k = 2, reverse KL,
+    seed 42; the file's OnPD, LR and shared teacher): it completes, sends 2·8 + 4 = 20 bytes per token,
+    and its oracle reports the truncation's bias (non-zero, finite) and gradient cosine at each step."""
+    import polars as pl
+
+    from distillab.analysis.results import load
+    from distillab.config import load_sweep
+
+    sweep = load_sweep(REPO / "search_spaces" / "micro_payload.yaml", {
+        **_tiny_sets(tmp_path), "search.grids": [{"set": {"rollout.policy": "onpd", "optimizer.lr": 3e-4,
+                                                          "teacher.payload": "topk", "teacher.top_k": 2,
+                                                          "loss.kind": "reverse", "seed": 42}}]})
+    assert [t.trial_id.split("-lr")[0] for t in sweep.trials] == ["onpd-reverse-topk2"]
+    res = load(run_locally(sweep))
+    trials = res.trials.collect()
+    assert trials["status"].to_list() == ["completed"], trials["error"].to_list()
+    m = res.metrics.filter(pl.col("stage") == "distill").collect()
+    value = {(n, s): v for n, s, v in zip(m["name"], m["step"], m["value"])}
+    for step in (1, 2):
+        assert value[("teacher/bytes_per_token", step)] == 20.0
+        assert 1e-6 < abs(value[("estimator/bias", step)]) < 10
+        assert -1 <= value[("estimator/grad_cos", step)] < 1 - 1e-6
