@@ -15,6 +15,7 @@ checkpoint's safetensors alone (`teacher.load_lm_head`).
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ from distillab.loss import loss_step, pack_batch
 from distillab.ops.kl import reduce_loss
 from distillab.payload import payload_bytes_per_token
 from distillab.rollout.types import Rollouts
-from distillab.teacher import SharedTeacher, TeacherScorer, load_lm_head, topk_logits, topk_payload
+from distillab.teacher import SharedTeacher, TeacherRequest, TeacherScorer, load_lm_head, topk_logits, topk_payload
 
 V, PAD = 41, 0
 REPO = Path(__file__).resolve().parents[1]
@@ -284,3 +285,36 @@ def test_micro_payload_file_runs_a_topk_trial(run_locally, tmp_path) -> None:
         assert value[("teacher/bytes_per_token", step)] == 20.0
         assert 1e-6 < abs(value[("estimator/bias", step)]) < 10
         assert -1 <= value[("estimator/grad_cos", step)] < 1 - 1e-6
+
+
+@pytest.mark.slow
+def test_service_actor_restarts_after_it_dies(teacher_path) -> None:
+    """The service on a local Ray: a trial's client (`teacher.connect_teacher` by the service's name)
+    gets the in-process scorer's hidden states bitwise; the actor killed (as a crash would), Ray
+    restarts it (``max_restarts=-1``) and the next request is answered the same, by a fresh process
+    (its request count starts again); `teacher.stop_teacher_service` ends it for good."""
+    import ray
+
+    from distillab.teacher import connect_teacher, service_stats, start_teacher_service, stop_teacher_service
+
+    trial = TrialConfig.model_validate({"teacher": {"serve": "shared", "payload": "hidden"}})
+    inputs = pack_batch(_rollouts(), PAD).teacher_inputs
+    want = TeacherScorer(str(teacher_path)).answer(TeacherRequest(inputs, "hidden", 0.5))["hidden"]
+    ray.init(address="local", num_cpus=1, include_dashboard=False)
+    try:
+        actors = start_teacher_service("teacher-test", teacher_path, models=[("fp32", None)])
+        assert len(actors) == 1
+        w, b = load_lm_head(teacher_path, torch.float32)
+        client = SharedTeacher(trial.teacher, w, b, connect_teacher("teacher-test"), "trial-a")
+        assert torch.equal(client.score(trial, inputs).h_t, want)
+        assert service_stats(actors)[0]["requests"] == {"trial-a": 1}
+        ray.kill(actors[0], no_restart=False)  # dies; Ray starts it again
+        assert torch.equal(client.score(trial, inputs).h_t, want)
+        assert service_stats(actors)[0]["requests"] == {"trial-a": 1}  # a new process counts from 0
+        stop_teacher_service(actors)
+        with pytest.raises(RuntimeError, match="no actor of the teacher service 'teacher-test'"):
+            for _ in range(50):  # the name is released once the actor is dead
+                connect_teacher("teacher-test")
+                time.sleep(0.1)
+    finally:
+        ray.shutdown()
