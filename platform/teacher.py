@@ -180,8 +180,9 @@ class TeacherRequest:
 
 class TeacherScorer:
     """The service's process: the teacher checkpoint at ``path`` held once per (precision,
-    attention implementation) the trials ask for, in inference mode, on this node's CUDA device
-    if it has one (else the CPU with ``threads`` torch threads). Runs as a Ray actor
+    attention implementation) the trials ask for, in inference mode, on a CUDA device if this
+    process sees one (a Ray actor that reserves no GPU sees none), else on the CPU with ``threads``
+    torch threads. Runs as a Ray actor
     (`start_teacher_service`) or in-process (tests)."""
 
     def __init__(self, path: str, threads: int = 1):
