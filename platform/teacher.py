@@ -51,6 +51,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from distillab.config import RuntimeContext, TeacherConfig, TrialConfig
 from distillab.models import DTYPES, bf16_matmuls, load_model
 from distillab.payload import payload_bytes_per_token
+from distillab.rollout.actor import resolve_engine
 
 __all__ = ["SERVICE_NAMESPACE", "TeacherRequest", "TeacherAnswer", "TeacherScorer", "SharedTeacher",
            "teacher_hidden", "load_lm_head", "topk_payload", "topk_logits", "start_teacher_service",
@@ -332,11 +333,14 @@ def teacher_rows(teacher) -> int:
 
 
 def samples_with_teacher(trial: TrialConfig) -> bool:
-    """Whether the trial's worker needs the whole teacher model to sample its rollouts: OffPD
-    without a prepared set (``rollout.offpd_reuse``) and the λ-spectrum; with ``teacher.serve:
-    shared`` it then loads the teacher for sampling, and scores through the service all the same."""
+    """Whether the trial's worker needs the whole teacher model to sample its rollouts: the
+    λ-spectrum, and OffPD without a prepared set (``rollout.offpd_reuse``) sampled in-process (the
+    transformers engine, `rollout.actor.resolve_engine`; a vLLM actor loads its own). With
+    ``teacher.serve: shared`` the worker then loads the teacher for sampling, and scores through
+    the service all the same."""
     r = trial.rollout
-    return r.policy == "spectrum" or (r.policy == "offpd" and not r.offpd_reuse)
+    in_process = resolve_engine(r.engine, batched=False) == "transformers"
+    return r.policy == "spectrum" or (r.policy == "offpd" and not r.offpd_reuse and in_process)
 
 
 def shared_teacher(trial: TrialConfig, ctx: RuntimeContext, trial_id: str) -> SharedTeacher:

@@ -202,15 +202,17 @@ def _tiny_sets(tmp_path: Path) -> dict:
 
 
 def test_which_workers_still_hold_the_teacher_to_sample() -> None:
-    """With ``teacher.serve: shared`` a worker loads the whole teacher only where it samples from it:
-    OffPD without a reused set and the λ-spectrum; OnPD and a reused OffPD set do not."""
+    """With ``teacher.serve: shared`` a worker loads the whole teacher only where it samples from it
+    in-process: OffPD without a reused set on the transformers engine, and the λ-spectrum; OnPD, a
+    reused OffPD set and OffPD on a vLLM actor do not."""
     from distillab.teacher import samples_with_teacher
 
     def needs(**rollout) -> bool:
         return samples_with_teacher(TrialConfig.model_validate({"rollout": rollout}))
 
-    assert needs(policy="offpd") and needs(policy="spectrum", **{"lambda": 0.0})
-    assert not needs(policy="onpd") and not needs(policy="offpd", offpd_reuse=True)
+    assert needs(policy="offpd", engine="transformers") and needs(policy="spectrum", **{"lambda": 0.0})
+    assert not needs(policy="onpd") and not needs(policy="offpd", offpd_reuse=True, engine="transformers")
+    assert not needs(policy="offpd", engine="vllm")  # its rollout actor loads the teacher itself
 
 
 @pytest.mark.slow
