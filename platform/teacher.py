@@ -183,13 +183,14 @@ class TeacherScorer:
     """The service's process: the teacher checkpoint at ``path`` held once per (precision,
     attention implementation) the trials ask for, in inference mode, on a CUDA device if this
     process sees one (a Ray actor that reserves no GPU sees none), else on the CPU with ``threads``
-    torch threads. Runs as a Ray actor
-    (`start_teacher_service`) or in-process (tests)."""
+    torch threads (None: the process's setting). Runs as a Ray actor (`start_teacher_service`) or
+    in-process (tests)."""
 
-    def __init__(self, path: str, threads: int = 1):
+    def __init__(self, path: str, threads: int | None = None):
         self.path, self.models, self.requests = str(path), {}, {}
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        torch.set_num_threads(threads)
+        if threads is not None:
+            torch.set_num_threads(threads)
 
     def load(self, precision: str, attn: str | None = None) -> int:
         """Hold the teacher in ``precision`` with attention ``attn`` now (the sweep asks before its
