@@ -21,14 +21,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import EngineStandIn
+from _helpers import EngineStandIn, random_rollouts
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from distillab.config import TrialConfig
 from distillab.loss import loss_step, pack_batch
 from distillab.ops.kl import reduce_loss
 from distillab.payload import payload_bytes_per_token
-from distillab.rollout.types import Rollouts
 from distillab.teacher import SharedTeacher, TeacherRequest, TeacherScorer, load_lm_head, topk_logits, topk_payload
 
 V, PAD = 41, 0
@@ -55,11 +54,7 @@ def _student():
 
 
 def _rollouts():
-    g = torch.Generator().manual_seed(2)
-    lens = [(3, 5), (6, 2), (2, 0), (4, 7)]  # (prompt, completion); one empty completion
-    prompts = [torch.randint(1, V, (p,), generator=g).tolist() for p, _ in lens]
-    comps = [torch.randint(1, V, (c,), generator=g).tolist() for _, c in lens]
-    return Rollouts(prompts, comps, [[0.0] * len(c) for c in comps], ["stop"] * len(comps))
+    return random_rollouts(V, 2)  # one empty completion among four
 
 
 def _shared(trial: TrialConfig, path) -> SharedTeacher:
