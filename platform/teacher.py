@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,10 +222,10 @@ class TeacherScorer:
         return out
 
     def stats(self) -> dict[str, Any]:
-        """``{"requests": {trial id: batches answered}, "node": Ray node id or None}`` since this
-        process started (a restarted actor counts from 0)."""
+        """``{"requests": {trial id: batches answered}, "node": Ray node id or None, "pid": process id}``
+        since this process started (a restarted actor is a new process and counts from 0)."""
         node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
-        return {"requests": dict(self.requests), "node": node}
+        return {"requests": dict(self.requests), "node": node, "pid": os.getpid()}
 
 
 @dataclass

@@ -304,8 +304,12 @@ def test_service_actor_restarts_after_it_dies(teacher_path) -> None:
         w, b = load_lm_head(teacher_path, torch.float32)
         client = SharedTeacher(trial.teacher, w, b, connect_teacher("teacher-test"), "trial-a")
         assert torch.equal(client.score(trial, inputs).h_t, want)
-        assert service_stats(actors)[0]["requests"] == {"trial-a": 1}
+        first = service_stats(actors)[0]
+        assert first["requests"] == {"trial-a": 1}
         ray.kill(actors[0], no_restart=False)  # dies; Ray starts it again
+        deadline = time.time() + 60
+        while service_stats(actors)[0]["pid"] == first["pid"] and time.time() < deadline:
+            time.sleep(0.2)  # a call may still reach the old process while it is being killed
         assert torch.equal(client.score(trial, inputs).h_t, want)
         assert service_stats(actors)[0]["requests"] == {"trial-a": 1}  # a new process counts from 0
         stop_teacher_service(actors)
