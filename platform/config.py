@@ -1383,8 +1383,14 @@ class TrialConfig(_Strict):
         est += f"-{self.teacher.label}" if self.teacher.label else ""
         return (
             f"{policy}-{kind}{est}-lr{self.optimizer.lr:g}-s{self.seed}-"
-            f"{config_hash(self.model_dump(mode='json'))[:8]}"
+            f"{config_hash(self.model_dump(mode='json', exclude=self._unhashed()))[:8]}"
         )
+
+    def _unhashed(self) -> set[str] | None:
+        """Sections left out of the id's hash: ``teacher`` at its default (``serve: worker``), so that a
+        trial without it keeps the id it had before the section existed (results and ``--resume``
+        of earlier sweeps find their trials)."""
+        return {"teacher"} if self.teacher == TeacherConfig() else None
 
     def flat(self) -> dict[str, Any]:
         """Every field as a dotted-key column (lists and dicts as JSON text)."""

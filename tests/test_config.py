@@ -329,6 +329,11 @@ def test_teacher_section_and_its_errors(tmp_path: Path) -> None:
     combination is an error naming the field and the allowed values, from the YAML."""
     t = TrialConfig().teacher
     assert (t.serve, t.payload, t.top_k, t.label) == ("worker", None, None, "")
+    # a trial at the default keeps the id it had before the section existed (main at 80980f5), so that
+    # earlier sweeps' results and --resume find their trials; a shared teacher changes the hash
+    assert TrialConfig().trial_id == "offpd-forward-lr1e-05-s42-06fc67f7"
+    assert [t.trial_id for t in load_sweep(SMOKE).trials] == ["offpd-forward-lr0.001-s42-16e1cea3",
+                                                              "onpd-forward-lr0.001-s42-28c869b0"]
     cases = [
         ("{serve: remote}", "teacher.serve", "'worker' or 'shared'"),
         ("{payload: hidden}", "teacher.payload 'hidden' needs teacher.serve 'shared'", "leave teacher.payload null"),
