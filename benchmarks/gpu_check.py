@@ -32,6 +32,9 @@ Rows (``where``: gpu = CUDA only, cpu = without CUDA only, any = both):
     trial-stale-k1     any  4 OnPD steps of the same pair at rollout.max_staleness 1 (staleness_correction
                             tis): the producer thread's copy of the student on the trial's device; the
                             logged lag per step is [0, 1, 1, 1]
+    trial-shared-teacher any  3 OnPD steps of the same pair (fp32) with teacher.serve shared, payload hidden:
+                            the teacher service actor on a local Ray answers, the trial holds the padded
+                            lm_head; per-step losses equal the in-worker teacher's (rel. 1e-4)
     qlora-cuda         gpu  QLoRA: a micro Llama's adapters on an nf4 copy; the merged model's logits
                             vs the 4-bit model's (peft, bitsandbytes)
 """
@@ -245,8 +248,10 @@ def _one_rank() -> None:
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
 
 
-def _run_trial(teacher: Path, student: Path, trial: dict, root: Path) -> tuple[dict, list[float], float]:
-    """``run_worker`` through `session.LocalSession`: the final report, per-step losses, seconds."""
+def _run_trial(teacher: Path, student: Path, trial: dict, root: Path,
+               service: str | None = None) -> tuple[dict, list[float], float]:
+    """``run_worker`` through `session.LocalSession`: the final report, per-step losses, seconds
+    (``service``: the name of a running teacher service, for ``teacher.serve: shared``)."""
     import polars as pl
 
     from distillab.analysis.results import load
@@ -255,7 +260,8 @@ def _run_trial(teacher: Path, student: Path, trial: dict, root: Path) -> tuple[d
     from distillab.session import LocalSession
 
     ctx = RuntimeContext(teacher_path=str(teacher), student_path=str(student), results_root=str(root / "results"),
-                         shared_cache=str(root / "shared"), resources=ResourcesConfig(torch_threads=4))
+                         shared_cache=str(root / "shared"), resources=ResourcesConfig(torch_threads=4),
+                         teacher_service=service)
     t0 = time.perf_counter()
     final = run_worker(TrialConfig.model_validate(trial), ctx, "gpu-check", LocalSession())
     seconds = time.perf_counter() - t0
@@ -303,6 +309,35 @@ def row_trial_stale() -> str:
     assert lags == [0.0, 1.0, 1.0, 1.0], f"rollout/staleness per step {lags}, expected [0, 1, 1, 1] at k = 1"
     return (f"4 steps at k = 1 in {s:.0f} s (evaluations included), staleness {lags}, "
             f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+
+
+def row_trial_shared() -> str:
+    """3 OnPD steps of the tiny Qwen2 pair (padded heads) with the shared teacher (``hidden``) against the same
+    trial with the teacher in the worker: the service actor (`distillab.teacher`) on a local Ray, per-step losses."""
+    import ray
+    from _checkpoints import qwen2_pair
+
+    from distillab.teacher import service_stats, start_teacher_service, stop_teacher_service
+
+    root = Path(tempfile.mkdtemp(prefix="gpu-check-shared-"))
+    teacher, student = qwen2_pair(root)
+    _one_rank()
+    trial = {"loss": {"kind": "forward", "pad_vocab": True}, "evaluation": TINY_EVAL,
+             "rollout": {"policy": "onpd", "max_tokens": 12, "engine": "transformers"},
+             "optimizer": {"lr": 1e-3, "steps": 3, "prompts_per_step": 4, "warmup_steps": 1, "train_prompts": 100}}
+    _, want, _ = _run_trial(teacher, student, trial, root / "worker")
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        actors = start_teacher_service("gpu-check-teacher", teacher, 4, [("fp32", None)])
+        shared = {**trial, "teacher": {"serve": "shared", "payload": "hidden"}}
+        _, got, s = _run_trial(teacher, student, shared, root / "shared", service="gpu-check-teacher")
+        served = sum(sum(st["requests"].values()) for st in service_stats(actors))
+        stop_teacher_service(actors)
+    finally:
+        ray.shutdown()
+    gap = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+    assert gap <= 1e-4 and served == 3, f"losses shared {got} vs in-worker {want} (rel. gap {gap:.1e}), {served} requests"
+    return f"3 steps in {s:.1f} s, {served} requests to the service, losses equal the in-worker teacher's (rel. gap {gap:.1e})"
 
 
 def row_trial_half_b() -> str:
@@ -380,6 +415,7 @@ ROWS = [
     Row("trial-qwen2-0.5b", "gpu", ("vllm",) + PLATFORM, 270, row_trial_half_b),
     Row("trial-tiny-bpe", "any", PLATFORM, 150, row_trial_tiny),
     Row("trial-stale-k1", "any", PLATFORM, 150, row_trial_stale),
+    Row("trial-shared-teacher", "any", PLATFORM, 150, row_trial_shared),
     Row("qlora-cuda", "gpu", ("peft", "bitsandbytes") + PLATFORM, 90, row_qlora),
 ]
 

@@ -474,6 +474,47 @@ class LossConfig(_Strict):
         return self.estimator + ("" if self.k_gradient == "auto" else f"-{self.k_gradient}")
 
 
+class TeacherConfig(_Strict):
+    """Where the teacher scores a trial's rollouts (issue 35, item 2; `distillab.teacher`).
+
+    ``serve``: ``worker`` (each trial's workers hold the whole teacher and score in-process: the
+    default, the platform's behaviour before this section existed) or ``shared`` (one teacher
+    service per Ray node, started once per sweep and shared by its concurrent trials; a trial
+    holds only the teacher's lm_head). ``payload`` (``shared`` only): what the service answers:
+    ``hidden`` (final hidden states: the loss is exact, equal to in-worker scoring) or ``topk``
+    (the ``top_k`` largest teacher log-probs at ``loss.tau_t``, their ids and the tail's
+    log-mass: the loss runs on the teacher distribution rebuilt from them with the tail spread
+    uniformly, `teacher.topk_logits`; the estimator oracle measures what that costs)."""
+
+    #: ``worker``: every trial holds and runs the teacher; ``shared``: one teacher service per node for the sweep
+    serve: Literal["worker", "shared"] = "worker"
+    #: ``serve: shared``: the service's answer, ``hidden`` (exact) or ``topk`` (``top_k`` log-probs + tail mass)
+    payload: Literal["hidden", "topk"] | None = None
+    #: ``payload: topk``: how many of the teacher's largest log-probs are sent per token
+    top_k: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _check_payload(self) -> "TeacherConfig":
+        if self.payload is not None and self.serve != "shared":
+            raise ValueError(f"teacher.payload {self.payload!r} needs teacher.serve 'shared' (the worker scores "
+                             "in-process: leave teacher.payload null with teacher.serve 'worker')")
+        if self.serve == "shared" and self.payload is None:
+            raise ValueError("teacher.serve 'shared' needs teacher.payload (allowed: hidden, topk)")
+        if self.payload == "topk" and self.top_k is None:
+            raise ValueError("teacher.payload 'topk' needs teacher.top_k (an integer >= 1)")
+        if self.top_k is not None and self.payload != "topk":
+            raise ValueError(f"teacher.top_k is read by teacher.payload 'topk' only (got payload {self.payload!r}): "
+                             "leave it null")
+        return self
+
+    @property
+    def label(self) -> str:
+        """The teacher's part of a trial id: "" in the worker, ``hidden`` or ``topk<k>`` when shared."""
+        if self.serve == "worker":
+            return ""
+        return "hidden" if self.payload == "hidden" else f"topk{self.top_k}"
+
+
 class OptimizerConfig(_Strict):
     """AdamW (no weight decay), linear warm-up then constant LR, global-norm
     clipping (``clip: null`` turns it off; the unclipped norm is logged either way)."""
@@ -875,6 +916,7 @@ SEARCHABLE = (
     "rollout.max_staleness", "rollout.staleness_correction", "rollout.tis_cap",
     "loss.kind", "loss.beta", "loss.importance_weight", "loss.estimator", "loss.tau_t", "loss.tau_s", "loss.reduction",
     "loss.top_k", "loss.topk_source", "loss.topk_tail", "loss.k_gradient",
+    "teacher.serve", "teacher.payload", "teacher.top_k",
     "optimizer.lr", "optimizer.clip", "optimizer.steps", "optimizer.warmup_steps", "optimizer.zero_stage",
     "optimizer.weight_decay", "optimizer.prompts_per_step", "optimizer.rollouts_per_prompt",
 )
@@ -1228,6 +1270,8 @@ class TrialConfig(_Strict):
     rollout: RolloutConfig = RolloutConfig()
     #: the token-level divergence and its estimator
     loss: LossConfig = LossConfig()
+    #: where the teacher scores the rollouts: in the worker, or a service shared by the sweep (``teacher.serve``)
+    teacher: TeacherConfig = TeacherConfig()
     #: optimizer, LR schedule, steps and batch of distillation
     optimizer: OptimizerConfig = OptimizerConfig()
     #: what is scored before and after each stage
@@ -1307,6 +1351,18 @@ class TrialConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _check_teacher_payload(self) -> "TrialConfig":
+        if self.teacher.payload != "topk":
+            return self
+        if self.loss.importance_weight and self.rollout.policy == "offpd":
+            raise ValueError("loss.importance_weight with rollout.policy 'offpd' needs the teacher's log-probability "
+                             "of every sampled token, which teacher.payload 'topk' does not send: use payload 'hidden'")
+        if self.loss.impl == "triton":
+            raise ValueError("teacher.payload 'topk' runs the loss on the rebuilt teacher logits (loss.impl "
+                             "'reference' or 'chunked'), not the Triton kernels; got loss.impl 'triton'")
+        return self
+
+    @model_validator(mode="after")
     def _check_importance_weight(self) -> "TrialConfig":
         if self.loss.importance_weight and self.rollout.policy == "spectrum":
             raise ValueError(
@@ -1318,15 +1374,23 @@ class TrialConfig(_Strict):
     @property
     def trial_id(self) -> str:
         """Readable and deterministic: policy, divergence (``jsd<β>`` for JSD), the estimator
-        unless ``full`` (`LossConfig.label`), LR, seed and a config hash."""
+        unless ``full`` (`LossConfig.label`), the shared teacher's payload (`TeacherConfig.label`),
+        LR, seed and a config hash."""
         r, L = self.rollout, self.loss
         policy = f"spectrum{r.lambda_:g}" if r.policy == "spectrum" else r.policy
         kind = f"jsd{L.beta:g}" if L.kind == "jsd" else L.kind
         est = f"-{L.label}" if L.label else ""
+        est += f"-{self.teacher.label}" if self.teacher.label else ""
         return (
             f"{policy}-{kind}{est}-lr{self.optimizer.lr:g}-s{self.seed}-"
-            f"{config_hash(self.model_dump(mode='json'))[:8]}"
+            f"{config_hash(self.model_dump(mode='json', exclude=self._unhashed()))[:8]}"
         )
+
+    def _unhashed(self) -> set[str] | None:
+        """Sections left out of the id's hash: ``teacher`` at its default (``serve: worker``), so that a
+        trial without it keeps the id it had before the section existed (results and ``--resume``
+        of earlier sweeps find their trials)."""
+        return {"teacher"} if self.teacher == TeacherConfig() else None
 
     def flat(self) -> dict[str, Any]:
         """Every field as a dotted-key column (lists and dicts as JSON text)."""
@@ -1488,6 +1552,15 @@ class SweepConfig(_Strict):
         except ValueError as e:  # bad JSON (json.JSONDecodeError's message is one line)
             raise ConfigError(f"{root}: {SWEEP_FILE} is not valid JSON: {e}") from None
 
+    @property
+    def teacher_service(self) -> str | None:
+        """The name of the sweep's teacher service (`teacher.start_teacher_service`): ``teacher-<name>-<hash
+        of the sweep directory>`` where a trial has ``teacher.serve: shared`` (or an Optuna search samples
+        ``teacher.serve``), else None."""
+        if not any(t.teacher.serve == "shared" for t in self._trials) and "teacher.serve" not in self.search.space:
+            return None
+        return f"teacher-{self.name}-{config_hash(str(self.sweep_dir()))[:8]}"
+
     def shared_cache_dir(self) -> Path:
         """What trials share lives beside the prepared models, ``<models.cache_dir>/shared``:
         reusable OffPD rollout sets and the evaluation of the untrained student."""
@@ -1503,6 +1576,8 @@ class RuntimeContext(_Strict):
     student_path: str
     results_root: str
     shared_cache: str
+    #: the sweep's teacher service (`teacher.start_teacher_service`), None where no trial has teacher.serve shared
+    teacher_service: str | None = None
     resources: ResourcesConfig = ResourcesConfig()
     fault_tolerance: FaultToleranceConfig = FaultToleranceConfig()
 
@@ -1511,7 +1586,8 @@ class RuntimeContext(_Strict):
         """The context of every trial of ``sweep`` (paths made absolute)."""
         return cls(teacher_path=str(Path(teacher_path).resolve()), student_path=str(Path(student_path).resolve()),
                    results_root=str(sweep.sweep_dir()), shared_cache=str(sweep.shared_cache_dir()),
-                   resources=sweep.resources, fault_tolerance=sweep.fault_tolerance)
+                   teacher_service=sweep.teacher_service, resources=sweep.resources,
+                   fault_tolerance=sweep.fault_tolerance)
 
     @property
     def torch_threads(self) -> int:

@@ -51,6 +51,7 @@ from distillab.rollout.types import Rollouts
 from distillab.session import RaySession, Session
 from distillab.tables import report_metrics
 from distillab.tasks.data import TaskData
+from distillab.teacher import samples_with_teacher, shared_teacher, teacher_rows
 from distillab.telemetry import MetricsLog, RayGauges, TrialTimes, quiet_report_log
 
 __all__ = ["WorkerState", "setup_models", "setup_trial", "step_metrics", "log_step", "end_loop",
@@ -68,12 +69,15 @@ def setup_models(ctx: RuntimeContext, trial: TrialConfig) -> tuple[Any, Any, Any
     """Tokenizer (shared, checked), frozen teacher, trainable student, both loaded in
     ``trial.precision`` (`models.DTYPES`: under bf16 the weights are rounded to bf16;
     DeepSpeed keeps float32 masters of the student's when ``master_weights`` is fp32)
-    with ``trial.attn_implementation``."""
+    with ``trial.attn_implementation``. With ``teacher.serve: shared`` the teacher is None unless
+    the worker samples from it (`teacher.samples_with_teacher`): the service scores."""
     tok_t, tok_s = load_tokenizer(ctx.teacher_path), load_tokenizer(ctx.student_path)
     check_same_vocab(tok_t, tok_s)
     dtype, attn = DTYPES[trial.precision], trial.attn_implementation
-    teacher = load_model(ctx.teacher_path, dtype, attn).eval()
-    teacher.requires_grad_(False)
+    teacher = None
+    if trial.teacher.serve == "worker" or samples_with_teacher(trial):
+        teacher = load_model(ctx.teacher_path, dtype, attn).eval()
+        teacher.requires_grad_(False)
     return tok_s, teacher, load_model(ctx.student_path, dtype, attn)
 
 
@@ -128,7 +132,8 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
     rank, world = session.rank, session.world
     torch.manual_seed(trial.seed)
     tok, teacher, student = setup_models(ctx, trial)
-    check_lm_heads(teacher.config.vocab_size, student.config.vocab_size, len(tok), trial.loss.pad_vocab,
+    scorer = teacher if trial.teacher.serve == "worker" else shared_teacher(trial, ctx, trial_id)  # scores the loss
+    check_lm_heads(teacher_rows(scorer), student.config.vocab_size, len(tok), trial.loss.pad_vocab,
                    spectrum=trial.rollout.policy == "spectrum")
     init_state = {k: v.detach().float().clone() for k, v in student.state_dict().items()}
     resume: Resume | None = session.restore(
@@ -144,7 +149,9 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
                                         init_state, cache=pre_eval_path(ctx.shared_cache, trial, ctx.student_path))
     engine, _, per_worker = setup_engine(student, trial.optimizer, world, precision=trial.precision,
                                          master_weights=trial.master_weights)  # the teacher follows the student:
-    teacher.to(engine.device)  # DeepSpeed placed it on this rank's GPU, or the CPU
+    scorer.to(engine.device)  # DeepSpeed placed it on this rank's GPU, or the CPU
+    if teacher is not None and teacher is not scorer:
+        teacher.to(engine.device)  # the shared teacher's sampler
     touched = (TouchedParameters(engine.module, None if resume is None else resume.state["touched"])
                if trial.evaluation.sparsity_touched else None)
     data = TaskData.of(trial)
@@ -162,7 +169,7 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
         log.info("%s resumed at step %d", trial_id, start_step)
         metrics_log.add(start_step, {"resume/start_step": float(start_step)})
     times.mark("setup")
-    return WorkerState(trial=trial, ctx=ctx, trial_id=trial_id, session=session, tok=tok, teacher=teacher,
+    return WorkerState(trial=trial, ctx=ctx, trial_id=trial_id, session=session, tok=tok, teacher=scorer,
                        engine=engine, evaluator=evaluator, init_state=init_state, start_step=start_step,
                        prompts=prompts, per_worker=per_worker, source=source, gen=gen, log=metrics_log,
                        gauges=session.gauges(trial_id) if rank == 0 else None, reports=reports, times=times,

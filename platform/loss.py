@@ -3,6 +3,8 @@ implementation from a table, then (on a schedule) the oracle.
 
     rollouts ─▶ `pack_batch` (student and teacher views of the same completions, one width)
              ─▶ `forward`: final hidden states of student (with grad) and teacher, lm_head weights
+                (``teacher.serve: shared``: the teacher's from the sweep's service, `distillab.teacher`;
+                with ``teacher.payload: topk``, the teacher's rebuilt logits instead)
              ─▶ LOSSES[`loss_impl`(loss)]: `LossOutput` (loss, per-token statistics (N, 4), estimate)
              ─▶ `importance_weights` (optional) and `diagnostics`, built once from those
              ─▶ every ``loss.oracle_every`` steps, `oracle`: the estimator's bias and gradient
@@ -27,7 +29,7 @@ rule; a new config field of it reaches the ops under its own name through `diver
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from typing import NamedTuple
 
@@ -39,6 +41,7 @@ from distillab.ops.chunked import chunked_distill_loss, estimator_rows, pad_voca
 from distillab.ops.kl import STAT_NAMES, engine_mismatch_weights, estimator_loss, row_coefficients, token_stats
 from distillab.ops.oracle import chunked_oracle, logits_oracle
 from distillab.rollout.types import Rollouts, engine_logprobs, model_device, pack_rollouts, position_ids
+from distillab.teacher import SharedTeacher, teacher_hidden
 
 __all__ = ["Batch", "Forward", "LossOutput", "LOSSES", "DIAGNOSTICS", "pack_batch", "forward", "loss_impl",
            "oracle_due", "oracle", "importance_weights", "diagnostics", "loss_step"]
@@ -86,19 +89,25 @@ def pack_batch(rollouts: Rollouts, pad_id: int, device: torch.device | str | Non
 class Forward:
     """Both models' final hidden states on a `Batch` (``h_s`` (B, T, H_S) with gradient,
     ``h_t`` (B, T, H_T) without) and their lm_heads (``w`` (V, H), ``b`` (V,) or None;
-    padded to one V with ``loss.pad_vocab``)."""
+    padded to one V with ``loss.pad_vocab``). With ``teacher.payload: topk`` the teacher is
+    ``t_logits`` (B, T, V) float32, the logits of the distribution rebuilt from the payload
+    (`teacher.topk_logits`), and ``h_t`` is None except on an oracle step (the exact teacher)."""
 
     batch: Batch
     h_s: torch.Tensor
-    h_t: torch.Tensor
+    h_t: torch.Tensor | None
     w_s: torch.Tensor
     b_s: torch.Tensor | None
     w_t: torch.Tensor
     b_t: torch.Tensor | None
+    t_logits: torch.Tensor | None = None
+    teacher_metrics: dict[str, float] = field(default_factory=dict)  # a shared teacher's request (`teacher`)
 
     def logits(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Full (B, T, V) student and teacher logits (the lm_head applied as the models do)."""
-        return F.linear(self.h_s, self.w_s, self.b_s), F.linear(self.h_t, self.w_t, self.b_t)
+        """Full (B, T, V) student and teacher logits (the lm_head applied as the models do;
+        the rebuilt ``t_logits`` of a ``topk`` payload)."""
+        t = F.linear(self.h_t, self.w_t, self.b_t) if self.t_logits is None else self.t_logits
+        return F.linear(self.h_s, self.w_s, self.b_s), t
 
 
 @lru_cache(maxsize=None)
@@ -114,23 +123,31 @@ def _hidden(model, module, inputs: dict) -> torch.Tensor:
     return model(**inputs, output_hidden_states=True, **({"logits_to_keep": 1} if keep else {})).hidden_states[-1]
 
 
-def _teacher_hidden(teacher, inputs: dict) -> torch.Tensor:
-    """The teacher's final hidden states, in inference mode, from its transformer alone
-    (``base_model``: no lm_head, no per-layer output capture): (B, T, H_T), not an
-    autograd leaf (inference tensors are never saved for backward; the loss reads rows of it)."""
-    with torch.inference_mode():
-        return teacher.base_model(**inputs).last_hidden_state
-
-
 def _lm_head(model) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if isinstance(model, SharedTeacher):  # the lm_head a trial holds of a shared teacher
+        return model.w_t, model.b_t
     head = model.get_output_embeddings()
     return head.weight, getattr(head, "bias", None)
 
 
-def forward(engine, teacher, batch: Batch, pad: bool) -> Forward:
+def _pad_teacher_logits(t_logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Rebuilt teacher logits (B, T, V_T) padded with −inf columns to ``vocab`` (``loss.pad_vocab``)."""
+    pad = t_logits.new_full((*t_logits.shape[:-1], vocab - t_logits.shape[-1]), float("-inf"))
+    return torch.cat([t_logits, pad], dim=-1)
+
+
+def forward(engine, teacher, batch: Batch, pad: bool, trial: TrialConfig | None = None,
+            oracle_step: bool = False) -> Forward:
     """Teacher (no grad) and student (``engine(...)``: DeepSpeed's hooks run) forward on
-    ``batch``; ``pad``: pad the smaller lm_head with −inf rows (``ops.chunked.pad_vocab``)."""
-    h_t = _teacher_hidden(teacher, batch.teacher_inputs)  # (B, T, H_T)
+    ``batch``; ``pad``: pad the smaller lm_head with −inf rows (``ops.chunked.pad_vocab``).
+    ``teacher``: the model (``teacher.serve: worker``) or a `teacher.SharedTeacher`, asked for
+    ``trial``'s payload (and, at an ``oracle_step`` of a ``topk`` payload, the hidden states too)."""
+    t_logits, metrics = None, {}
+    if isinstance(teacher, SharedTeacher):
+        answer = teacher.score(trial, batch.teacher_inputs, with_hidden=oracle_step)
+        h_t, t_logits, metrics = answer.h_t, answer.t_logits, answer.metrics  # (B, T, H_T), (B, T, V_T) or None
+    else:
+        h_t = teacher_hidden(teacher, batch.teacher_inputs)  # (B, T, H_T)
     h_s = _hidden(engine, engine.module, batch.inputs)  # (B, T, H_S)
     (w_s, b_s), (w_t, b_t) = _lm_head(engine.module), _lm_head(teacher)  # (V_S, H_S), (V_T, H_T)
     w_t, b_t = w_t.detach(), None if b_t is None else b_t.detach()  # a constant: h_t never enters autograd
@@ -138,7 +155,8 @@ def forward(engine, teacher, batch: Batch, pad: bool) -> Forward:
         w_s, b_s = pad_vocab(w_s, w_t.shape[0], b_s)
     elif pad and w_t.shape[0] < w_s.shape[0]:
         w_t, b_t = pad_vocab(w_t, w_s.shape[0], b_t)
-    return Forward(batch, h_s, h_t, w_s, b_s, w_t, b_t)
+        t_logits = None if t_logits is None else _pad_teacher_logits(t_logits, w_s.shape[0])
+    return Forward(batch, h_s, h_t, w_s, b_s, w_t, b_t, t_logits, metrics)
 
 
 class LossOutput(NamedTuple):
@@ -214,7 +232,10 @@ def oracle(fwd: Forward, L: LossConfig, weights: torch.Tensor | None, out: LossO
     or without a gradient to measure). Reuses the step's hidden states or logits (no model
     forward) and leaves the loss and its gradient untouched: on the logits path the
     estimator's gradient is ``torch.autograd.grad`` w.r.t. the logits (graph retained, no
-    ``.grad`` written), on the chunked path the same row math recomputed without autograd."""
+    ``.grad`` written), on the chunked path the same row math recomputed without autograd.
+    With ``teacher.payload: topk`` the exact divergence is the one against the true teacher (the
+    hidden states the service sends at an oracle step, under the trial's lm_head), so
+    ``estimator/bias`` is what the truncated payload (and the estimator) costs."""
     b = fwd.batch
     if not b.cmask.any() or not out.loss.requires_grad:
         return {}
@@ -225,8 +246,9 @@ def oracle(fwd: Forward, L: LossConfig, weights: torch.Tensor | None, out: LossO
     if out.logits is not None:
         s_logits, t_logits = out.logits
         (g,) = torch.autograd.grad(out.loss, s_logits, retain_graph=True)  # (B, T, V) ∂loss/∂z_S
-        metrics = logits_oracle(s_logits.detach()[b.cmask], t_logits.detach()[b.cmask], g[b.cmask], coef,
-                                estimate=float(out.estimate), **kw)
+        exact = t_logits.detach()[b.cmask] if fwd.t_logits is None else F.linear(fwd.h_t[b.cmask], fwd.w_t, fwd.b_t)
+        metrics = logits_oracle(s_logits.detach()[b.cmask], exact, g[b.cmask], coef, estimate=float(out.estimate),
+                                **kw)
     else:
         est = estimator_rows(targets=b.targets[b.cmask], **divergence_kwargs(L, divergence=False))
         metrics = chunked_oracle(fwd.h_s.detach()[b.cmask], fwd.w_s.detach(),
@@ -277,7 +299,9 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
     completion tokens (module docstring). Returns ``(loss, diagnostics)``: a 0-dim
     tensor (nats) with gradient to the student, and the `diagnostics` floats; at an
     `oracle_due` ``step`` (the 1-based optimizer step) they include the `oracle`'s
-    ``estimator/*`` keys.
+    ``estimator/*`` keys. ``teacher``: the model, or a `teacher.SharedTeacher` (``teacher.serve:
+    shared``), whose request adds ``teacher/bytes_per_token`` and ``teacher/request_ms``; a
+    ``topk`` payload runs the configured estimator on the rebuilt logits (the reference path).
 
     With ``loss.importance_weight`` or ``rollout.staleness_correction: tis`` each sequence's loss is multiplied by
     `importance_weights` (the rollout policy's log p_θ at its sampling τ against the
@@ -290,12 +314,13 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
     """
     L = trial.loss
     batch = pack_batch(rollouts, pad_id, model_device(engine.module))
-    fwd = forward(engine, teacher, batch, L.pad_vocab)
+    fwd = forward(engine, teacher, batch, L.pad_vocab, trial, oracle_due(L, step))
     weights = None
     if L.importance_weight or trial.rollout.staleness_correction == "tis":
         weights = importance_weights(trial, rollouts, batch.cmask, _policy_logp(trial, fwd))
-    out = LOSSES[loss_impl(L)](fwd, L, weights, gen)
-    diag = diagnostics(out.stats, weights)
+    impl = loss_impl(L) if fwd.t_logits is None else "reference"  # a top-k payload: the rebuilt logits
+    out = LOSSES[impl](fwd, L, weights, gen)
+    diag = {**diagnostics(out.stats, weights), **fwd.teacher_metrics}
     if oracle_due(L, step):
         diag.update(oracle(fwd, L, weights, out))
     return out.loss, diag

@@ -243,7 +243,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
     return model
 
 
-def configure_passes(student: PreTrainedModel, teacher: PreTrainedModel, *, gradient_checkpointing: bool,
+def configure_passes(student: PreTrainedModel, teacher: PreTrainedModel | None, *, gradient_checkpointing: bool,
                      compile: bool) -> None:
     """How a trial's training passes run, set in place on the two models.
 
@@ -265,7 +265,8 @@ def configure_passes(student: PreTrainedModel, teacher: PreTrainedModel, *, grad
     if compile:
         log.info("[trial] training passes compiled (resources.compile): the first steps of a process compile them")
         for model in (student, teacher):
-            model.base_model.compile(dynamic=True)
+            if model is not None:  # None: a shared teacher that this worker does not hold (`distillab.teacher`)
+                model.base_model.compile(dynamic=True)
 
 
 def neutral_generation_config(config) -> GenerationConfig:

@@ -45,6 +45,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from distillab.checks import checkpoint_files_error
 from distillab.config import ConfigError, SweepConfig, TrialConfig
 from distillab.models import (
+    DTYPES,
     bf16_in_float32,
     build_char_tokenizer,
     check_lm_heads,
@@ -52,6 +53,7 @@ from distillab.models import (
     load_tokenizer,
     micro_llama_config,
 )
+from distillab.payload import payload_bytes_per_token
 from distillab.prepare import prepare_key, refined_teacher_dir
 from distillab.sweep import expected_trials
 from distillab.tasks.countdown import generate_skill_items
@@ -94,6 +96,7 @@ class Role:
     vocab_rows: int
     params: int
     path_if_prepared: Path | None = None
+    hidden_size: int = 0
 
 
 def _count_params(config) -> int:
@@ -115,7 +118,8 @@ def _checkpoint_role(role: str, raw: str, weights: bool = True) -> Role:
     except (OSError, ValueError, ImportError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{field_}: {path}: cannot load its tokenizer or config: {first}") from None
-    return Role(role, path.resolve(), tok, int(config.vocab_size), _count_params(config))
+    return Role(role, path.resolve(), tok, int(config.vocab_size), _count_params(config),
+                hidden_size=int(config.hidden_size))
 
 
 def _micro_role(sweep: SweepConfig, role: str) -> Role:
@@ -125,7 +129,7 @@ def _micro_role(sweep: SweepConfig, role: str) -> Role:
     config = micro_llama_config(len(tok), mcfg.hidden_size, mcfg.num_layers, mcfg.num_heads, mcfg.intermediate_size,
                                 mcfg.max_position_embeddings, tok)
     where = Path(m.cache_dir).expanduser().resolve() / f"{role}-{prepare_key(sweep, role)}"
-    return Role(role, None, tok, config.vocab_size, _count_params(config), where)
+    return Role(role, None, tok, config.vocab_size, _count_params(config), where, config.hidden_size)
 
 
 def check_checkpoints(sweep: SweepConfig, weights: bool = True) -> dict[str, Role]:
@@ -424,6 +428,32 @@ def _estimate_lines(sweep: SweepConfig, roles: dict[str, Role], p: Placement, tf
     return lines
 
 
+def _teacher_lines(sweep: SweepConfig, teacher: Role, p: Placement, cluster: Cluster) -> list[str]:
+    """The shared teacher (``teacher.serve: shared`` in some trial; nothing otherwise): parameter
+    memory of one teacher per node against one per concurrent trial (+ the lm_head each trial
+    holds), in the trials' precision, and each payload's bytes per token
+    (`payload.payload_bytes_per_token`; hidden states in that precision, top-k log-probs float32
+    with int32 ids)."""
+    shared = [t for t in sweep.trials if t.teacher.serve == "shared"]
+    if not shared:
+        return []
+    b = torch.tensor([], dtype=DTYPES[shared[0].precision]).element_size()
+    one, head = teacher.params * b, teacher.vocab_rows * teacher.hidden_size * b
+    per_node = -(-p.concurrent // cluster.nodes) if p.concurrent else 0
+    lines = [(f"teacher service (teacher.serve shared, {len(shared)} of the trials): one teacher per node, "
+              f"{cluster.nodes} x {_fmt(one)}B = {_fmt(cluster.nodes * one)}B of parameters ({shared[0].precision}), "
+              f"+ its lm_head ({_fmt(head)}B) in each of the {p.concurrent} concurrent trial(s), against "
+              f"{p.concurrent} x {_fmt(one)}B = {_fmt(p.concurrent * one)}B in the workers "
+              f"(up to {per_node} per node); it reserves no Ray resources")]
+    kw = {"vocab_size": teacher.vocab_rows, "hidden_size": teacher.hidden_size}
+    sizes = {"logits (in-worker)": payload_bytes_per_token("logits", **kw, value_bytes=b),
+             "hidden": payload_bytes_per_token("hidden", **kw, value_bytes=b)}
+    for k in sorted({t.teacher.top_k for t in shared if t.teacher.payload == "topk"}):
+        sizes[f"topk {k}"] = payload_bytes_per_token("topk", **kw, top_k=k)
+    lines.append("  payload bytes per token: " + ", ".join(f"{n} {v:,}" for n, v in sizes.items()))
+    return lines
+
+
 def bf16_cpu_note(sweep: SweepConfig) -> str | None:
     """A note, or None: the sweep trains in bf16 (``trial.precision: bf16`` in some trial) on
     CPU workers (``resources.gpus_per_worker: 0``) and its trials will compute their bf16
@@ -462,6 +492,7 @@ def dry_run(sweep: SweepConfig, cluster: Cluster | None = None, tflops: float | 
     p = placement(sweep, cluster)
     lines = [f"[dry-run] {sweep.name}: nothing started (no Ray, no prepare); results would go to {sweep.sweep_dir()}"]
     lines += _models_lines(roles, sweep) + _trial_lines(sweep) + _placement_lines(sweep, p, cluster)
+    lines += _teacher_lines(sweep, roles["teacher"], p, cluster)
     lines += _estimate_lines(sweep, roles, p, tflops)
     note = bf16_cpu_note(sweep)
     return "\n".join(lines + ([note] if note else [])), p.concurrent > 0

@@ -166,6 +166,11 @@ register("estimator/grad_cos", _ORACLE, "cosine between the estimator's and the 
 register("estimator/grad_norm_ratio", _ORACLE, "‖estimator gradient‖ / ‖exact gradient‖ (w.r.t. the student logits)")
 register("estimator/grad_cos_forward", _ORACLE, "cosine between the estimator's gradient and the exact KL(π_T‖π_S)'s")
 register("estimator/grad_cos_reverse", _ORACLE, "cosine between the estimator's gradient and the exact KL(π_S‖π_T)'s")
+# the shared teacher (teacher.serve: shared; distillab.teacher): what each step's request cost
+register("teacher/bytes_per_token", "teacher.SharedTeacher.score",
+         "bytes of the teacher service's answer per scored token (teacher.payload; payload.payload_bytes_per_token)")
+register("teacher/request_ms", "teacher.SharedTeacher.score",
+         "wall milliseconds of the step's request to the teacher service (teacher.serve shared)")
 register("rollout/length", "distill.step_metrics", "mean completion length (tokens)")
 register("rollout/staleness", "distill.step_metrics",
          "update lag of the weights that sampled the step's rollouts (steps; ≤ rollout.max_staleness; "

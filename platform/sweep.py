@@ -34,7 +34,8 @@ logger never (the Parquet tables are the results).
 Lazy imports: the recipe (`distillab.distill`), `distillab.models` and
 `distillab.rollout` (transformers, DeepSpeed, vLLM's client) are imported inside
 the functions that use them (`train_fn` in the Train workers, `train_in_trial_actor`
-in a local-mode trial actor, the OffPD set generation in the driver), so that the Tune
+in a local-mode trial actor, the OffPD set generation and the shared teacher service
+(`distillab.teacher`) in the driver), so that the Tune
 trial actor, which unpickles
 `run_trial` and so imports this module, loads Ray Tune, Ray Train and torch only:
 ``python -c "import distillab.sweep"`` takes 6.8–7.4 s of CPU (user) against
@@ -48,13 +49,14 @@ jobs), on the critical path of a trial's start.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import math
 import os
 import sys
 import time
 import traceback
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -507,6 +509,40 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
     return len(todo)
 
 
+#: The file in a sweep directory that holds the shared teacher service's request counts (`shared_teacher_service`).
+TEACHER_STATS_FILE = "teacher_service.json"
+
+
+@contextmanager
+def shared_teacher_service(sweep: SweepConfig, root: Path, teacher_path: Path):
+    """The sweep's teacher service while its trials run (``teacher.serve: shared`` in some trial;
+    nothing otherwise): `teacher.start_teacher_service` (one actor per node, restarted by Ray if it
+    dies, named `config.SweepConfig.teacher_service`, which the trials' `config.RuntimeContext` carries),
+    then each actor's request counts per trial (`teacher.TeacherScorer.stats`) into
+    ``<root>/teacher_service.json`` and the actors ended. Ray must be initialised."""
+    name = sweep.teacher_service
+    if name is None:
+        yield
+        return
+    from distillab.teacher import service_stats, start_teacher_service, stop_teacher_service  # lazy: torch
+
+    models = sorted({(t.precision, t.attn_implementation) for t in sweep.trials if t.teacher.serve == "shared"},
+                    key=str)
+    actors = start_teacher_service(name, teacher_path, sweep.resources.torch_threads, models)
+    print(f"[teacher] shared teacher service {name}: {len(actors)} actor(s), one per node", flush=True)
+    try:
+        yield
+    finally:
+        try:
+            stats = service_stats(actors)
+            (root / TEACHER_STATS_FILE).write_text(json.dumps(stats, indent=1))
+            served = sum(n for st in stats for n in st["requests"].values())
+            print(f"[teacher] {served} request(s) answered for {len({t for st in stats for t in st['requests']})} "
+                  f"trial(s)", flush=True)
+        finally:
+            stop_teacher_service(actors)
+
+
 def _trainable(sweep: SweepConfig, ctx: RuntimeContext, verbose: int = 1):
     """`run_trial` with the sweep's validated trials (grid) and base trial (`search_trials`),
     the runtime context ``ctx``, its `train_settings` and its resources (typed objects: Tune
@@ -662,7 +698,8 @@ def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, ver
             callbacks=[CSVLoggerCallback(), JsonLoggerCallback(), *tracker_callbacks(sweep, quiet=verbose < 2)],
         ),
     )
-    return _fit(tuner, sweep, root)
+    with shared_teacher_service(sweep, root, teacher_path):
+        return _fit(tuner, sweep, root)
 
 
 def resume_sweep(root: str | Path, teacher_path: Path, student_path: Path, *, verbose: int = 1) -> Path:
@@ -678,7 +715,8 @@ def resume_sweep(root: str | Path, teacher_path: Path, student_path: Path, *, ve
                                resume_errored=True)
     driver_console(verbose)
     print_completed_before(root, sweep)
-    return _fit(tuner, sweep, root)
+    with shared_teacher_service(sweep, root, teacher_path):
+        return _fit(tuner, sweep, root)
 
 
 def print_completed_before(root: Path, sweep: SweepConfig) -> None:

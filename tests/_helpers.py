@@ -25,6 +25,16 @@ def load_script(path: str) -> ModuleType:
     return mod
 
 
+def random_rollouts(vocab: int, seed: int) -> Rollouts:
+    """Four rollouts of random token ids in [1, ``vocab``) drawn with ``seed``, of (prompt, completion)
+    lengths (3, 5), (6, 2), (2, 0) (an empty completion) and (4, 7); logprobs 0."""
+    g = torch.Generator().manual_seed(seed)
+    lens = [(3, 5), (6, 2), (2, 0), (4, 7)]
+    prompts = [torch.randint(1, vocab, (p,), generator=g).tolist() for p, _ in lens]
+    comps = [torch.randint(1, vocab, (c,), generator=g).tolist() for _, c in lens]
+    return Rollouts(prompts, comps, [[0.0] * len(c) for c in comps], ["stop"] * len(comps))
+
+
 class AlwaysEngine:
     """A generation engine (``generate(prompts, sampling_params) -> rollout.types.Rollouts``) that writes
     the same completion ``text`` for every sample (hand-countable evaluation rows)."""

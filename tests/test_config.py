@@ -324,6 +324,55 @@ def test_trial_ids_name_the_estimator() -> None:
     assert tid({"estimator": "k1", "kind": "reverse", "k_gradient": "pathwise"}, "onpd") == "onpd-reverse-k1-pathwise"
 
 
+def test_teacher_section_and_its_errors(tmp_path: Path) -> None:
+    """``teacher:`` (issue 35 item 2): worker by default (today's trial ids unchanged); each bad
+    combination is an error naming the field and the allowed values, from the YAML."""
+    t = TrialConfig().teacher
+    assert (t.serve, t.payload, t.top_k, t.label) == ("worker", None, None, "")
+    # a trial at the default keeps the id it had before the section existed (main at 80980f5), so that
+    # earlier sweeps' results and --resume find their trials; a shared teacher changes the hash
+    assert TrialConfig().trial_id == "offpd-forward-lr1e-05-s42-06fc67f7"
+    assert [t.trial_id for t in load_sweep(SMOKE).trials] == ["offpd-forward-lr0.001-s42-16e1cea3",
+                                                              "onpd-forward-lr0.001-s42-28c869b0"]
+    cases = [
+        ("{serve: remote}", "teacher.serve", "'worker' or 'shared'"),
+        ("{payload: hidden}", "teacher.payload 'hidden' needs teacher.serve 'shared'", "leave teacher.payload null"),
+        ("{serve: shared}", "teacher.serve 'shared' needs teacher.payload", "allowed: hidden, topk"),
+        ("{serve: shared, payload: logits}", "teacher.payload", "'hidden' or 'topk'"),
+        ("{serve: shared, payload: topk}", "teacher.payload 'topk' needs teacher.top_k", "integer >= 1"),
+        ("{serve: shared, payload: topk, top_k: 0}", "teacher.top_k", "greater than or equal to 1"),
+        ("{serve: shared, payload: hidden, top_k: 8}", "teacher.top_k is read by teacher.payload 'topk' only",
+         "leave it null"),
+    ]
+    for text, field, allowed in cases:
+        msg = _error(tmp_path, f"name: t\ntrial:\n  teacher: {text}\n")
+        assert field in msg and allowed in msg, (text, msg)
+    msg = _error(tmp_path, "name: t\ntrial:\n  loss: {importance_weight: true}\n"
+                           "  teacher: {serve: shared, payload: topk, top_k: 4}\n")
+    assert "loss.importance_weight with rollout.policy 'offpd'" in msg and "payload 'hidden'" in msg
+    msg = _error(tmp_path, "name: t\ntrial:\n  loss: {impl: triton}\n  teacher: {serve: shared, payload: topk, top_k: 4}\n")
+    assert "loss.impl 'triton'" in msg
+    ok = TrialConfig.model_validate({"seed": 1, "teacher": {"serve": "shared", "payload": "topk", "top_k": 8}})
+    assert ok.trial_id.startswith("offpd-forward-topk8-lr")
+    assert load_sweep(SMOKE).teacher_service is None
+    shared = load_sweep(SMOKE, {"trial.teacher": {"serve": "shared", "payload": "hidden"}})
+    assert shared.teacher_service.startswith("teacher-smoke-")
+    assert all(t.trial_id.split("-")[2] == "hidden" for t in shared.trials)
+
+
+def test_micro_payload_file() -> None:
+    """search_spaces/micro_payload.yaml: OnPD at LR 3e-4, the shared teacher, payload hidden / top-8 /
+    top-2 x forward, reverse x seeds 42-44, no RLVR stage, the oracle on; micro_findings.yaml's models."""
+    cfg = load_sweep(REPO / "search_spaces" / "micro_payload.yaml")
+    trials = cfg.trials
+    assert len(trials) == 18 and len({t.trial_id for t in trials}) == 18
+    assert {((t.teacher.payload, t.teacher.top_k), t.loss.kind, t.seed) for t in trials} == set(
+        itertools.product([("hidden", None), ("topk", 8), ("topk", 2)], ["forward", "reverse"], [42, 43, 44]))
+    assert all(t.teacher.serve == "shared" and t.rollout.policy == "onpd" and t.optimizer.lr == 3e-4
+               and t.rlvr is None and t.loss.oracle_every > 0 and t.loss.estimator == "full" for t in trials)
+    assert cfg.models == load_sweep(FINDINGS).models and cfg.teacher_service is not None
+
+
 def test_ablation_sweep_files() -> None:
     """The robustness ablations and the estimator sweeps extend micro_findings.yaml: its prepared
     teacher and student, one changed setting each; the three robustness ablations on its

@@ -1,6 +1,6 @@
 """benchmarks/gpu_check.sh, the one prepared device call (issue 16, item 7), run here on CPU
 as CI runs it: every GPU row skipped with its reason, every CPU row passing, so that the
-script does not rot between the rare days a GPU is lent. Slow: ~1.5 min (four rows, each in
+script does not rot between the rare days a GPU is lent. Slow: ~2 min (five rows, each in
 its own process)."""
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ def test_gpu_check_on_cpu(tmp_path) -> None:
             assert got["status"] == "pass", got
     assert "worst rel. err." in rows["ops-torch"]["reason"] and "3 steps" in rows["trial-tiny-bpe"]["reason"]
     assert "staleness [0.0, 1.0, 1.0, 1.0]" in rows["trial-stale-k1"]["reason"]
+    assert "3 requests to the service, losses equal the in-worker teacher's" in rows["trial-shared-teacher"]["reason"]
     assert "| trial-tiny-bpe | pass |" in proc.stdout  # the printed table
-    assert (tmp_path / "gpu_check.log").read_text().count("=====") == 4  # each run row's output, in $OUT
+    assert (tmp_path / "gpu_check.log").read_text().count("=====") == 5  # each run row's output, in $OUT
 
 
 def test_rows_skip_for_missing_packages_and_devices() -> None:

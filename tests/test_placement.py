@@ -14,8 +14,9 @@ GCS's actor and placement-group tables, with node ids, and compares it with the 
 (`plan.placement`, `plan.dry_run` on the same cluster shape): each trial's Train worker in a
 placement-group bundle of exactly the plan's CPUs and GPU, the plan's number of trials at a
 time, each trial's vLLM rollout actor on its worker's node (Ray's owner address ties the two)
-and reserving nothing (the cluster's used CPUs and GPUs are the trials' bundles and trainables
-only). Then it ends the driver (by PID) and the cluster.
+and reserving nothing, and the shared teacher service (``teacher.serve: shared``, issue 35 item 2)
+one actor per node, reserving nothing either (the cluster's used CPUs and GPUs are the trials'
+bundles and trainables only). Then it ends the driver (by PID) and the cluster.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def paper_overrides(tmp_path: Path, teacher: Path, student: Path) -> dict:
         "trial.optimizer.steps": 2, "trial.optimizer.warmup_steps": 1, "trial.optimizer.prompts_per_step": 2,
         "trial.optimizer.train_prompts": 50, "trial.optimizer.checkpoint_every": 0,
         "trial.rollout.max_tokens": 8, "trial.rollout.vllm_max_model_len": 128,
+        "trial.teacher": {"serve": "shared", "payload": "hidden"},  # issue 35 item 2: the teacher service, one per node
         "trial.evaluation": {"id_items": 2, "pass_items": 1, "pass_n": 2, "pass_k": [1, 2], "ood_items": 2,
                              "max_tokens": 6, "countdown_tasks": ["countdown3"], "ood_backend": "micro"},
     }
@@ -65,8 +67,8 @@ def _set_args(overrides: dict) -> list[str]:
 
 def observe(n_trials: int, deadline: float, driver: subprocess.Popen) -> dict:
     """Poll the GCS until ``n_trials`` Train workers are alive at once, each with a rollout actor it
-    created; returns {"workers", "rollouts", "owners" (worker by port), "groups", "used"} seen then
-    (fails on timeout or a dead driver)."""
+    created; returns {"workers", "rollouts", "owners" (worker by port), "teachers" (the teacher
+    service's alive actors), "groups", "used"} seen then (fails on timeout or a dead driver)."""
     import ray
     from ray._private import state  # the GCS tables directly: no dashboard (its state API) to start
 
@@ -81,7 +83,9 @@ def observe(n_trials: int, deadline: float, driver: subprocess.Popen) -> dict:
             groups = [g for g in ray.util.placement_group_table().values() if g["state"] == "CREATED"]
             total, free = ray.cluster_resources(), ray.available_resources()
             used = {r: round(total.get(r, 0.0) - free.get(r, 0.0), 6) for r in ("CPU", "GPU")}
-            return {"workers": workers, "rollouts": rollouts, "owners": owners, "groups": groups, "used": used}
+            teachers = [a for a in actors if a["ActorClassName"] == "TeacherScorer" and a["State"] == "ALIVE"]
+            return {"workers": workers, "rollouts": rollouts, "owners": owners, "teachers": teachers, "groups": groups,
+                    "used": used}
         time.sleep(0.5)
     pytest.fail(f"{n_trials} trials with their rollout actors did not start within {TIMEOUT_S} s")
 
@@ -113,6 +117,7 @@ def test_paper_trials_are_placed_as_the_dry_run_says(tmp_path: Path) -> None:
     assert plan.concurrent == 2  # one trial per node: 8 CPUs, 1 GPU each
     assert "1 Train worker(s) x (7.99 CPU, 1 GPU) + 0.01 CPU (the Tune trainable) = 8 CPU, 1 GPU" in text
     assert "2 trial(s) at a time" in text and "a vLLM engine" in text and "reserving nothing" in text
+    assert "teacher service (teacher.serve shared, 2 of the trials): one teacher per node, 2 x " in text
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": NODE_CPUS, "num_gpus": NODE_GPUS,
                                                             "include_dashboard": False})
@@ -146,5 +151,7 @@ def test_paper_trials_are_placed_as_the_dry_run_says(tmp_path: Path) -> None:
     # each rollout actor on its own trial's worker's node
     for r in seen["rollouts"]:
         assert r["Address"]["NodeID"] == seen["owners"][r["OwnerAddress"]["Port"]]["Address"]["NodeID"], r
-    # the rollout actors reserve nothing: what is used is the trials' bundles and trainables
+    # the shared teacher: one service actor on each node, as the dry-run says
+    assert sorted(t["Address"]["NodeID"] for t in seen["teachers"]) == sorted(nodes), seen["teachers"]
+    # the rollout actors and the teacher service reserve nothing: what is used is the trials' bundles and trainables
     assert seen["used"] == {"CPU": round(plan.concurrent * plan.cpus, 6), "GPU": plan.concurrent * plan.gpus}

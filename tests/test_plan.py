@@ -333,3 +333,26 @@ def test_help_is_for_users(capsys) -> None:
         assert re.search(rf"^    {cmd} +\S", out, re.M), out  # listed with its help line
     assert "`--verbose` prints everything." in out and "``" not in out
     assert "Lazy imports" not in out and "HARMLESS_RAY_LINES" not in out
+
+
+def test_dry_run_costs_the_shared_teacher(capsys, tmp_path) -> None:
+    """``teacher.serve: shared``: the plan counts one teacher per node against one per concurrent trial
+    (the smoke teacher in fp32 on 2 nodes of 2 CPUs: 2 copies against 4) and each payload's bytes per
+    token by hand (V = 108 tokens, H = 64: logits 108 x 4, hidden 64 x 4, top-4 4 x 8 + 4); a sweep
+    without it prints no such line."""
+    sets = ["--set", f"models.cache_dir={tmp_path}", "--node-cpus", 2, "--node-gpus", 0, "--nodes", 2]
+    rc, out, err = _cli(capsys, "sweep", SMOKE, "--dry-run", *sets)
+    assert rc == 0 and "teacher service" not in out, err
+    rc, out, err = _cli(capsys, "sweep", SMOKE, "--dry-run", *sets, "--set", "resources.max_concurrent_trials=4", "--set",
+                        "search.grid=null", "--set", "search.grids=[{set: {teacher.serve: shared, teacher.payload: "
+                        "hidden}, grid: {seed: [1, 2]}}, {set: {teacher.serve: shared, teacher.payload: topk, "
+                        "teacher.top_k: 4}, grid: {seed: [1, 2]}}]")
+    assert rc == 0, err
+    m = re.search(r"teacher service \(teacher.serve shared, 4 of the trials\): one teacher per node, "
+                  r"2 x ([\d.]+)kB = ([\d.]+)kB of parameters \(fp32\), \+ its lm_head \(27.6kB\) in each of the "
+                  r"4 concurrent trial\(s\), against 4 x ([\d.]+)kB = ([\d.]+)kB in the workers", out)
+    assert m, out
+    one, two, one_b, four = map(float, m.groups())
+    assert one == one_b and two == pytest.approx(2 * one, rel=1e-2) and four == pytest.approx(4 * one, rel=1e-2)
+    assert 108 * 64 * 4 == 27648  # the lm_head's bytes above: V x H x 4
+    assert "payload bytes per token: logits (in-worker) 432, hidden 256, topk 4 36" in out

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from _helpers import EngineStandIn
+from _helpers import EngineStandIn, random_rollouts
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from distillab.config import LossConfig, TrialConfig
@@ -35,11 +35,7 @@ def _models(teacher_vocab=V, student_vocab=V):
 
 
 def _rollouts():
-    g = torch.Generator().manual_seed(1)
-    lens = [(3, 5), (6, 2), (2, 0), (4, 7)]  # (prompt, completion); one empty completion
-    prompts = [torch.randint(1, V, (p,), generator=g).tolist() for p, _ in lens]
-    comps = [torch.randint(1, V, (c,), generator=g).tolist() for _, c in lens]
-    return Rollouts(prompts, comps, [[0.0] * len(c) for c in comps], ["stop"] * len(comps))
+    return random_rollouts(V, 1)  # (prompt, completion) lengths (3, 5), (6, 2), (2, 0), (4, 7)
 
 
 def _run(impl, kind="forward", teacher_vocab=V, student_vocab=V, pad=False):
