@@ -78,10 +78,10 @@ from distillab.ops.kl import (
     token_logprobs,
     topk_divergence_and_grad,
 )
-from distillab.ops.triton_kl import check_triton_usable, triton_available, triton_token_divergence_and_grad
+from distillab.ops.triton_kl import TRITON_KINDS, check_triton_usable, triton_available, triton_token_divergence_and_grad
 from distillab.registry import check_choice, check_estimator
 
-__all__ = ["ChunkedOutput", "RowEstimator", "chunked_distill_loss", "estimator_rows", "pad_vocab",
+__all__ = ["ChunkedOutput", "RowEstimator", "chunked_distill_loss", "estimator_rows", "pad_vocab", "triton_fits",
            "check_vocab_sizes", "token_logprobs_from_hidden"]
 
 BACKENDS = ("auto", "torch", "triton")
@@ -447,6 +447,14 @@ def _chunk_rows(chunk_size: int | None, N: int, V: int, H: int) -> int:
     return int(chunk_size)
 
 
+def triton_fits(est, kind: str, device: torch.device, compute_dtype: torch.dtype) -> bool:
+    """Whether ``backend="auto"`` may run the Triton kernels: estimator ``full`` (``est`` None,
+    `estimator_rows`), a divergence the kernels know (``ops.triton_kl.TRITON_KINDS``; a kind added
+    to `registry.KINDS` without a kernel keeps the torch rows), a CUDA ``device`` and float32
+    ``compute_dtype``."""
+    return est is None and kind in TRITON_KINDS and device.type == "cuda" and compute_dtype == torch.float32
+
+
 def _pick_backend(backend: str, triton_fits: bool, device: torch.device) -> str:
     """``"auto"``: Triton where it fits (``triton_fits``: estimator full, CUDA, float32) and
     imports, torch otherwise; ``"triton"`` is checked usable on ``device`` (RuntimeError)."""
@@ -547,8 +555,11 @@ def chunked_distill_loss(
     if est is not None and backend == "triton":
         raise ValueError(f"backend 'triton' has kernels for estimator 'full' only; estimator {estimator!r} "
                          "runs its rows with backend 'torch' (or 'auto')")
+    if backend == "triton" and kind not in TRITON_KINDS:
+        raise ValueError(f"backend 'triton' has kernels for kind {list(TRITON_KINDS)} only; kind {kind!r} "
+                         "runs its rows with backend 'torch' (or 'auto')")
     chunk_size = _chunk_rows(chunk_size, h_s.shape[0], student_weight.shape[0], h_s.shape[1])
-    backend = _pick_backend(backend, est is None and h_s.is_cuda and compute_dtype == torch.float32, h_s.device)
+    backend = _pick_backend(backend, triton_fits(est, kind, h_s.device, compute_dtype), h_s.device)
     grad_on = torch.is_grad_enabled()
     need = (
         grad_on and h_s.requires_grad,

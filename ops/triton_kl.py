@@ -51,6 +51,7 @@ from distillab.ops.kl import (
 )
 
 __all__ = [
+    "TRITON_KINDS",
     "triton_available",
     "check_triton_usable",
     "triton_token_divergence_and_grad",
@@ -68,6 +69,8 @@ except Exception as e:  # pragma: no cover - exercised where triton is missing
 
 _INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 _KIND_ID = {"forward": 0, "reverse": 1, "jsd": 2}
+#: the divergences (`registry.KINDS`) the kernels compute; any other kind runs the torch rows of ``ops.chunked``
+TRITON_KINDS = tuple(_KIND_ID)
 
 
 def triton_available() -> bool:

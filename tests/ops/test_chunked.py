@@ -394,3 +394,23 @@ def test_saturated_jsd_gradient_within_1e2_of_float64(std):
     loss.backward()
     assert rel(w_s.grad.T, ref_g) <= 1e-2
     assert abs(loss.item() - ref.item()) <= 1e-5 * ref.item()
+
+
+def test_auto_picks_triton_only_for_the_kinds_it_has_kernels_for(monkeypatch):
+    """``backend="auto"`` runs the Triton kernels only for estimator full, a kernel kind, CUDA and float32: a kind
+    added to the registry without a kernel keeps the torch rows, and ``backend="triton"`` refuses it by name."""
+    import distillab.ops.chunked as chunked
+    from distillab.ops.triton_kl import TRITON_KINDS
+    from distillab.registry import KINDS
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert set(TRITON_KINDS) <= set(KINDS)
+    for kind in (*KINDS, "skew"):
+        assert chunked.triton_fits(None, kind, cuda, torch.float32) is (kind in TRITON_KINDS)
+        assert not chunked.triton_fits(None, kind, cpu, torch.float32)
+        assert not chunked.triton_fits(None, kind, cuda, torch.bfloat16)
+    assert not chunked.triton_fits(object(), "forward", cuda, torch.float32)  # a row estimator: torch rows
+    monkeypatch.setattr(chunked, "check_estimator", lambda estimator, kind: None)  # a kind new to the registry
+    h, w = torch.randn(3, 4), torch.randn(5, 4)
+    with pytest.raises(ValueError, match=r"backend 'triton' has kernels for kind \['forward', 'reverse', 'jsd'\]"):
+        chunked_distill_loss(h, w, h, w, kind="skew", backend="triton")
