@@ -212,11 +212,13 @@ def test_which_workers_still_hold_the_teacher_to_sample() -> None:
 
 @pytest.mark.slow
 def test_sweep_shares_one_teacher_and_hidden_equals_the_worker(run_locally, tmp_path) -> None:
-    """A smoke sweep of four trials, two at a time, on a local Ray (``resources.local_mode``, 2 steps):
+    """A smoke sweep of five trials, two at a time, on a local Ray (``resources.local_mode``, 2 steps):
     OnPD and OffPD (a reused OffPD set, which the driver generates before the trials: the shared
     OffPD worker holds no teacher at all) each with ``teacher.serve: worker`` and with ``shared`` +
-    ``payload: hidden``. One service actor answered
-    both shared trials (its request counts: one per step each), the shared trials report
+    ``payload: hidden``, and one OnPD reverse-KL trial with ``payload: topk``, k = 2 (2·4 + 2·4 + 4 =
+    20 bytes per token; its oracle reports the truncation's bias, non-zero and finite, and a gradient
+    cosine below 1 at each step). One service actor answered
+    every shared trial (its request counts: one per step each), the hidden trials report
     ``teacher/bytes_per_token`` = H_T · 4 and ``teacher/request_ms``, and every other per-step metric
     equals the worker trial's to 1e-6."""
     import json
@@ -230,18 +232,27 @@ def test_sweep_shares_one_teacher_and_hidden_equals_the_worker(run_locally, tmp_
     sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
         **_tiny_sets(tmp_path), "search.grid": None, "search.grids": [
             {"grid": {"rollout.policy": ["onpd", "offpd"]}},
-            {"set": {"teacher.serve": "shared", "teacher.payload": "hidden"}, "grid": {"rollout.policy": ["onpd", "offpd"]}}],
+            {"set": {"teacher.serve": "shared", "teacher.payload": "hidden"}, "grid": {"rollout.policy": ["onpd", "offpd"]}},
+            {"set": {"teacher.serve": "shared", "teacher.payload": "topk", "teacher.top_k": 2, "loss.kind": "reverse",
+                     "rollout.policy": "onpd"}}],
         "trial.rollout.offpd_reuse": True, "trial.rollout.engine": "transformers"})
     root = run_locally(sweep)
     res = load(root)
     trials = res.trials.collect()
-    assert trials.height == 4 and (trials["status"] == "completed").all(), trials["error"].to_list()
-    shared = {t.trial_id: t.rollout.policy for t in sweep.trials if t.teacher.serve == "shared"}
+    assert trials.height == 5 and (trials["status"] == "completed").all(), trials["error"].to_list()
+    topk = next(t.trial_id for t in sweep.trials if t.teacher.payload == "topk")
+    shared = {t.trial_id: t.rollout.policy for t in sweep.trials if t.teacher.payload == "hidden"}
     worker = {t.rollout.policy: t.trial_id for t in sweep.trials if t.teacher.serve == "worker"}
     assert all("-hidden-" in tid for tid in shared)
     stats = json.loads((root / TEACHER_STATS_FILE).read_text())
-    assert len(stats) == 1 and stats[0]["requests"] == {tid: 2 for tid in shared}  # one actor (one node), 2 steps each
+    assert len(stats) == 1 and stats[0]["requests"] == {tid: 2 for tid in [*shared, topk]}  # one actor, 2 steps each
     m = res.metrics.filter(pl.col("stage") == "distill").collect()
+    mine = m.filter(pl.col("trial_id") == topk)
+    top = {(n, s): v for n, s, v in zip(mine["name"], mine["step"], mine["value"])}
+    for step in (1, 2):  # the top-2 trial: 2 values + 2 ids + the tail, 4 bytes each; the truncation's oracle
+        assert top[("teacher/bytes_per_token", step)] == 20.0
+        assert 1e-6 < abs(top[("estimator/bias", step)]) < 10
+        assert -1 <= top[("estimator/grad_cos", step)] < 1 - 1e-6
     hidden_size = load_sweep(REPO / "search_spaces" / "smoke.yaml").models.micro_teacher.hidden_size
     timed = pl.col("name").str.starts_with("time/") | pl.col("name").str.contains("tokens_per_s|_s$")
     for tid, policy in shared.items():
@@ -258,30 +269,19 @@ def test_sweep_shares_one_teacher_and_hidden_equals_the_worker(run_locally, tmp_
             assert a == pytest.approx(b, rel=1e-6, abs=1e-6, nan_ok=True), (policy, name)
 
 
-@pytest.mark.slow
-def test_micro_payload_file_runs_a_topk_trial(run_locally, tmp_path) -> None:
-    """search_spaces/micro_payload.yaml at smoke size, one trial of its top-k grid (k = 2, reverse KL,
-    seed 42; the file's OnPD, LR and shared teacher): it completes, sends 2·8 + 4 = 20 bytes per token,
-    and its oracle reports the truncation's bias (non-zero, finite) and gradient cosine at each step."""
-    import polars as pl
+def test_micro_payload_file_lists_its_payload_grid() -> None:
+    """search_spaces/micro_payload.yaml: 18 OnPD trials at LR 3e-4 on the shared teacher, hidden, top-8 and
+    top-2 each for both KL directions and seeds 42-44 (its top-k trial runs in the sweep test above)."""
+    from collections import Counter
 
-    from distillab.analysis.results import load
     from distillab.config import load_sweep
 
-    sweep = load_sweep(REPO / "search_spaces" / "micro_payload.yaml", {
-        **_tiny_sets(tmp_path), "search.grids": [{"set": {"rollout.policy": "onpd", "optimizer.lr": 3e-4,
-                                                          "teacher.payload": "topk", "teacher.top_k": 2,
-                                                          "loss.kind": "reverse", "seed": 42}}]})
-    assert [t.trial_id.split("-lr")[0] for t in sweep.trials] == ["onpd-reverse-topk2"]
-    res = load(run_locally(sweep))
-    trials = res.trials.collect()
-    assert trials["status"].to_list() == ["completed"], trials["error"].to_list()
-    m = res.metrics.filter(pl.col("stage") == "distill").collect()
-    value = {(n, s): v for n, s, v in zip(m["name"], m["step"], m["value"])}
-    for step in (1, 2):
-        assert value[("teacher/bytes_per_token", step)] == 20.0
-        assert 1e-6 < abs(value[("estimator/bias", step)]) < 10
-        assert -1 <= value[("estimator/grad_cos", step)] < 1 - 1e-6
+    trials = load_sweep(REPO / "search_spaces" / "micro_payload.yaml").trials
+    assert len(trials) == 18 and {(t.rollout.policy, t.optimizer.lr, t.teacher.serve) for t in trials} == {
+        ("onpd", 3e-4, "shared")}
+    assert Counter((t.teacher.label, t.loss.kind) for t in trials) == {
+        (p, k): 3 for p in ("hidden", "topk8", "topk2") for k in ("forward", "reverse")}
+    assert sorted({t.seed for t in trials}) == [42, 43, 44]
 
 
 @pytest.mark.slow
