@@ -264,16 +264,15 @@ class SharedTeacher:
         out = (ray.get(self.scorer.answer.remote(req)) if isinstance(self.scorer, ray.actor.ActorHandle)
                else self.scorer.answer(req))
         ms = (time.perf_counter() - t0) * 1e3
-        device = self.w_t.device
-        h = out["hidden"].to(device) if "hidden" in out else None
+        device, sizes = self.w_t.device, {"vocab_size": self.vocab_size, "hidden_size": self.hidden_size}
+        h, t_logits = (out["hidden"].to(device) if "hidden" in out else None), None
         if c.payload == "hidden":
-            sent = payload_bytes_per_token("hidden", vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-                                           value_bytes=h.element_size())
-            return TeacherAnswer(h, None, {"teacher/bytes_per_token": float(sent), "teacher/request_ms": ms})
-        vals, ids, tail = out["topk_logp"], out["topk_ids"], out["tail_logmass"]
-        sent = payload_bytes_per_token("topk", vocab_size=self.vocab_size, hidden_size=self.hidden_size,
-                                       top_k=c.top_k, value_bytes=vals.element_size(), index_bytes=ids.element_size())
-        t_logits = topk_logits(vals, ids, tail, self.vocab_size, trial.loss.tau_t).to(device)
+            sent = payload_bytes_per_token("hidden", **sizes, value_bytes=h.element_size())
+        else:
+            vals, ids, tail = out["topk_logp"], out["topk_ids"], out["tail_logmass"]
+            sent = payload_bytes_per_token("topk", **sizes, top_k=c.top_k, value_bytes=vals.element_size(),
+                                           index_bytes=ids.element_size())
+            t_logits = topk_logits(vals, ids, tail, self.vocab_size, trial.loss.tau_t).to(device)
         return TeacherAnswer(h, t_logits, {"teacher/bytes_per_token": float(sent), "teacher/request_ms": ms})
 
 
