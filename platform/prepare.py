@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from transformers import LlamaForCausalLM
 
 from distillab.config import EvaluationConfig, MicroModelConfig, SeedsConfig, SweepConfig, cache_key
@@ -257,21 +258,37 @@ def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = Fal
             paths.append(p)
             continue
         out = cache / f"{role}-{prepare_key(sweep, role)}"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if force or not (out / "prepare.json").exists():
-            t0 = time.perf_counter()
-            info = _train_one(role, sweep, mcfg, out, threads)
-            summary = _summary(info["evals"])
-            log.debug("prepared %s in %.0f s: %s", role, time.perf_counter() - t0, summary)  # the [prepare] line says it
-            print(f"[prepare] {role}: {info['params']/1e6:.2f}M params, {info['train_seconds']:.0f} s SFT, {summary}", flush=True)
-        else:  # the scores it was prepared with (prepare.json), so a calibration reads them here
-            evals = json.loads((out / "prepare.json").read_text()).get("evals", [])
-            print(f"[prepare] {role}: cached at {out}, {_summary(evals)}", flush=True)
+        with _building(out):
+            if force or not (out / "prepare.json").exists():
+                t0 = time.perf_counter()
+                info = _train_one(role, sweep, mcfg, out, threads)
+                summary = _summary(info["evals"])
+                log.debug("prepared %s in %.0f s: %s", role, time.perf_counter() - t0, summary)  # the [prepare] line
+                print(f"[prepare] {role}: {info['params']/1e6:.2f}M params, {info['train_seconds']:.0f} s SFT, "
+                      f"{summary}", flush=True)
+            else:  # the scores it was prepared with (prepare.json), so a calibration reads them here
+                evals = json.loads((out / "prepare.json").read_text()).get("evals", [])
+                print(f"[prepare] {role}: cached at {out}, {_summary(evals)}", flush=True)
         paths.append(out)
     if m.teacher_refine is not None:
-        base = paths[0]
-        out = refined_teacher_dir(sweep, base)
-        out.parent.mkdir(parents=True, exist_ok=True)
+        paths[0] = _refined(sweep, paths[0], threads, force)
+    return paths[0], paths[1]
+
+
+def _building(out_dir: Path) -> FileLock:
+    """The lock held while ``out_dir`` is checked and, if missing, built: ``<out_dir>.lock``
+    beside it (a `filelock.FileLock`, released when its process ends however it ends). Two
+    sweeps or test workers that start at once on one machine train each model once; the
+    second waits, then finds it cached. Creates the cache folder."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(out_dir.parent / f".{out_dir.name}.lock")
+
+
+def _refined(sweep: SweepConfig, base: Path, threads: int, force: bool) -> Path:
+    """``models.teacher_refine``: the GRPO-refined teacher of ``base`` (`refine_teacher`),
+    trained unless cached (or ``force``), under the same lock as `prepare`'s models."""
+    out = refined_teacher_dir(sweep, base)
+    with _building(out):
         if force or not (out / "prepare.json").exists():
             info = refine_teacher(sweep, base, out, threads)
             print(f"[prepare] teacher GRPO: {info['steps']} steps in {info['train_seconds']:.0f} s, mean reward "
@@ -279,8 +296,7 @@ def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = Fal
                   f"{_summary(info['evals'])}", flush=True)
         else:
             print(f"[prepare] teacher GRPO: cached at {out}", flush=True)
-        paths[0] = out
-    return paths[0], paths[1]
+    return out
 
 
 __all__ = ["prepare", "prepare_key", "refine_key", "refine_teacher", "refined_teacher_dir", "scored_evaluation"]
