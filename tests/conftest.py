@@ -45,6 +45,45 @@ tempfile.tempdir = None
 
 import pytest  # noqa: E402
 
+#: pytest-xdist work units beyond one per file (scripts/test.sh: ``-n 2 --dist loadgroup``): the files whose
+#: tests use the session's ``smoke_sweep`` share one (the sweep is made once, on one worker; checked at
+#: collection), and the files that start multi-node ``ray.cluster_utils.Cluster`` heads another (never two
+#: such clusters at once on one machine)
+SHARED_UNITS = {"smoke_sweep": ("test_console.py", "test_plots.py", "test_sweep.py"),
+                "cluster": ("test_faults.py", "test_placement.py")}
+
+
+def work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test id: its `SHARED_UNITS` name, else its file. A worker runs a
+    unit whole and in order, so a module's fixtures are built once."""
+    path = nodeid.split("::")[0]
+    name = path.rsplit("/", 1)[-1]
+    return next((unit for unit, files in SHARED_UNITS.items() if name in files), path)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """`SHARED_UNITS` must name every file that uses ``smoke_sweep`` (else two workers make it)."""
+    users = {item.path.name for item in items if "smoke_sweep" in getattr(item, "fixturenames", ())}
+    missing = users - set(SHARED_UNITS["smoke_sweep"])
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py SHARED_UNITS['smoke_sweep'] misses {sorted(missing)}")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """With ``--dist loadgroup``: xdist's scope scheduler with `work_unit` as the scope, in
+    collection order (xdist 3.8's own ``xdist_group`` markers are lost on pytest 9.2, whose
+    test ids no longer come from ``Item._nodeid``). Other ``--dist`` modes: xdist's own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # the dev extra's pytest-xdist; only under -n
+
+    class WorkUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False
+    return WorkUnits(config, log)
+
 
 def _run_locally(sweep) -> Path:
     """``prepare`` (cached, 1 thread) and ``run_sweep`` on a local 2-CPU Ray without the
