@@ -283,13 +283,15 @@ def test_ray_job_submit(tmp_path: Path) -> None:
     from distillab.analysis.results import load
 
     ray_bin = str(Path(sys.executable).with_name("ray"))
-    gcs, dash, mport = _free_port(), _free_port(), _free_port()
+    # every port its own: Ray's default dashboard-agent port (52365) is taken by any other Ray on this
+    # machine (the other pytest-xdist worker's), and the head's job agent then never starts
+    gcs, dash, mport, agent = _free_port(), _free_port(), _free_port(), _free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     temp_dir = CACHE / f"ray-job-{os.getpid()}"
     head = subprocess.Popen(
         [ray_bin, "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2", "--include-dashboard=true",
          "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}", f"--metrics-export-port={mport}",
-         f"--temp-dir={temp_dir}"],
+         f"--dashboard-agent-listen-port={agent}", f"--temp-dir={temp_dir}"],
         env=env, stdout=(tmp_path / "head.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True,
     )
     address = f"http://127.0.0.1:{dash}"
