@@ -45,7 +45,7 @@ tempfile.tempdir = None
 
 import pytest  # noqa: E402
 
-#: pytest-xdist work units beyond one per file (scripts/test.sh: ``-n 2 --dist loadgroup``): the files whose
+#: pytest-xdist work units beyond one per file (``DISTILLAB_TEST_WORKERS=2 bash scripts/test.sh``): the files whose
 #: tests use the session's ``smoke_sweep`` share one (the sweep is made once, on one worker; checked at
 #: collection), and the files that start multi-node ``ray.cluster_utils.Cluster`` heads another (never two
 #: such clusters at once on one machine)
