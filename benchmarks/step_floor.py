@@ -67,9 +67,9 @@ def forward_backward_s(w, rollouts) -> tuple[float, float]:
     batch = pack_batch(rollouts, w.tok.pad_token_id)
     t0 = _clock()
     with torch.inference_mode():
-        h_t = w.teacher.base_model(**batch.teacher_inputs).last_hidden_state  # (B, T, H_T)
+        h_t = w.teacher.model.base_model(**batch.teacher_inputs).last_hidden_state  # (B, T, H_T)
     h_s = student.base_model(**batch.inputs).last_hidden_state  # (B, T, H_S)
-    loss = chunked_distill_loss(h_s, student.lm_head.weight, h_t.clone(), w.teacher.lm_head.weight, batch.cmask,
+    loss = chunked_distill_loss(h_s, student.lm_head.weight, h_t.clone(), w.teacher.w_t, batch.cmask,
                                 kind=L.kind, tau_s=L.tau_s, tau_t=L.tau_t, beta=L.beta)
     loss.backward()
     secs = _since(t0)

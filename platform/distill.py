@@ -51,7 +51,7 @@ from distillab.rollout.types import Rollouts
 from distillab.session import RaySession, Session
 from distillab.tables import report_metrics
 from distillab.tasks.data import TaskData
-from distillab.teacher import samples_with_teacher, shared_teacher, teacher_rows
+from distillab.teacher import LocalTeacher, samples_with_teacher, shared_teacher
 from distillab.telemetry import MetricsLog, RayGauges, TrialTimes, quiet_report_log
 
 __all__ = ["WorkerState", "setup_models", "setup_trial", "step_metrics", "log_step", "end_loop",
@@ -132,8 +132,8 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
     rank, world = session.rank, session.world
     torch.manual_seed(trial.seed)
     tok, teacher, student = setup_models(ctx, trial)
-    scorer = teacher if trial.teacher.serve == "worker" else shared_teacher(trial, ctx, trial_id)  # scores the loss
-    check_lm_heads(teacher_rows(scorer), student.config.vocab_size, len(tok), trial.loss.pad_vocab,
+    scorer = LocalTeacher(teacher) if trial.teacher.serve == "worker" else shared_teacher(trial, ctx, trial_id)
+    check_lm_heads(scorer.vocab_size, student.config.vocab_size, len(tok), trial.loss.pad_vocab,
                    spectrum=trial.rollout.policy == "spectrum")
     init_state = {k: v.detach().float().clone() for k, v in student.state_dict().items()}
     resume: Resume | None = session.restore(
@@ -150,8 +150,8 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
     engine, _, per_worker = setup_engine(student, trial.optimizer, world, precision=trial.precision,
                                          master_weights=trial.master_weights)  # the teacher follows the student:
     scorer.to(engine.device)  # DeepSpeed placed it on this rank's GPU, or the CPU
-    if teacher is not None and teacher is not scorer:
-        teacher.to(engine.device)  # the shared teacher's sampler
+    if teacher is not None:
+        teacher.to(engine.device)  # the sampler's (with teacher.serve: worker, the scorer's model: a no-op)
     touched = (TouchedParameters(engine.module, None if resume is None else resume.state["touched"])
                if trial.evaluation.sparsity_touched else None)
     data = TaskData.of(trial)

@@ -41,7 +41,6 @@ from distillab.ops.chunked import chunked_distill_loss, estimator_rows, pad_voca
 from distillab.ops.kl import STAT_NAMES, engine_mismatch_weights, estimator_loss, row_coefficients, token_stats
 from distillab.ops.oracle import chunked_oracle, logits_oracle
 from distillab.rollout.types import Rollouts, engine_logprobs, model_device, pack_rollouts, position_ids
-from distillab.teacher import SharedTeacher, teacher_hidden
 
 __all__ = ["Batch", "Forward", "LossOutput", "LOSSES", "DIAGNOSTICS", "pack_batch", "forward", "loss_impl",
            "oracle_due", "oracle", "importance_weights", "diagnostics", "loss_step"]
@@ -124,8 +123,6 @@ def _hidden(model, module, inputs: dict) -> torch.Tensor:
 
 
 def _lm_head(model) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if isinstance(model, SharedTeacher):  # the lm_head a trial holds of a shared teacher
-        return model.w_t, model.b_t
     head = model.get_output_embeddings()
     return head.weight, getattr(head, "bias", None)
 
@@ -140,16 +137,12 @@ def forward(engine, teacher, batch: Batch, pad: bool, trial: TrialConfig | None 
             oracle_step: bool = False) -> Forward:
     """Teacher (no grad) and student (``engine(...)``: DeepSpeed's hooks run) forward on
     ``batch``; ``pad``: pad the smaller lm_head with −inf rows (``ops.chunked.pad_vocab``).
-    ``teacher``: the model (``teacher.serve: worker``) or a `teacher.SharedTeacher`, asked for
-    ``trial``'s payload (and, at an ``oracle_step`` of a ``topk`` payload, the hidden states too)."""
-    t_logits, metrics = None, {}
-    if isinstance(teacher, SharedTeacher):
-        answer = teacher.score(trial, batch.teacher_inputs, with_hidden=oracle_step)
-        h_t, t_logits, metrics = answer.h_t, answer.t_logits, answer.metrics  # (B, T, H_T), (B, T, V_T) or None
-    else:
-        h_t = teacher_hidden(teacher, batch.teacher_inputs)  # (B, T, H_T)
+    ``teacher``: a `teacher.LocalTeacher` (``teacher.serve: worker``) or a `teacher.SharedTeacher`,
+    asked for ``trial``'s payload (and, at an ``oracle_step`` of a ``topk`` payload, the hidden states too)."""
+    answer = teacher.score(trial, batch.teacher_inputs, with_hidden=oracle_step)
+    h_t, t_logits, metrics = answer.h_t, answer.t_logits, answer.metrics  # (B, T, H_T) or None, (B, T, V_T) or None
     h_s = _hidden(engine, engine.module, batch.inputs)  # (B, T, H_S)
-    (w_s, b_s), (w_t, b_t) = _lm_head(engine.module), _lm_head(teacher)  # (V_S, H_S), (V_T, H_T)
+    (w_s, b_s), (w_t, b_t) = _lm_head(engine.module), (teacher.w_t, teacher.b_t)  # (V_S, H_S), (V_T, H_T)
     w_t, b_t = w_t.detach(), None if b_t is None else b_t.detach()  # a constant: h_t never enters autograd
     if pad and w_s.shape[0] < w_t.shape[0]:
         w_s, b_s = pad_vocab(w_s, w_t.shape[0], b_s)
@@ -299,8 +292,8 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
     completion tokens (module docstring). Returns ``(loss, diagnostics)``: a 0-dim
     tensor (nats) with gradient to the student, and the `diagnostics` floats; at an
     `oracle_due` ``step`` (the 1-based optimizer step) they include the `oracle`'s
-    ``estimator/*`` keys. ``teacher``: the model, or a `teacher.SharedTeacher` (``teacher.serve:
-    shared``), whose request adds ``teacher/bytes_per_token`` and ``teacher/request_ms``; a
+    ``estimator/*`` keys. ``teacher``: a `teacher.LocalTeacher` (the model in this worker) or a
+    `teacher.SharedTeacher` (``teacher.serve: shared``), whose request adds ``teacher/bytes_per_token`` and ``teacher/request_ms``; a
     ``topk`` payload runs the configured estimator on the rebuilt logits (the reference path).
 
     With ``loss.importance_weight`` or ``rollout.staleness_correction: tis`` each sequence's loss is multiplied by

@@ -55,9 +55,8 @@ from distillab.payload import payload_bytes_per_token
 from distillab.rollout.actor import resolve_engine
 
 __all__ = ["SERVICE_NAMESPACE", "TeacherRequest", "TeacherAnswer", "TeacherScorer", "SharedTeacher",
-           "teacher_hidden", "load_lm_head", "topk_payload", "topk_logits", "start_teacher_service",
-           "stop_teacher_service", "service_stats", "connect_teacher", "samples_with_teacher", "shared_teacher",
-           "teacher_rows"]
+           "LocalTeacher", "teacher_hidden", "load_lm_head", "topk_payload", "topk_logits", "start_teacher_service",
+           "stop_teacher_service", "service_stats", "connect_teacher", "samples_with_teacher", "shared_teacher"]
 
 #: The Ray namespace of the service's named actors (trials find their node's actor by name there).
 SERVICE_NAMESPACE = "distillab"
@@ -276,6 +275,36 @@ class SharedTeacher:
         return TeacherAnswer(h, t_logits, {"teacher/bytes_per_token": float(sent), "teacher/request_ms": ms})
 
 
+class LocalTeacher:
+    """The loss's teacher held in the trial's worker (``teacher.serve: worker``): the model itself,
+    with `SharedTeacher`'s interface, so that the loss (`loss.forward`) asks either the same way.
+    ``score`` runs `teacher_hidden` here (a `TeacherAnswer` with h_T (B, T, H_T) in the model's dtype,
+    no rebuilt logits, no request metrics); ``w_t`` (V, H) and ``b_t`` (V,) or None are the model's
+    lm_head (live: they follow the model's device); ``vocab_size`` is ``config.vocab_size``."""
+
+    def __init__(self, model):
+        self.model = model
+        self.vocab_size, self.hidden_size = model.config.vocab_size, model.config.hidden_size
+
+    @property
+    def w_t(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    @property
+    def b_t(self) -> torch.Tensor | None:
+        return getattr(self.model.get_output_embeddings(), "bias", None)
+
+    def to(self, device) -> "LocalTeacher":
+        """The model moved to ``device`` (the student's); returns self."""
+        self.model.to(device)
+        return self
+
+    def score(self, trial: TrialConfig | None, inputs: dict, with_hidden: bool = False) -> TeacherAnswer:
+        """`TeacherAnswer` of the batch ``inputs`` ((B, T) tensors on the model's device): its final
+        hidden states; ``trial`` and ``with_hidden`` are `SharedTeacher.score`'s (h_T is always here)."""
+        return TeacherAnswer(teacher_hidden(self.model, inputs), None)
+
+
 def _actor_name(service: str, node_id: str) -> str:
     return f"{service}@{node_id}"
 
@@ -325,12 +354,6 @@ def connect_teacher(service: str):
             raise RuntimeError(f"teacher.serve 'shared': no actor of the teacher service {service!r} is running "
                                "(distillab sweep starts it before the trials)") from None
         return ray.get_actor(named[0], namespace=SERVICE_NAMESPACE)
-
-
-def teacher_rows(teacher) -> int:
-    """The lm_head rows V_T of the teacher a trial scores with: a model (``config.vocab_size``) or a
-    `SharedTeacher` (its lm_head's)."""
-    return teacher.vocab_size if isinstance(teacher, SharedTeacher) else teacher.config.vocab_size
 
 
 def samples_with_teacher(trial: TrialConfig) -> bool:

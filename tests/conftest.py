@@ -45,7 +45,7 @@ tempfile.tempdir = None
 
 import pytest  # noqa: E402
 
-#: pytest-xdist work units beyond one per file (``DISTILLAB_TEST_WORKERS=2 bash scripts/test.sh``): the files whose
+#: pytest-xdist work units beyond one per file (`bash scripts/test.sh` runs two workers): the files whose
 #: tests use the session's ``smoke_sweep`` share one (the sweep is made once, on one worker; checked at
 #: collection), and the files that start multi-node ``ray.cluster_utils.Cluster`` heads another (never two
 #: such clusters at once on one machine)
@@ -69,6 +69,7 @@ def pytest_collection_modifyitems(config, items) -> None:
         raise pytest.UsageError(f"tests/conftest.py SHARED_UNITS['smoke_sweep'] misses {sorted(missing)}")
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest without pytest-xdist (a venv from before it was a dev dependency)
 def pytest_xdist_make_scheduler(config, log):
     """With ``--dist loadgroup``: xdist's scope scheduler with `work_unit` as the scope, in
     collection order (xdist 3.8's own ``xdist_group`` markers are lost on pytest 9.2, whose

@@ -18,6 +18,7 @@ from distillab.config import SweepConfig, TrialConfig
 from distillab.loss import loss_step
 from distillab.models import bf16_matmuls, configure_passes, load_model
 from distillab.rollout.types import Rollouts
+from distillab.teacher import LocalTeacher
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,7 @@ def _rollouts(seed: int, batch: int, vocab: int) -> Rollouts:
 
 def _loss_and_grads(trial: TrialConfig, student, teacher, rollouts: Rollouts) -> tuple[float, dict[str, torch.Tensor]]:
     """The trial's loss (`loss.loss_step`, chunked forward KL) on ``rollouts`` and the student's gradients."""
-    loss, _ = loss_step(trial, EngineStandIn(student), teacher, rollouts, 0, torch.Generator().manual_seed(0))
+    loss, _ = loss_step(trial, EngineStandIn(student), LocalTeacher(teacher), rollouts, 0, torch.Generator().manual_seed(0))
     loss.backward()
     grads = {n: p.grad.detach().double().clone() for n, p in student.named_parameters()}
     student.zero_grad(set_to_none=True)

@@ -121,7 +121,7 @@ def test_bf16_setup_holds_the_models_in_bf16(models, tmp_path, master) -> None:
     w = setup_trial(_trial(precision="bf16", master_weights=master), ctx, "setup", LocalSession())
     params = list(w.engine.module.parameters())
     assert {p.dtype for p in params} == {torch.bfloat16}
-    assert {p.dtype for p in w.teacher.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in w.teacher.model.parameters()} == {torch.bfloat16}
     if master == "fp32":
         assert isinstance(w.engine.optimizer, FP16_UnfusedOptimizer)
         masters = [m for g in w.engine.optimizer.fp32_groups for m in g]

@@ -28,7 +28,7 @@ from distillab.config import TrialConfig
 from distillab.loss import loss_step, pack_batch
 from distillab.ops.kl import reduce_loss
 from distillab.payload import payload_bytes_per_token
-from distillab.teacher import SharedTeacher, TeacherRequest, TeacherScorer, load_lm_head, topk_logits, topk_payload
+from distillab.teacher import LocalTeacher, SharedTeacher, TeacherRequest, TeacherScorer, load_lm_head, topk_logits, topk_payload
 
 V, PAD = 41, 0
 REPO = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def test_hidden_payload_equals_in_worker_scoring(teacher_path, loss, impls) -> N
         cfg = {"rollout": {"policy": "onpd"}, "loss": {**loss, "impl": impl, "oracle_every": 1}}
         worker = TrialConfig.model_validate(cfg)
         shared = TrialConfig.model_validate({**cfg, "teacher": {"serve": "shared", "payload": "hidden"}})
-        ref_loss, ref_diag, ref_grads = _run(worker, in_worker, step=1)
+        ref_loss, ref_diag, ref_grads = _run(worker, LocalTeacher(in_worker), step=1)
         got_loss, got_diag, got_grads = _run(shared, _shared(shared, teacher_path), step=1)
         assert got_loss.item() == pytest.approx(ref_loss.item(), rel=1e-6, abs=1e-6)
         assert got_diag["teacher/bytes_per_token"] == 48 * 4 and got_diag["teacher/request_ms"] > 0
@@ -319,3 +319,24 @@ def test_service_actor_restarts_after_it_dies(teacher_path) -> None:
                 time.sleep(0.1)
     finally:
         ray.shutdown()
+
+
+def test_local_teacher_answers_as_the_model_and_holds_its_lm_head(teacher_path) -> None:
+    """`LocalTeacher` (``teacher.serve: worker``): its answer is the model's last hidden state (the
+    ``output_hidden_states`` of a full forward, bitwise), with no rebuilt logits and no request
+    metrics; ``w_t`` is the model's lm_head weight itself and ``vocab_size`` its config's, the same
+    as a `SharedTeacher` reads from the safetensors."""
+    from distillab.models import load_model
+
+    model = load_model(teacher_path).eval().requires_grad_(False)
+    local, ro = LocalTeacher(model), _rollouts()
+    batch = pack_batch(ro, PAD, torch.device("cpu"))
+    answer = local.score(None, batch.teacher_inputs)
+    with torch.no_grad():
+        want = model(**batch.teacher_inputs, output_hidden_states=True).hidden_states[-1]
+    assert answer.t_logits is None and answer.metrics == {}
+    assert answer.h_t.shape == (*batch.teacher_inputs["input_ids"].shape, 48) and torch.equal(answer.h_t, want)
+    assert local.w_t is model.lm_head.weight and local.b_t is None and local.vocab_size == V
+    w, _ = load_lm_head(teacher_path, torch.float32)
+    assert torch.equal(local.w_t, w)
+    assert local.to("cpu") is local

@@ -17,6 +17,7 @@ from distillab.loss import loss_step
 from distillab.rollout.source import TeacherPrompts, offpd_rollout_set, step_prompts
 from distillab.rollout.types import Rollouts
 from distillab.tasks.data import train_prompts
+from distillab.teacher import LocalTeacher
 
 V, PAD = 37, 0
 
@@ -59,12 +60,12 @@ def test_conditioned_loss_matches_per_sequence_float64(impl, kind):
     teacher, student = _model(0, 48).eval(), _model(1, 32)
     ro = _conditioned_rollouts()
     trial = TrialConfig(loss=LossConfig(kind=kind, impl=impl, tau_t=0.5, tau_s=1.0))
-    loss, diag = loss_step(trial, EngineStandIn(student), teacher, ro, PAD, torch.Generator().manual_seed(0))
+    loss, diag = loss_step(trial, EngineStandIn(student), LocalTeacher(teacher), ro, PAD, torch.Generator().manual_seed(0))
     ref = _reference_loss(teacher, student, ro, kind, 1.0, 0.5)
     assert loss.item() == pytest.approx(ref, rel=1e-5)
     # and it is not the unconditioned loss (the teacher's prompt matters)
     plain = Rollouts(ro.prompt_ids, ro.completion_ids, ro.logprobs, ro.finish_reasons)
-    other, _ = loss_step(trial, EngineStandIn(student), teacher, plain, PAD, torch.Generator().manual_seed(0))
+    other, _ = loss_step(trial, EngineStandIn(student), LocalTeacher(teacher), plain, PAD, torch.Generator().manual_seed(0))
     assert abs(other.item() - ref) > 1e-3
 
 

@@ -16,6 +16,7 @@ from distillab.config import LossConfig, TrialConfig
 from distillab.loss import loss_step
 from distillab.ops.kl import distill_loss, token_divergence
 from distillab.rollout.types import Rollouts, pack_rollouts, position_ids
+from distillab.teacher import LocalTeacher
 
 V, PAD = 41, 0
 
@@ -41,7 +42,7 @@ def _rollouts():
 def _run(impl, kind="forward", teacher_vocab=V, student_vocab=V, pad=False):
     teacher, student = _models(teacher_vocab, student_vocab)
     trial = TrialConfig(loss=LossConfig(kind=kind, impl=impl, pad_vocab=pad))
-    loss, diag = loss_step(trial, EngineStandIn(student), teacher, _rollouts(), PAD, torch.Generator().manual_seed(0))
+    loss, diag = loss_step(trial, EngineStandIn(student), LocalTeacher(teacher), _rollouts(), PAD, torch.Generator().manual_seed(0))
     loss.backward()
     grads = {n: p.grad.clone() for n, p in student.named_parameters() if p.grad is not None}
     return loss, diag, grads
@@ -86,7 +87,7 @@ def test_diagnostics_when_every_completion_is_empty(kind):
     empty = Rollouts(ro.prompt_ids, [[] for _ in ro.prompt_ids], [[] for _ in ro.prompt_ids], ro.finish_reasons)
     for impl in ("reference", "chunked"):
         trial = TrialConfig(loss=LossConfig(kind=kind, impl=impl))
-        loss, diag = loss_step(trial, EngineStandIn(student), teacher, empty, PAD, torch.Generator().manual_seed(0))
+        loss, diag = loss_step(trial, EngineStandIn(student), LocalTeacher(teacher), empty, PAD, torch.Generator().manual_seed(0))
         assert loss.item() == 0.0, impl
         assert diag == {"kl/forward": 0.0, "kl/reverse": 0.0, "teacher/entropy": 0.0,
                         "teacher/cross_entropy": 0.0}, impl
@@ -101,7 +102,7 @@ def test_jsd_loss_step_equals_the_float64_reference(impl, beta):
     teacher, student = _models()
     ro = _rollouts()
     trial = TrialConfig(loss=LossConfig(kind="jsd", beta=beta, impl=impl))
-    loss, diag = loss_step(trial, EngineStandIn(student), teacher, ro, PAD, torch.Generator().manual_seed(0))
+    loss, diag = loss_step(trial, EngineStandIn(student), LocalTeacher(teacher), ro, PAD, torch.Generator().manual_seed(0))
     loss.backward()
     grad = student.lm_head.weight.grad.clone()
 
@@ -141,7 +142,7 @@ def test_vocab_mismatch_is_an_error_unless_padded():
 def test_sampled_estimator_stays_on_the_reference_path():
     teacher, student = _models()
     trial = TrialConfig(loss=LossConfig(estimator="sampled", impl="chunked"))
-    loss, diag = loss_step(trial, EngineStandIn(student), teacher, _rollouts(), PAD, torch.Generator().manual_seed(0))
+    loss, diag = loss_step(trial, EngineStandIn(student), LocalTeacher(teacher), _rollouts(), PAD, torch.Generator().manual_seed(0))
     assert torch.isfinite(loss) and set(diag) >= {"kl/forward", "kl/reverse"}
 
 
@@ -196,8 +197,8 @@ def test_importance_weight_in_the_loss(char_models, impl, policy) -> None:
     ro = sample_rollouts(trial, teacher, student, tok, prompts, seed=3)  # q = the trainer's own distribution
     gen = torch.Generator().manual_seed(0)
     eng = EngineStandIn(student)
-    loss_w, diag = loss_step(trial, eng, teacher, ro, tok.pad_token_id, gen)
-    loss_0, _ = loss_step(plain, eng, teacher, ro, tok.pad_token_id, gen)
+    loss_w, diag = loss_step(trial, eng, LocalTeacher(teacher), ro, tok.pad_token_id, gen)
+    loss_0, _ = loss_step(plain, eng, LocalTeacher(teacher), ro, tok.pad_token_id, gen)
     assert diag["is/weight_mean"] == pytest.approx(1.0, abs=1e-5)  # exp(0) = 1 for every token
     assert float(loss_w.detach()) == pytest.approx(float(loss_0.detach()), rel=1e-5)
 
@@ -205,7 +206,7 @@ def test_importance_weight_in_the_loss(char_models, impl, policy) -> None:
     # sequence 1 (ratio 1/2): w = (2, 1/2, 1, 1)
     ro.logprobs[0] = [x - 1.0 for x in ro.logprobs[0]]
     ro.logprobs[1] = [x + math.log(2.0) for x in ro.logprobs[1]]
-    loss_w, diag = loss_step(trial, eng, teacher, ro, tok.pad_token_id, gen)
+    loss_w, diag = loss_step(trial, eng, LocalTeacher(teacher), ro, tok.pad_token_id, gen)
     ls = _per_sequence_losses(trial, student, teacher, ro, tok.pad_token_id)
     expected = (2.0 * ls[0] + 0.5 * ls[1] + ls[2] + ls[3]) / 4
     assert float(loss_w.detach()) == pytest.approx(expected, rel=1e-5)
@@ -235,7 +236,7 @@ def _oracle_trial(impl, loss, policy, every=10):
 def _step(trial, step, seed=0):
     teacher, student = _models()
     gen = torch.Generator().manual_seed(seed)
-    loss, diag = loss_step(trial, EngineStandIn(student), teacher, _rollouts(), PAD, gen, step=step)
+    loss, diag = loss_step(trial, EngineStandIn(student), LocalTeacher(teacher), _rollouts(), PAD, gen, step=step)
     loss.backward()
     return loss, diag, {n: p.grad.clone() for n, p in student.named_parameters() if p.grad is not None}, gen.get_state()
 
@@ -266,7 +267,7 @@ def _peer_oracle(trial, seed=0):
     teacher, student = _models()
     L = trial.loss
     batch = pack_batch(_rollouts(), PAD)
-    fwd = forward(EngineStandIn(student), teacher, batch, False)
+    fwd = forward(EngineStandIn(student), LocalTeacher(teacher), batch, False)
     s = (fwd.h_s.detach().double() @ fwd.w_s.detach().double().T).requires_grad_()
     t = fwd.h_t.double() @ fwd.w_t.double().T
     kw = dict(tau_s=L.tau_s, tau_t=L.tau_t, beta=L.beta)
