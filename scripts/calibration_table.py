@@ -9,6 +9,7 @@ after distillation.
     python scripts/calibration_table.py runs/calib_lr_precision runs/calib_lr_precision_b
     python scripts/calibration_table.py --rlvr runs/calib_rlvr
     python scripts/calibration_table.py --models search_spaces/micro_findings.yaml search_spaces/calibration/student_a.yaml
+    python scripts/calibration_table.py --task math runs/calib_math_lr runs/calib_math_lr_400
 
 Prints a Markdown table (one row per trial, sorted by policy, KL, master weights, LR).
 ``--rlvr``: one row per trial with an RLVR stage instead: its λ, KL, distillation and RLVR
@@ -18,6 +19,8 @@ Countdown-4 accuracy after distillation and after RLVR. ``--models``: the argume
 sweep YAMLs; one row per prepared micro model they name (teacher and student, each once), the
 scores `distillab prepare` evaluated it with (its ``prepare.json``: float32, all threads of
 the machine it was prepared on) and its SFT seconds; a model not prepared yet is left out.
+``--task math``: the long-reasoning ablation's table instead (`MATH_COLUMNS`: the math task's
+accuracy and pass@10 and the OOD mean before and after distillation, ΔOOD, S_1e-6, steps).
 """
 
 from __future__ import annotations
@@ -47,6 +50,22 @@ COLUMNS = {
     "eval/distill/params/sparsity@1e-06": "S_1e-6",
     "eval/distill/params/touched_share": "touched share",
     "eval/distill/params/sparsity_touched@1e-06": "S_1e-6 (touched)",
+}
+
+#: ``--task math`` (search_spaces/micro_math.yaml and its calibration): the student distils on the math task
+MATH_COLUMNS = {
+    "rollout.policy": "policy",
+    "loss.kind": "KL",
+    "optimizer.steps": "steps",
+    "optimizer.lr": "LR",
+    "eval/pre/math/accuracy": "math acc (pre)",
+    "eval/distill/math/accuracy": "math acc",
+    "eval/pre/math/pass@10": "math pass@10 (pre)",
+    "eval/distill/math/pass@10": "math pass@10",
+    "eval/pre/ood/ood_mean": "OOD mean (pre)",
+    "eval/distill/ood/ood_mean": "OOD mean",
+    "eval/forgetting": "ΔOOD",
+    "eval/distill/params/sparsity@1e-06": "S_1e-6",
 }
 
 
@@ -82,7 +101,7 @@ def rlvr_table(paths: list[str], window: int) -> pl.DataFrame:
 MODEL_SCORES = {
     "countdown3:accuracy": "cd3 acc", "countdown3:pass@10": "cd3 pass@10", "countdown4e:accuracy": "4E acc",
     "countdown4e:pass@10": "4E pass@10", "countdown4:accuracy": "cd4 acc", "countdown4:pass@10": "cd4 pass@10",
-    "ood:ood_mean": "OOD mean",
+    "math:accuracy": "math acc", "math:pass@10": "math pass@10", "ood:ood_mean": "OOD mean",
 }
 
 
@@ -105,13 +124,13 @@ def models_table(configs: list[str]) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
-def table(paths: list[str]) -> pl.DataFrame:
-    """One row per completed trial of the sweeps at ``paths``: the `COLUMNS` (renamed),
-    floats rounded to 3 places."""
+def table(paths: list[str], columns: dict[str, str] = COLUMNS) -> pl.DataFrame:
+    """One row per completed trial of the sweeps at ``paths``: the ``columns`` (`COLUMNS`, or
+    `MATH_COLUMNS`; renamed), floats rounded to 3 places."""
     frames = [trial_metrics(load(p)).filter(pl.col("status") == "completed") for p in paths]
-    wide = pl.concat([f.select([c for c in COLUMNS if c in f.columns]) for f in frames], how="diagonal_relaxed")
-    wide = wide.rename({k: v for k, v in COLUMNS.items() if k in wide.columns})
-    wide = wide.sort([c for c in ("policy", "KL", "masters", "LR") if c in wide.columns])
+    wide = pl.concat([f.select([c for c in columns if c in f.columns]) for f in frames], how="diagonal_relaxed")
+    wide = wide.rename({k: v for k, v in columns.items() if k in wide.columns})
+    wide = wide.sort([c for c in ("policy", "KL", "masters", "steps", "LR") if c in wide.columns])
     return wide.with_columns(pl.col(pl.Float64).exclude("LR").round(3))
 
 
@@ -121,13 +140,16 @@ def main() -> None:
     ap.add_argument("--rlvr", action="store_true", help="the RLVR table (trials with an RLVR stage)")
     ap.add_argument("--models", action="store_true", help="PATHS are sweep YAMLs: their prepared models' scores")
     ap.add_argument("--window", type=int, default=30, help="--rlvr: steps averaged for the first/last reward")
+    ap.add_argument("--task", choices=("countdown", "math"), default="countdown",
+                    help="math: the long-reasoning ablation's columns (MATH_COLUMNS)")
     args = ap.parse_args()
     with pl.Config(tbl_formatting="MARKDOWN", tbl_hide_column_data_types=True, tbl_hide_dataframe_shape=True,
                    tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=40, tbl_width_chars=400):
         if args.models:
             print(models_table(args.paths))
         else:
-            print(rlvr_table(args.paths, args.window) if args.rlvr else table(args.paths))
+            print(rlvr_table(args.paths, args.window) if args.rlvr
+                  else table(args.paths, MATH_COLUMNS if args.task == "math" else COLUMNS))
 
 
 if __name__ == "__main__":
