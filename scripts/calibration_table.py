@@ -32,6 +32,7 @@ from pathlib import Path
 import polars as pl
 
 from distillab.analysis.results import load, rlvr_reward_summary, trial_metrics
+from distillab.cli import parse_overrides
 from distillab.config import load_sweep
 from distillab.prepare import prepare_key
 
@@ -105,13 +106,13 @@ MODEL_SCORES = {
 }
 
 
-def models_table(configs: list[str]) -> pl.DataFrame:
-    """One row per prepared micro model of the sweep YAMLs ``configs`` (`prepare.prepare_key`;
-    each model once): its config, role, directory, SFT seconds and `MODEL_SCORES` from its
-    ``prepare.json``."""
+def models_table(configs: list[str], overrides: dict | None = None) -> pl.DataFrame:
+    """One row per prepared micro model of the sweep YAMLs ``configs`` with the ``--set``
+    ``overrides`` (`prepare.prepare_key`; each model once): its config, role, directory, SFT
+    seconds and `MODEL_SCORES` from its ``prepare.json``."""
     rows, seen = [], set()
     for cfg in configs:
-        sweep = load_sweep(cfg)
+        sweep = load_sweep(cfg, overrides)
         for role in ("teacher", "student"):
             d = Path(sweep.models.cache_dir).expanduser() / f"{role}-{prepare_key(sweep, role)}"
             if d.name in seen or not (d / "prepare.json").exists():
@@ -140,13 +141,15 @@ def main() -> None:
     ap.add_argument("--rlvr", action="store_true", help="the RLVR table (trials with an RLVR stage)")
     ap.add_argument("--models", action="store_true", help="PATHS are sweep YAMLs: their prepared models' scores")
     ap.add_argument("--window", type=int, default=30, help="--rlvr: steps averaged for the first/last reward")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="--models: a config override, as distillab prepare's --set")
     ap.add_argument("--task", choices=("countdown", "math"), default="countdown",
                     help="math: the long-reasoning ablation's columns (MATH_COLUMNS)")
     args = ap.parse_args()
     with pl.Config(tbl_formatting="MARKDOWN", tbl_hide_column_data_types=True, tbl_hide_dataframe_shape=True,
                    tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=40, tbl_width_chars=400):
         if args.models:
-            print(models_table(args.paths))
+            print(models_table(args.paths, parse_overrides(args.set)))
         else:
             print(rlvr_table(args.paths, args.window) if args.rlvr
                   else table(args.paths, MATH_COLUMNS if args.task == "math" else COLUMNS))
