@@ -1469,6 +1469,23 @@ class TrackingConfig(_Strict):
 SWEEP_FILE = "sweep.json"
 
 
+def _check_demonstrations(sweep: "SweepConfig") -> None:
+    """``models.micro_*.mcq_examples`` / ``math_examples`` within the synthetic task's
+    ``trial.tasks.<task>.train_items`` (the pool `prepare` takes them from; more would be cut to the
+    pool silently). A ``files`` source is checked by `prepare` against the file's length.
+
+    Raises:
+        ValueError: a role asks for more demonstrations than the pool holds (both numbers named)."""
+    tasks = sweep.trial.tasks
+    for role in ("micro_teacher", "micro_student"):
+        for field, task in (("mcq_examples", tasks.mcq), ("math_examples", tasks.math)):
+            n, name = getattr(getattr(sweep.models, role), field), field.removesuffix("_examples")
+            if task.source == "synthetic" and n > task.train_items:
+                raise ValueError(f"models.{role}.{field} is {n}, more than the {task.train_items} training problems "
+                                 f"of trial.tasks.{name}.train_items: lower it or raise train_items (at most "
+                                 f"train_items; the test items are excluded from them)")
+
+
 class SweepConfig(_Strict):
     """A sweep YAML, validated. Validation expands the grid once (`expand_trials`):
     `trials` is that list, which the sweep runs."""
@@ -1499,6 +1516,7 @@ class SweepConfig(_Strict):
         if styled and not self.trial.tasks.teacher_conditioned:
             raise ValueError(f"models.{styled[0]}.styled_examples needs trial.tasks.teacher_system_prompt or "
                              "teacher_user_template (the prompt the styled demonstrations are written under)")
+        _check_demonstrations(self)
         self._trials = expand_trials(self)  # every grid point (and every edge of a Bayesian domain) validates first
         w = self.resources.num_workers
         # the base trial's RLVR stage, and any other one a grid's ``set`` gives

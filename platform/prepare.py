@@ -87,6 +87,18 @@ def prepare_key(sweep: SweepConfig, role: str) -> str:
                      exclude=_exclusion(sweep, mcq, math))
 
 
+def _pool(items: list, n: int, task: str) -> list:
+    """The first ``n`` of a task's training ``items`` (``task``: mcq or math).
+
+    Raises:
+        ValueError: fewer than ``n`` items (a ``files`` source's training file is shorter than the
+            ``models.micro_*.<task>_examples`` asked; `config` checks the synthetic pools)."""
+    if len(items) < n:
+        raise ValueError(f"models.micro_*.{task}_examples asks for {n} demonstrations; the {task} task has "
+                         f"{len(items)} training items (trial.tasks.{task}, test items excluded)")
+    return items[:n]
+
+
 def _examples(tok, sweep: SweepConfig, mcfg: MicroModelConfig, seed: int) -> list[Example]:
     tasks = sweep.trial.tasks
     data = TaskData(tasks, scored_evaluation(sweep))  # training data without any scored test item
@@ -106,12 +118,12 @@ def _examples(tok, sweep: SweepConfig, mcfg: MicroModelConfig, seed: int) -> lis
             text = f"<answer>{render_solution(solve(p.operands, p.target), spaced=True)}</answer>{eos}"
             out.append(Example(tuple(prompt), tuple(tok(text, add_special_tokens=False)["input_ids"])))
     if mcfg.mcq_examples:  # the second domain: "<answer>LETTER</answer>" (after <think>demo</think> if given)
-        for it in data.train_mcq_items(SeedsConfig.sft_seed(seed, "mcq"))[: mcfg.mcq_examples]:
+        for it in _pool(data.train_mcq_items(SeedsConfig.sft_seed(seed, "mcq")), mcfg.mcq_examples, "mcq"):
             prompt = mcq_prompt_ids(tok, tasks.mcq, it)
             completion = tok(mcq_target_text(it) + eos, add_special_tokens=False)["input_ids"]
             out.append(Example(tuple(prompt), tuple(completion)))
     if mcfg.math_examples:  # the long-reasoning domain: the worked solution, ending in \\boxed{answer}
-        for it in data.train_math_items(SeedsConfig.sft_seed(seed, "math"))[: mcfg.math_examples]:
+        for it in _pool(data.train_math_items(SeedsConfig.sft_seed(seed, "math")), mcfg.math_examples, "math"):
             prompt = math_prompt_ids(tok, tasks.math, it)
             completion = tok(math_target_text(it) + eos, add_special_tokens=False)["input_ids"]
             out.append(Example(tuple(prompt), tuple(completion)))

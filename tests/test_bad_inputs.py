@@ -23,6 +23,7 @@ import pytest
 import ray
 
 from distillab.cli import main
+from distillab.prepare import _pool
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "search_spaces" / "smoke.yaml"
@@ -93,6 +94,10 @@ CASES: list[tuple[str, list[str], tuple[str, ...], dict[str, str]]] = [
      ("resources.compile does not run with trial.optimizer.zero_stage 3",), {}),
     ("worker-restarts-negative", sw("fault_tolerance.worker_restarts=-1"), ("fault_tolerance.worker_restarts",), {}),
     ("micro-head-dim-below-32", sw("models.micro_student.num_heads=4"), ("micro_student", "32"), {}),
+    ("math-demos-beyond-the-pool", prep("models.micro_teacher.math_examples=20001"),
+     ("models.micro_teacher.math_examples is 20001, more than the 20000 training problems of trial.tasks.math.train_items",), {}),
+    ("mcq-demos-beyond-the-pool", sw("models.micro_student.mcq_examples=5", "trial.tasks.mcq.train_items=4"),
+     ("models.micro_student.mcq_examples is 5, more than the 4 training problems of trial.tasks.mcq.train_items",), {}),
     # --- the grid
     ("grid-empty", sw("search.grid={}"), ("search.grid is empty: give at least one searchable key",), {}),
     ("grids-empty-list", sw("search.grids=[]"), ("search.grids must list at least one grid",), {}),
@@ -235,6 +240,16 @@ def world(tmp_path_factory) -> Path:
 
 def _fill(s: str, tmp: Path) -> str:
     return s.replace("{tmp}", str(tmp)).replace("{smoke}", str(SMOKE)).replace("{optuna}", str(OPTUNA))
+
+
+def test_a_demonstration_pool_shorter_than_asked_is_an_error_naming_the_field() -> None:
+    """`prepare._pool`: the first n items, or (a ``files`` source shorter than the
+    ``models.micro_*.<task>_examples`` asked) a ValueError naming the field and both counts, never
+    a silent cut."""
+    assert _pool(list(range(5)), 3, "math") == [0, 1, 2] and _pool(list(range(5)), 5, "math") == list(range(5))
+    with pytest.raises(ValueError, match=r"models\.micro_\*\.math_examples asks for 6 demonstrations; the math task "
+                                         r"has 5 training items"):
+        _pool(list(range(5)), 6, "math")
 
 
 def test_the_table_has_sixty_kinds() -> None:
