@@ -293,8 +293,9 @@ def loss_step(trial: TrialConfig, engine, teacher, rollouts: Rollouts, pad_id: i
     tensor (nats) with gradient to the student, and the `diagnostics` floats; at an
     `oracle_due` ``step`` (the 1-based optimizer step) they include the `oracle`'s
     ``estimator/*`` keys. ``teacher``: a `teacher.LocalTeacher` (the model in this worker) or a
-    `teacher.SharedTeacher` (``teacher.serve: shared``), whose request adds ``teacher/bytes_per_token`` and ``teacher/request_ms``; a
-    ``topk`` payload runs the configured estimator on the rebuilt logits (the reference path).
+    `teacher.SharedTeacher` (``teacher.serve: shared``), whose request adds ``teacher/bytes_per_token``
+    and ``teacher/request_ms``; a ``topk`` payload runs the configured estimator on the rebuilt logits
+    (the reference path).
 
     With ``loss.importance_weight`` or ``rollout.staleness_correction: tis`` each sequence's loss is multiplied by
     `importance_weights` (the rollout policy's log p_θ at its sampling τ against the

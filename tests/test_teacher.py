@@ -28,7 +28,8 @@ from distillab.config import TrialConfig
 from distillab.loss import loss_step, pack_batch
 from distillab.ops.kl import reduce_loss
 from distillab.payload import payload_bytes_per_token
-from distillab.teacher import LocalTeacher, SharedTeacher, TeacherRequest, TeacherScorer, load_lm_head, topk_logits, topk_payload
+from distillab.teacher import (LocalTeacher, SharedTeacher, TeacherRequest, TeacherScorer, load_lm_head, topk_logits,
+                               topk_payload)
 
 V, PAD = 41, 0
 REPO = Path(__file__).resolve().parents[1]
