@@ -4,12 +4,14 @@ name the field, the paper's defaults (PROTOCOL.md), frozen configs, overrides.""
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from distillab.config import ConfigError, SweepConfig, TrialConfig, expand_trials, load_sweep
+from distillab.prepare import prepare_key
 
 REPO = Path(__file__).resolve().parents[1]
 MICRO = REPO / "search_spaces" / "micro.yaml"
@@ -268,6 +270,25 @@ def test_micro_rlvr_is_the_micro_study_plus_rlvr() -> None:
 def test_every_shipped_sweep_file_validates(path: Path) -> None:
     cfg = load_sweep(path)
     assert cfg.name == path.stem and expand_trials(cfg)  # the name is the file's, so runs/<name> is unambiguous
+
+
+def test_the_replicates_study_is_grid_0_with_one_prepared_pair_per_seed() -> None:
+    """scripts/replicates_study.sh's three sweeps (search_spaces/micro_replicates.yaml): together they
+    are micro_findings.yaml's grid 0 trial for trial, each seed with its own prepare seed, and no two
+    replicates share a prepared model."""
+    script = (REPO / "scripts" / "replicates_study.sh").read_text()
+    reps = [tuple(map(int, m)) for m in re.findall(r'"(\d+) (\d+)"', script)]
+    assert reps == [(42, 0), (43, 2), (44, 4)]
+    path = REPO / "search_spaces" / "micro_replicates.yaml"
+    sweeps = [load_sweep(path, {"name": f"micro_replicates_s{s}", "models.prepare_seed": p, "search.grid.seed": [s]})
+              for s, p in reps]
+    grid0 = [t for t in expand_trials(load_sweep(REPO / "search_spaces" / "micro_findings.yaml")) if t.rlvr is None]
+    got = [t for sw in sweeps for t in expand_trials(sw)]
+    assert sorted(t.model_dump_json() for t in got) == sorted(t.model_dump_json() for t in grid0) and len(got) == 36
+    assert [{t.seed for t in expand_trials(sw)} for sw in sweeps] == [{42}, {43}, {44}]
+    keys = [prepare_key(sw, role) for sw in sweeps for role in ("teacher", "student")]
+    assert len(set(keys)) == 6
+    assert sweeps[0].models == load_sweep(REPO / "search_spaces" / "micro_findings.yaml").models
 
 
 def test_second_domain_and_style_files() -> None:
