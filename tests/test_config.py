@@ -282,13 +282,16 @@ def test_the_replicates_study_is_grid_0_with_one_prepared_pair_per_seed() -> Non
     path = REPO / "search_spaces" / "micro_replicates.yaml"
     sweeps = [load_sweep(path, {"name": f"micro_replicates_s{s}", "models.prepare_seed": p, "search.grid.seed": [s]})
               for s, p in reps]
-    grid0 = [t for t in expand_trials(load_sweep(REPO / "search_spaces" / "micro_findings.yaml")) if t.rlvr is None]
+    findings = load_sweep(REPO / "search_spaces" / "micro_findings.yaml")
+    scored = ("countdown3", "countdown4e", "countdown4")  # grid 0 scores Countdown-4 too: prepare's data stay the same
+    grid0 = [t.model_copy(update={"evaluation": t.evaluation.model_copy(update={"countdown_tasks": scored})})
+             for t in expand_trials(findings) if t.rlvr is None]
     got = [t for sw in sweeps for t in expand_trials(sw)]
     assert sorted(t.model_dump_json() for t in got) == sorted(t.model_dump_json() for t in grid0) and len(got) == 36
     assert [{t.seed for t in expand_trials(sw)} for sw in sweeps] == [{42}, {43}, {44}]
     keys = [prepare_key(sw, role) for sw in sweeps for role in ("teacher", "student")]
-    assert len(set(keys)) == 6
-    assert sweeps[0].models == load_sweep(REPO / "search_spaces" / "micro_findings.yaml").models
+    assert len(set(keys)) == 6  # no two replicates share a prepared model
+    assert keys[:2] == [prepare_key(findings, role) for role in ("teacher", "student")]  # replicate 1: the study's pair
 
 
 def test_second_domain_and_style_files() -> None:
