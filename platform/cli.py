@@ -287,7 +287,7 @@ def _prepare(args, sweep, ray_s: float | None = None):
     if started is not None:
         print_time("start-up", time.time() - started)  # interpreter, imports, validation, checks
     if ray_s is not None:
-        print_time("ray.init", ray_s, note=" (overlapped with the start-up: part of its seconds)")
+        print_time("ray.init", ray_s, note=" (within the start-up above: Ray starts while the checks run)")
     t0 = time.perf_counter()
     out = prepare(sweep, threads=args.threads, force=args.force)
     print_time("prepare", time.perf_counter() - t0)

@@ -87,20 +87,21 @@ def prepare_key(sweep: SweepConfig, role: str) -> str:
                      exclude=_exclusion(sweep, mcq, math))
 
 
-def _pool(items: list, n: int, task: str) -> list:
-    """The first ``n`` of a task's training ``items`` (``task``: mcq or math).
+def _pool(items: list, n: int, task: str, role: str) -> list:
+    """The first ``n`` of a task's training ``items`` (``task``: mcq or math) for the micro
+    ``role`` (teacher or student).
 
     Raises:
         ValueError: fewer than ``n`` items (a ``files`` source's training file is shorter than the
-            ``models.micro_*.<task>_examples`` asked; `config` checks the synthetic pools)."""
+            ``models.micro_<role>.<task>_examples`` asked; `config` checks the synthetic pools)."""
     if len(items) < n:
-        raise ValueError(f"models.micro_*.{task}_examples asks for {n} demonstrations; the {task} task has "
+        raise ValueError(f"models.micro_{role}.{task}_examples asks for {n} demonstrations; the {task} task has "
                          f"{len(items)} training items (trial.tasks.{task}, test items excluded)")
     return items[:n]
 
 
-def _examples(tok, sweep: SweepConfig, mcfg: MicroModelConfig, seed: int) -> list[Example]:
-    tasks = sweep.trial.tasks
+def _examples(tok, sweep: SweepConfig, role: str, seed: int) -> list[Example]:
+    mcfg, tasks = getattr(sweep.models, f"micro_{role}"), sweep.trial.tasks
     data = TaskData(tasks, scored_evaluation(sweep))  # training data without any scored test item
     eos = "</s>"
     out: list[Example] = []
@@ -118,12 +119,12 @@ def _examples(tok, sweep: SweepConfig, mcfg: MicroModelConfig, seed: int) -> lis
             text = f"<answer>{render_solution(solve(p.operands, p.target), spaced=True)}</answer>{eos}"
             out.append(Example(tuple(prompt), tuple(tok(text, add_special_tokens=False)["input_ids"])))
     if mcfg.mcq_examples:  # the second domain: "<answer>LETTER</answer>" (after <think>demo</think> if given)
-        for it in _pool(data.train_mcq_items(SeedsConfig.sft_seed(seed, "mcq")), mcfg.mcq_examples, "mcq"):
+        for it in _pool(data.train_mcq_items(SeedsConfig.sft_seed(seed, "mcq")), mcfg.mcq_examples, "mcq", role):
             prompt = mcq_prompt_ids(tok, tasks.mcq, it)
             completion = tok(mcq_target_text(it) + eos, add_special_tokens=False)["input_ids"]
             out.append(Example(tuple(prompt), tuple(completion)))
     if mcfg.math_examples:  # the long-reasoning domain: the worked solution, ending in \\boxed{answer}
-        for it in _pool(data.train_math_items(SeedsConfig.sft_seed(seed, "math")), mcfg.math_examples, "math"):
+        for it in _pool(data.train_math_items(SeedsConfig.sft_seed(seed, "math")), mcfg.math_examples, "math", role):
             prompt = math_prompt_ids(tok, tasks.math, it)
             completion = tok(math_target_text(it) + eos, add_special_tokens=False)["input_ids"]
             out.append(Example(tuple(prompt), tuple(completion)))
@@ -139,7 +140,7 @@ def _train_one(role: str, sweep: SweepConfig, mcfg: MicroModelConfig, out_dir: P
     torch.set_num_threads(threads)
     tok = build_char_tokenizer()
     seed = SeedsConfig.prepare_seed(sweep.models.prepare_seed, role)
-    examples = _examples(tok, sweep, mcfg, seed)
+    examples = _examples(tok, sweep, role, seed)
     cfg = micro_llama_config(
         len(tok), mcfg.hidden_size, mcfg.num_layers, mcfg.num_heads, mcfg.intermediate_size,
         mcfg.max_position_embeddings, tok,

@@ -244,12 +244,13 @@ def _fill(s: str, tmp: Path) -> str:
 
 def test_a_demonstration_pool_shorter_than_asked_is_an_error_naming_the_field() -> None:
     """`prepare._pool`: the first n items, or (a ``files`` source shorter than the
-    ``models.micro_*.<task>_examples`` asked) a ValueError naming the field and both counts, never
+    ``models.micro_<role>.<task>_examples`` asked) a ValueError naming the field and both counts, never
     a silent cut."""
-    assert _pool(list(range(5)), 3, "math") == [0, 1, 2] and _pool(list(range(5)), 5, "math") == list(range(5))
-    with pytest.raises(ValueError, match=r"models\.micro_\*\.math_examples asks for 6 demonstrations; the math task "
-                                         r"has 5 training items"):
-        _pool(list(range(5)), 6, "math")
+    assert _pool(list(range(5)), 3, "math", "student") == [0, 1, 2]
+    assert _pool(list(range(5)), 5, "math", "student") == list(range(5))
+    with pytest.raises(ValueError, match=r"models\.micro_student\.math_examples asks for 6 demonstrations; the math "
+                                         r"task has 5 training items"):
+        _pool(list(range(5)), 6, "math", "student")
 
 
 def test_the_table_has_sixty_kinds() -> None:

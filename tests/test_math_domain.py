@@ -89,8 +89,8 @@ def test_training_prompts_and_prepare_demonstrations() -> None:
                                                                "trial.evaluation.math_items": 10})
     assert prepare_key(math, "teacher") != prepare_key(base, "teacher")
     assert prepare_key(math, "student") == prepare_key(base, "student")
-    n_base = len(_examples(tok, base, base.models.micro_teacher, 0))
-    ex = _examples(tok, math, math.models.micro_teacher, 0)
+    n_base = len(_examples(tok, base, "teacher", 0))
+    ex = _examples(tok, math, "teacher", 0)
     assert len(ex) == n_base + 30
     target = tok.decode(ex[n_base].completion_ids)
     assert re.fullmatch(r"(\d+[+-]\d+=\d+\n){6}\\boxed\{\d+\}</s>", target)

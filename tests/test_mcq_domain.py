@@ -82,8 +82,8 @@ def test_prepare_adds_mcq_demonstrations_and_keys_them() -> None:
                                                               "trial.evaluation.mcq_items": 10})
     assert prepare_key(mcq, "teacher") != prepare_key(base, "teacher")
     assert prepare_key(mcq, "student") == prepare_key(base, "student")
-    n_base = len(_examples(tok, base, base.models.micro_teacher, 0))
-    ex = _examples(tok, mcq, mcq.models.micro_teacher, 0)
+    n_base = len(_examples(tok, base, "teacher", 0))
+    ex = _examples(tok, mcq, "teacher", 0)
     assert len(ex) == n_base + 40
     first = ex[n_base]  # the first multiple-choice example follows the Countdown ones
     target = tok.decode(first.completion_ids)

@@ -166,7 +166,7 @@ def test_styled_teacher_demonstrations(tmp_path):
     assert prepare_key(style, "student") == prepare_key(micro, "student")  # the student is the study's
     small = load_sweep(repo / "search_spaces" / "micro_style.yaml", {
         "models.micro_teacher.styled_examples": 30, "models.micro_teacher.countdown_examples": {"countdown3": 20}})
-    ex = _examples(tok, small, small.models.micro_teacher, 0)
+    ex = _examples(tok, small, "teacher", 0)
     plain = [e for e in ex if tok.decode(e.prompt_ids).startswith("<|system|>Countdown.<|user|>")]
     spaced = [e for e in ex if tok.decode(e.prompt_ids).startswith("<|system|>Countdown. Spaced.<|user|>")]
     assert len(plain) + len(spaced) == len(ex) and 0 < len(plain) <= 20 and 0 < len(spaced) <= 30
