@@ -10,7 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 suffix=""
-if [ "${1:-}" = "--suffix" ]; then suffix=$2; shift 2; fi
+if [ "${1:-}" = "--suffix" ]; then
+    [ -n "${2:-}" ] || { echo "replicates_study.sh: --suffix needs a value (e.g. --suffix _f32)" >&2; exit 2; }
+    suffix=$2; shift 2
+fi
 . scripts/env.sh
 config=search_spaces/micro_replicates.yaml
 start=$SECONDS
