@@ -133,7 +133,7 @@ __all__ = [
     "format_verdicts", "findings_markdown", "DRAWS", "DRAW_SEED", "FIRM", "SEEDS_CAP", "Redraws", "agreement",
     "seeds_needed", "assess", "confidence_text", "REPLICATION_SPREAD", "replication_text", "CONFIDENCE_NOTE",
     "verdict_table_lines", "NOT_RECORDED",
-    "run_arithmetic", "STAGED", "TRANSFER", "RETENTION", "regime", "retention_lines", "TASK", "evals_of", "name_of", "provenance_lines", "not_reproduced_lines", "power_note", "ratio_note", "FINDINGS_FIGURES", "write_findings",
+    "run_arithmetic", "STAGED", "TRANSFER", "RETENTION", "regime", "retention_lines", "TASK", "evals_of", "name_of", "provenance_lines", "not_reproduced_lines", "power_note", "ratio_note", "FINDINGS_FIGURES", "figure_finding", "write_findings",
 ]
 
 #: §9: fewer seeds than this make a cell inconclusive
@@ -1105,7 +1105,7 @@ def findings_markdown(res: Results, result: dict[str, list[Verdict]], figures: d
         for stem, (path, notes) in figures.items():
             lines += [f"![{stem}]({path.name})", *[f"- {n}" for n in notes], ""]
     lines += ["## The paper's values", "", format_table(pl.DataFrame(
-        [{"finding": f, "quantity": q, "paper": val, "source": s} for f, q, val, s in PAPER])), ""]
+        [{"finding": f, "quantity": q, "paper": val, "source": s} for f, q, val, s in PAPER if f in names])), ""]
     return "\n".join(lines)
 
 
@@ -1141,17 +1141,26 @@ FINDINGS_FIGURES: dict[str, tuple[Callable, Sequence[str], bool]] = {
 }
 
 
+def figure_finding(stem: str) -> str:
+    """The finding a `FINDINGS_FIGURES` stem draws: ``findings_f3_lambda`` → ``F3``."""
+    return stem.split("_")[1].upper()
+
+
 def write_findings(res: Results, out_dir: str | os.PathLike[str], result: dict[str, list[Verdict]],
                    sources: Sequence[str], by: str | None = None, dpi: int = 120,
                    task: str = TASK) -> dict[str, Path]:
-    """Draw `FINDINGS_FIGURES` (each over the trials of its policies, all groups together: a ``--by``
-    column that varies becomes part of the legend; accuracy and coverage on ``task``) into
-    ``out_dir`` and write ``<out_dir>/findings.md``. Returns ``{stem: png path, ..., "findings": md path}``."""
+    """Draw the `FINDINGS_FIGURES` of the findings decided in ``result`` (each over the trials of its
+    policies, all groups together: a ``--by`` column that varies becomes part of the legend; accuracy
+    and coverage on ``task``) into ``out_dir`` and write ``<out_dir>/findings.md``. Returns
+    ``{stem: png path, ..., "findings": md path}``."""
     out = Path(out_dir)
     here = code_version()  # before anything is written: the figures may be tracked files (docs/)
     figures: dict[str, tuple[Path, list[str]]] = {}
     have_policy = POLICY in res.trials.collect_schema().names()
+    decided = {v.finding for v in next(iter(result.values()))}
     for stem, (draw, policies, on_task) in FINDINGS_FIGURES.items():
+        if figure_finding(stem) not in decided:  # `--only`: no empty panels of findings not decided
+            continue
         part = filter_trials(res, **{POLICY: list(policies)}) if have_policy else res
         fig = draw(part, task=task) if on_task else draw(part)
         figures[stem] = (save_figure(fig, out, stem, dpi=dpi), figure_notes(fig))

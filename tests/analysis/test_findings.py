@@ -17,6 +17,7 @@ import polars as pl
 import pytest
 
 from distillab.analysis.findings import (
+    FINDINGS_FIGURES,
     INCONCLUSIVE,
     NOT_REPRODUCED,
     REPRODUCED,
@@ -28,6 +29,7 @@ from distillab.analysis.findings import (
     f3,
     f4,
     f5,
+    figure_finding,
     findings_markdown,
     format_verdicts,
     mean_of,
@@ -411,6 +413,10 @@ def test_task_reads_accuracy_and_coverage_on_another_task(tmp_path) -> None:
     assert "`distillab findings runs/micro_math --only F1,F4 --task math`" in md
     assert "read on task `math` in place of Countdown-3" in md and "pass@10 − pass@1 on math" in md
     assert "math accuracy" in md and "0.1 ± 0.0058 (n=3)" in md  # a cell's math gap: 0.10 ± S0
+    # only the decided findings' figures and paper values (`--only F1,F4`: no empty F2, F3, F5 panels)
+    assert sorted(k for k in paths if k != "findings") == ["findings_f1_accuracy_lr", "findings_f4_coverage_gap"]
+    assert "findings_f3_lambda" not in md and "−11 to −14 points at LR 5e-5" not in md  # F2's paper value
+    assert [figure_finding(stem) for stem in FINDINGS_FIGURES] == ["F1", "F2", "F3", "F4", "F5"]
     with pytest.raises(ValueError, match=r"--task 'nosuch' is not a task these sweeps score for accuracy; "
                                          r"allowed: \['countdown3', 'math'\]"):
         decide(res, task="nosuch")
