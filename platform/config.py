@@ -286,6 +286,10 @@ class ModelsConfig(_Strict):
     #: the same GRPO/DAPO code as the RLVR stage, e.g. ``correct_reward: 2.0``, ``format_reward: 0.5``
     teacher_refine: RLVRConfig | None = None
 
+    def micro(self, role: str) -> MicroModelConfig:
+        """``micro_teacher`` or ``micro_student`` (``role``: ``teacher`` or ``student``)."""
+        return self.micro_teacher if role == "teacher" else self.micro_student
+
     @model_validator(mode="after")
     def _refine_engine(self) -> "ModelsConfig":
         if self.teacher_refine is not None and self.teacher_refine.engine == "vllm":

@@ -123,12 +123,11 @@ def _checkpoint_role(role: str, raw: str, weights: bool = True) -> Role:
 
 
 def _micro_role(sweep: SweepConfig, role: str) -> Role:
-    m = sweep.models
-    mcfg = m.micro_teacher if role == "teacher" else m.micro_student
+    mcfg = sweep.models.micro(role)
     tok = build_char_tokenizer()
     config = micro_llama_config(len(tok), mcfg.hidden_size, mcfg.num_layers, mcfg.num_heads, mcfg.intermediate_size,
                                 mcfg.max_position_embeddings, tok)
-    where = Path(m.cache_dir).expanduser().resolve() / f"{role}-{prepare_key(sweep, role)}"
+    where = Path(sweep.models.cache_dir).expanduser().resolve() / f"{role}-{prepare_key(sweep, role)}"
     return Role(role, None, tok, config.vocab_size, _count_params(config), where, config.hidden_size)
 
 

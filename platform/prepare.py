@@ -77,7 +77,7 @@ def prepare_key(sweep: SweepConfig, role: str) -> str:
     """`config.cache_key` of the micro ``role`` ("teacher" or "student"): its architecture
     and SFT settings, the seed, the task/prompt settings it reads and the test splits it
     must not train on."""
-    mcfg = sweep.models.micro_teacher if role == "teacher" else sweep.models.micro_student
+    mcfg = sweep.models.micro(role)
     mcq, math = mcfg.mcq_examples > 0, mcfg.math_examples > 0
     model = mcfg.model_dump(mode="json")
     if not math:  # a field added after models were prepared: absent, it leaves their keys as they were
@@ -101,7 +101,7 @@ def _pool(items: list, n: int, task: str, role: str) -> list:
 
 
 def _examples(tok, sweep: SweepConfig, role: str, seed: int) -> list[Example]:
-    mcfg, tasks = getattr(sweep.models, f"micro_{role}"), sweep.trial.tasks
+    mcfg, tasks = sweep.models.micro(role), sweep.trial.tasks
     data = TaskData(tasks, scored_evaluation(sweep))  # training data without any scored test item
     eos = "</s>"
     out: list[Example] = []
