@@ -27,7 +27,7 @@
    (Llama-3.1-8B, Qwen2.5-7B), counted on the meta device from their published
    architectures (`PAPER_TEACHERS`), in each sweep file's ``trial.precision``, N its
    ``resources.max_concurrent_trials``.
-3. **Payload bytes per token** of a teacher answer (`distillab.payload.payload_bytes_per_token`):
+3. **Payload bytes per token** of a teacher answer (`distillab.recipe.payload.payload_bytes_per_token`):
    ``hidden`` (H values), ``topk`` for k in ``--top-k`` (k values + k int32 ids + the tail)
    against full logits (V values), at the micro and the paper vocabularies.
 """
@@ -49,12 +49,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer_trl  # the shared micro setting and the timed distillab step (after the path insert)
 
 from distillab.config import RuntimeContext, load_sweep
-from distillab.distill import setup_trial
+from distillab.recipe.distill import setup_trial
 from distillab.models import load_model
-from distillab.payload import payload_bytes_per_token
-from distillab.plan import _count_params  # the dry-run's meta-device count, the one there is
-from distillab.prepare import prepare
-from distillab.session import LocalSession
+from distillab.recipe.payload import payload_bytes_per_token
+from distillab.driver.plan import _count_params  # the dry-run's meta-device count, the one there is
+from distillab.recipe.prepare import prepare
+from distillab.recipe.session import LocalSession
 
 REPO = peer_trl.REPO
 #: The paper's teachers (PROTOCOL.md §1), as their ``config.json`` on the Hugging Face Hub gives them

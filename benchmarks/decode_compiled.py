@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from distillab.config import load_sweep
 from distillab.models import load_model
-from distillab.prepare import prepare
+from distillab.recipe.prepare import prepare
 from distillab.rollout.decode import StaticKVDecoder, _rms, _rotate_half
 
 REPO = Path(__file__).resolve().parents[1]

@@ -256,8 +256,8 @@ def _run_trial(teacher: Path, student: Path, trial: dict, root: Path,
 
     from distillab.analysis.results import load
     from distillab.config import ResourcesConfig, RuntimeContext, TrialConfig
-    from distillab.distill import run_worker
-    from distillab.session import LocalSession
+    from distillab.recipe.distill import run_worker
+    from distillab.recipe.session import LocalSession
 
     ctx = RuntimeContext(teacher_path=str(teacher), student_path=str(student), results_root=str(root / "results"),
                          shared_cache=str(root / "shared"), resources=ResourcesConfig(torch_threads=4),
@@ -313,11 +313,11 @@ def row_trial_stale() -> str:
 
 def row_trial_shared() -> str:
     """3 OnPD steps of the tiny Qwen2 pair (padded heads) with the shared teacher (``hidden``) against the same
-    trial with the teacher in the worker: the service actor (`distillab.teacher`) on a local Ray, per-step losses."""
+    trial with the teacher in the worker: the service actor (`distillab.recipe.teacher`) on a local Ray, per-step losses."""
     import ray
     from _checkpoints import qwen2_pair
 
-    from distillab.teacher import service_stats, start_teacher_service, stop_teacher_service
+    from distillab.recipe.teacher import service_stats, start_teacher_service, stop_teacher_service
 
     root = Path(tempfile.mkdtemp(prefix="gpu-check-shared-"))
     teacher, student = qwen2_pair(root)
@@ -348,7 +348,7 @@ def row_trial_half_b() -> str:
 
     from distillab.config import TrialConfig
     from distillab.models import load_tokenizer
-    from distillab.plan import estimate
+    from distillab.driver.plan import estimate
 
     root = Path(tempfile.mkdtemp(prefix="gpu-check-0.5b-"))
     teacher = qwen2_half_b(root / "teacher", seed=0, device="cuda")
@@ -382,7 +382,7 @@ def row_qlora() -> str:
 
     from distillab.config import LoRAConfig
     from distillab.models import build_char_tokenizer, micro_llama_config
-    from distillab.rlvr import merge_into, quantized_lora
+    from distillab.recipe.rlvr import merge_into, quantized_lora
 
     tok = build_char_tokenizer()
     torch.manual_seed(0)

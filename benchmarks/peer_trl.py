@@ -82,7 +82,7 @@ def extra_sets(args) -> dict:
 def _setup(args, policy: str, steps: int):
     """(sweep, teacher path, student path, trial) for the benchmark, models from ``prepare`` (cached)."""
     from distillab.config import load_sweep
-    from distillab.prepare import prepare
+    from distillab.recipe.prepare import prepare
 
     sweep = load_sweep(args.config, {**overrides(args, policy, steps), "models.cache_dir": str(Path(args.cache).resolve())})
     teacher, student = prepare(sweep, threads=1)
@@ -102,8 +102,8 @@ def distillab_worker(args, policy: str, steps: int, results_root: str):
     """A `distill.WorkerState` of the benchmark's trial (`distill.setup_trial` under a
     `session.LocalSession`: models, evaluation before training (cached), DeepSpeed, rollout source)."""
     from distillab.config import RuntimeContext
-    from distillab.distill import setup_trial
-    from distillab.session import LocalSession
+    from distillab.recipe.distill import setup_trial
+    from distillab.recipe.session import LocalSession
 
     sweep, teacher, student, trial = _setup(args, policy, steps)
     ctx = RuntimeContext(teacher_path=str(teacher), student_path=str(student), results_root=results_root,
@@ -114,9 +114,9 @@ def distillab_worker(args, policy: str, steps: int, results_root: str):
 def distillab_step(w, step: int):
     """One pass of `distill.run_worker`'s loop (prompts, rollouts, loss, update, sync, log):
     ``(seconds, rollouts, rollout seconds)``."""
-    from distillab.distill import log_step, step_metrics
-    from distillab.loss import loss_step
-    from distillab.optim import optimizer_step
+    from distillab.recipe.distill import log_step, step_metrics
+    from distillab.recipe.loss import loss_step
+    from distillab.recipe.optim import optimizer_step
     from distillab.rollout.source import step_prompts
 
     o = w.trial.optimizer
@@ -308,7 +308,7 @@ def _prepare_untimed(config: str, sets: dict) -> None:
     ``micro_findings.yaml`` the top-level trial's evaluation tasks differ from those its grids
     prepared with, so the timed run used to train a 2,400-step student first.)"""
     from distillab.config import load_sweep
-    from distillab.prepare import prepare
+    from distillab.recipe.prepare import prepare
 
     prepare(load_sweep(config, sets), threads=1)
 

@@ -128,7 +128,7 @@ def main() -> int:
 
     from distillab.config import load_sweep
     from distillab.models import load_tokenizer
-    from distillab.prepare import prepare
+    from distillab.recipe.prepare import prepare
 
     ray.init(address="local", num_cpus=args.threads, include_dashboard=False)
     rows = []

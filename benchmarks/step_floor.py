@@ -45,7 +45,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import peer_trl  # noqa: E402  (the shared setting and the timed distillab step)
 
-from distillab.loss import pack_batch  # noqa: E402
+from distillab.recipe.loss import pack_batch  # noqa: E402
 from distillab.ops.chunked import chunked_distill_loss  # noqa: E402
 from distillab.rollout.decode import StaticKVDecoder  # noqa: E402
 from distillab.rollout.types import left_pad  # noqa: E402

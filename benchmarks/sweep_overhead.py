@@ -158,10 +158,10 @@ def grid(n: int, storage: Path, out: Path, sets: list[str]) -> None:
     processes to ``out``."""
     import ray
 
-    from distillab.cli import parse_overrides
+    from distillab.driver.cli import parse_overrides
     from distillab.config import load_sweep
-    from distillab.prepare import prepare
-    from distillab.sweep import run_sweep
+    from distillab.recipe.prepare import prepare
+    from distillab.driver.sweep import run_sweep
 
     sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
         "name": f"overhead{n}", "storage_path": str(storage), "models.cache_dir": str(REPO / ".cache" / "models"),
@@ -183,7 +183,7 @@ def grid(n: int, storage: Path, out: Path, sets: list[str]) -> None:
 
 def _micro_prepared() -> bool:
     from distillab.config import load_sweep
-    from distillab.prepare import prepare_key
+    from distillab.recipe.prepare import prepare_key
 
     sweep = load_sweep(REPO / "search_spaces" / "micro.yaml", {"models.cache_dir": str(REPO / ".cache" / "models")})
     cache = Path(sweep.models.cache_dir)
@@ -198,7 +198,7 @@ def single(steps: int, storage: Path, env: dict[str, str], extra: list[str]) -> 
     sets = {"name": "single", "storage_path": str(storage), "models.cache_dir": str(REPO / ".cache" / "models"),
             "search.grid": "{rollout.policy: [onpd]}", "trial.optimizer.steps": steps,
             "trial.optimizer.prompts_per_step": 16, "trial.rollout.max_tokens": 32, "resources.max_concurrent_trials": 1}
-    cmd = [sys.executable, "-m", "distillab.cli", "sweep", str(config), "--no-dashboard"]
+    cmd = [sys.executable, "-m", "distillab.driver.cli", "sweep", str(config), "--no-dashboard"]
     for kv in [f"{k}={v}" for k, v in sets.items()] + extra:
         cmd += ["--set", kv]
     t0 = time.perf_counter()

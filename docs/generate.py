@@ -10,7 +10,7 @@
   field in the source (as Sphinx's autodoc reads attribute comments). `missing_descriptions`
   lists the fields that have neither.
 - ``reference/cli.md``: every sub-command, argument and option of ``distillab``, read from
-  its argparse parser (`distillab.cli._parser`).
+  its argparse parser (`distillab.driver.cli._parser`).
 - ``reference/metrics.md``: every metric key a trial emits, read from
   `distillab.registry.METRICS` (key, producer, scope, Ray gauge, meaning).
 
@@ -245,11 +245,11 @@ def _argument_rows(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def cli_page() -> str:
-    from distillab.cli import _parser
+    from distillab.driver.cli import _parser
 
     parser = _parser()
-    out = [HEADER.format(src="the argparse parser of distillab.cli"), "# CLI reference\n\n",
-           "The `distillab` command (installed by `pip install -e .`; `distillab.cli`). Each "
+    out = [HEADER.format(src="the argparse parser of distillab.driver.cli"), "# CLI reference\n\n",
+           "The `distillab` command (installed by `pip install -e .`; `distillab.driver.cli`). Each "
            "sub-command's arguments, as its argument parser declares them; `distillab <command> "
            "--help` prints the same.\n\n", "```text\n", parser.description.strip(), "\n```\n\n"]
     for name, (sub, help_) in _subparsers(parser).items():

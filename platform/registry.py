@@ -17,7 +17,7 @@ Where a key appears (``Metric.scope``):
   ``time/train_s``);
 - ``table``: the ``metrics`` table only (``resume/start_step``).
 
-Adding a key is one line: ``register("kl/jsd", "loss.loss_step", "…")``.
+Adding a key is one line: ``register("kl/jsd", "recipe.loss.loss_step", "…")``.
 
 The names the rest of the code spells the same way live here too: the Countdown tasks
 (`COUNTDOWN_TASKS`), the prior skills of the micro OOD suite (`SKILL_NAMES`), the
@@ -37,7 +37,7 @@ __all__ = ["Metric", "METRICS", "PLACEHOLDERS", "register", "find", "require", "
            "training_keys", "gauges", "REPORTER_COLUMNS", "FORGETTING_KEY", "FORGETTING_EVAL", "FORGETTING_STAGES",
            "forgetting", "with_forgetting", "eval_key", "SCOPES", "COUNTDOWN_TASKS", "SKILL_NAMES", "KINDS",
            "SAMPLED_KINDS", "ESTIMATORS", "ROLLOUT_ESTIMATORS", "TOPK_SOURCES", "K_GRADIENTS", "REDUCTIONS",
-           "check_choice", "check_estimator"]
+           "check_choice", "check_estimator", "ENV_SWITCHES"]
 
 #: The Countdown variants a trial can score (`config.TasksConfig` holds one `CountdownTaskConfig` each;
 #: `tasks.countdown` generates and verifies them; PROTOCOL.md §5).
@@ -61,6 +61,9 @@ TOPK_SOURCES: tuple[str, ...] = ("teacher", "student", "union")
 K_GRADIENTS: tuple[str, ...] = ("auto", "score", "pathwise")
 #: How per-token losses reduce to the batch loss (`ops.kl.reduce_loss`).
 REDUCTIONS: tuple[str, ...] = ("seq_mean", "token_mean", "sum")
+#: Environment switches distillab reads, with their allowed values (`driver.checks.env_errors` checks them
+#: before anything starts). ``DISTILLAB_BF16_MATMULS``: `models.precision.bf16_matmuls_choice`.
+ENV_SWITCHES: dict[str, tuple[str, ...]] = {"DISTILLAB_BF16_MATMULS": ("auto", "native", "float32")}
 
 
 def check_choice(what: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -145,12 +148,12 @@ def register(key: str, producer: str, doc: str, *, scope: str = "step", gauge: s
 
 
 # --------------------------------------------------------------------------------------------- distillation
-_LOSS = "loss.loss_step"
-register("step", "distill.log_step", "optimizer steps done (Tune's time axis; the RLVR stage continues it)")
-register("loss", "distill.step_metrics", "the distillation loss of the step (nats, loss.reduction)",
+_LOSS = "recipe.loss.loss_step"
+register("step", "recipe.distill.log_step", "optimizer steps done (Tune's time axis; the RLVR stage continues it)")
+register("loss", "recipe.distill.step_metrics", "the distillation loss of the step (nats, loss.reduction)",
          gauge="distillab_loss")
-register("grad_norm", "optim.optimizer_step", "global gradient norm before clipping")
-register("lr", "optim.optimizer_step", "learning rate of the step")
+register("grad_norm", "recipe.optim.optimizer_step", "global gradient norm before clipping")
+register("lr", "recipe.optim.optimizer_step", "learning rate of the step")
 register("kl/forward", _LOSS, "mean KL(π_T‖π_S) over the step's completion tokens (nats, loss τ)",
          gauge="distillab_kl_forward")
 register("kl/reverse", _LOSS, "mean KL(π_S‖π_T) over the step's completion tokens (nats, loss τ)",
@@ -160,30 +163,30 @@ register("teacher/cross_entropy", _LOSS, "mean H(π_T, π_S) over completion tok
 register("is/weight_mean", _LOSS, "mean truncated importance weight w(y) (loss.importance_weight; "
          "rollout.staleness_correction tis)")
 # the oracle (every loss.oracle_every steps): the estimator against the exact full-vocabulary divergence (ops.oracle)
-_ORACLE = "loss.oracle"
+_ORACLE = "recipe.loss.oracle"
 register("estimator/bias", _ORACLE, "estimator's estimate − exact value of the reduced divergence it estimates (nats)")
 register("estimator/grad_cos", _ORACLE, "cosine between the estimator's and the exact gradient w.r.t. the student logits")
 register("estimator/grad_norm_ratio", _ORACLE, "‖estimator gradient‖ / ‖exact gradient‖ (w.r.t. the student logits)")
 register("estimator/grad_cos_forward", _ORACLE, "cosine between the estimator's gradient and the exact KL(π_T‖π_S)'s")
 register("estimator/grad_cos_reverse", _ORACLE, "cosine between the estimator's gradient and the exact KL(π_S‖π_T)'s")
-# the shared teacher (teacher.serve: shared; distillab.teacher): what each step's request cost
-register("teacher/bytes_per_token", "teacher.SharedTeacher.score",
+# the shared teacher (teacher.serve: shared; distillab.recipe.teacher): what each step's request cost
+register("teacher/bytes_per_token", "recipe.teacher.SharedTeacher.score",
          "bytes of the teacher service's answer per scored token (teacher.payload; payload.payload_bytes_per_token)")
-register("teacher/request_ms", "teacher.SharedTeacher.score",
+register("teacher/request_ms", "recipe.teacher.SharedTeacher.score",
          "wall milliseconds of the step's request to the teacher service (teacher.serve shared)")
-register("rollout/length", "distill.step_metrics", "mean completion length (tokens)")
-register("rollout/staleness", "distill.step_metrics",
+register("rollout/length", "recipe.distill.step_metrics", "mean completion length (tokens)")
+register("rollout/staleness", "recipe.distill.step_metrics",
          "update lag of the weights that sampled the step's rollouts (steps; ≤ rollout.max_staleness; "
          "rollout.stale.StaleRollouts)")
-register("rollout/tokens_per_s", "distill.step_metrics", "completion tokens sampled per second (fresh rollouts)",
+register("rollout/tokens_per_s", "recipe.distill.step_metrics", "completion tokens sampled per second (fresh rollouts)",
          gauge="distillab_rollout_tokens_per_s")
 register("rollout/student_loglik", "rollout.spectrum.SpectrumEngine", "mean per-token log π_S of the λ-spectrum rollouts")
 register("rollout/teacher_loglik", "rollout.spectrum.SpectrumEngine", "mean per-token log π_T of the λ-spectrum rollouts")
-register("time/step_s", "distill.step_metrics", "wall seconds of the step")
-register("time/rollout_s", "distill.step_metrics", "wall seconds spent getting the step's rollouts")
-register("time/sync_s", "distill.step_metrics", "wall seconds of the OnPD weight sync into the vLLM engine")
-register("time/train_s", "distill.end_loop", "wall seconds of the distillation loop (this run)", scope="final")
-register("resume/start_step", "distill.setup_trial", "the step a restarted worker group resumed at", scope="table")
+register("time/step_s", "recipe.distill.step_metrics", "wall seconds of the step")
+register("time/rollout_s", "recipe.distill.step_metrics", "wall seconds spent getting the step's rollouts")
+register("time/sync_s", "recipe.distill.step_metrics", "wall seconds of the OnPD weight sync into the vLLM engine")
+register("time/train_s", "recipe.distill.end_loop", "wall seconds of the distillation loop (this run)", scope="final")
+register("resume/start_step", "recipe.distill.setup_trial", "the step a restarted worker group resumed at", scope="table")
 # where a trial's fixed cost goes (telemetry.TrialTimes; benchmarks/sweep_overhead.py prints them)
 for _name, _doc in (
     ("trainable_import", "Tune trial actor: its process start to the trainable's first line (imports, unpickling)"),
@@ -194,7 +197,7 @@ for _name, _doc in (
     ("eval_distill", "the evaluation after distillation (rank 0)"),
     ("finish", "the last step to the final report (evaluations, RLVR stage, final checkpoint written)"),
 ):
-    register(f"time/{_name}_s", "telemetry.TrialTimes", f"wall seconds: {_doc}", scope="table")
+    register(f"time/{_name}_s", "recipe.telemetry.TrialTimes", f"wall seconds: {_doc}", scope="table")
 
 # --------------------------------------------------------------------------------------------- RLVR
 for _name, _doc in (
@@ -208,7 +211,7 @@ for _name, _doc in (
     ("lr", "learning rate of the step"),
     ("sampler_logp_gap", "mean log π_old − sampler logprob over completion tokens (0 when synced)"),
 ):
-    register(f"rlvr/{_name}", "rlvr.run_rlvr", _doc, scope="rlvr",
+    register(f"rlvr/{_name}", "recipe.rlvr.run_rlvr", _doc, scope="rlvr",
              gauge="distillab_reward_mean" if _name == "reward_mean" else None)
 
 # --------------------------------------------------------------------------------------------- evaluations

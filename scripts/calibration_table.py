@@ -32,9 +32,9 @@ from pathlib import Path
 import polars as pl
 
 from distillab.analysis.results import load, rlvr_reward_summary, trial_metrics
-from distillab.cli import parse_overrides
+from distillab.driver.cli import parse_overrides
 from distillab.config import load_sweep
-from distillab.prepare import prepare_key
+from distillab.recipe.prepare import prepare_key
 
 COLUMNS = {
     "rollout.policy": "policy",

@@ -114,7 +114,7 @@ def sweep_command(cfg: Chaos, storage: Path) -> list[str]:
             "fault_tolerance.worker_restarts": 4 * cfg.kills, "fault_tolerance.trial_retries": 4 * cfg.kills,
             "resources.max_concurrent_trials": 2}
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
-    return [sys.executable, "-m", "distillab.cli", "sweep", str(SMOKE), *args, "--no-dashboard"]
+    return [sys.executable, "-m", "distillab.driver.cli", "sweep", str(SMOKE), *args, "--no-dashboard"]
 
 
 def start(cmd: list[str], log: Path) -> subprocess.Popen:
@@ -164,7 +164,7 @@ def resume_command(cfg: Chaos, storage: Path) -> list[str]:
     before Tune wrote its state: completed trials are not rerun either way)."""
     root = storage / NAME
     if list((root / "tune").glob("experiment_state-*.json")):
-        return [sys.executable, "-m", "distillab.cli", "sweep", "--resume", str(root), "--no-dashboard"]
+        return [sys.executable, "-m", "distillab.driver.cli", "sweep", "--resume", str(root), "--no-dashboard"]
     return sweep_command(cfg, storage)
 
 

@@ -18,7 +18,7 @@ fi
 config=search_spaces/micro_findings.yaml
 root=$(.venv/bin/python - "$config" "$@" <<'PY'   # the sweep directory, with any --set name=/storage_path=
 import sys
-from distillab.cli import parse_overrides
+from distillab.driver.cli import parse_overrides
 from distillab.config import load_sweep
 a = sys.argv[2:]
 print(load_sweep(sys.argv[1], parse_overrides([a[i + 1] for i in range(len(a) - 1) if a[i] == "--set"])).sweep_dir())

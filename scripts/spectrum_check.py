@@ -20,7 +20,7 @@ def spectrum_table(sweep, *, lambdas=(-2.0, -1.0, 0.0, 1.0, 2.0), prompts: int =
     ``prompts`` Countdown-3 training prompts, ``n`` samples each, at the trial's
     rollout settings (τ_S, τ_T, top-p, max tokens, α, c)."""
     from distillab.models import load_model, load_tokenizer
-    from distillab.prepare import prepare
+    from distillab.recipe.prepare import prepare
     from distillab.rollout.spectrum import loglik_along_lambda
     from distillab.tasks.data import train_prompts
 

@@ -91,8 +91,8 @@ def _run_locally(sweep) -> Path:
     dashboard, ended with ``ray.shutdown()``. Returns the sweep directory."""
     import ray
 
-    from distillab.prepare import prepare
-    from distillab.sweep import run_sweep
+    from distillab.recipe.prepare import prepare
+    from distillab.driver.sweep import run_sweep
 
     teacher, student = prepare(sweep, threads=1)
     ray.init(address="local", num_cpus=2, include_dashboard=False)
@@ -118,7 +118,7 @@ def smoke_sweep(tmp_path_factory) -> Path:
     reads it). Use only from slow tests."""
     storage = tmp_path_factory.mktemp("smoke_sweep")
     sets = [f"storage_path={storage}", f"models.cache_dir={CACHE / 'models'}"]
-    cmd = [sys.executable, "-m", "distillab.cli", "sweep", str(REPO / "search_spaces" / "smoke.yaml"), "--no-dashboard"]
+    cmd = [sys.executable, "-m", "distillab.driver.cli", "sweep", str(REPO / "search_spaces" / "smoke.yaml"), "--no-dashboard"]
     proc = subprocess.run([*cmd, *[a for kv in sets for a in ("--set", kv)]], cwd=REPO, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=1800)
     (storage / "console.txt").write_text(proc.stdout)

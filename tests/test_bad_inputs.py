@@ -1,7 +1,7 @@
 """Bad inputs, one table (issue 34, item 2; DESIGN.md "Fail before compute"): each is refused
 with exit status 2 and exactly one line on stderr that names the field or flag, before any
 compute: Ray never started, no Ray process appeared, nothing written under ``storage_path``
-or ``models.cache_dir``. ``distillab.cli.main`` runs in this process (no interpreter or
+or ``models.cache_dir``. ``distillab.driver.cli.main`` runs in this process (no interpreter or
 import to pay per case).
 
 Two kinds need a process of their own (slow tests): a trial the cluster can never place
@@ -22,8 +22,8 @@ import psutil
 import pytest
 import ray
 
-from distillab.cli import main
-from distillab.prepare import _pool
+from distillab.driver.cli import main
+from distillab.recipe.prepare import _pool
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "search_spaces" / "smoke.yaml"
@@ -283,7 +283,7 @@ def test_a_bad_input_is_one_line_and_exit_2_before_anything_starts(world, capsys
 def _cli(tmp: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
-    return subprocess.Popen([sys.executable, "-m", "distillab.cli", "sweep", str(SMOKE), "--no-dashboard",
+    return subprocess.Popen([sys.executable, "-m", "distillab.driver.cli", "sweep", str(SMOKE), "--no-dashboard",
                              "--set", f"storage_path={tmp}/out", "--set", f"models.cache_dir={tmp}/models", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
@@ -333,7 +333,7 @@ def test_a_ctrl_c_python_swallowed_during_start_up_is_raised_when_it_ends() -> N
     KeyboardInterrupt; a start-up without one ends normally; the previous handler is restored."""
     import os
 
-    from distillab import cli
+    from distillab.driver import cli
 
     before = signal.getsignal(signal.SIGINT)
     with cli._start_up_interrupts():

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
-from distillab import models
+from distillab.models import precision as models
 from distillab.models import BF16_MATMULS, Bf16MatmulsInFloat32, bf16_matmuls, build_char_tokenizer, micro_llama_config
 
 B = torch.bfloat16

@@ -16,8 +16,8 @@ from _helpers import one_gloo_rank
 
 from distillab.analysis.results import load
 from distillab.config import RuntimeContext, TrialConfig
-from distillab.distill import run_worker
-from distillab.session import LocalSession
+from distillab.recipe.distill import run_worker
+from distillab.recipe.session import LocalSession
 from distillab.models import check_lm_heads, check_same_vocab, load_model, load_tokenizer
 from distillab.rollout.engine import TransformersEngine
 from distillab.rollout.types import SamplingParams

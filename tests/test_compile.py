@@ -15,10 +15,10 @@ from fixtures.record_golden import golden_models, golden_trial
 from torch._dynamo.utils import counters
 
 from distillab.config import SweepConfig, TrialConfig
-from distillab.loss import loss_step
+from distillab.recipe.loss import loss_step
 from distillab.models import bf16_matmuls, configure_passes, load_model
 from distillab.rollout.types import Rollouts
-from distillab.teacher import LocalTeacher
+from distillab.recipe.teacher import LocalTeacher
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from distillab.config import ConfigError, SweepConfig, TrialConfig, expand_trials, load_sweep
-from distillab.prepare import prepare_key
+from distillab.recipe.prepare import prepare_key
 
 REPO = Path(__file__).resolve().parents[1]
 MICRO = REPO / "search_spaces" / "micro.yaml"
@@ -402,7 +402,7 @@ def test_ablation_sweep_files() -> None:
     teacher and student, one changed setting each; the three robustness ablations on its
     policy x KL x LR x seed grid (grid 0), so that F1, F2 and F4 can be decided under each. The math
     file distils its own math teacher into micro.yaml's student."""
-    from distillab.prepare import prepare_key
+    from distillab.recipe.prepare import prepare_key
 
     findings, micro = load_sweep(FINDINGS), load_sweep(MICRO)
     files = {name: load_sweep(MICRO.parent / f"{name}.yaml") for name in (
@@ -545,16 +545,14 @@ def test_local_mode_resources(tmp_path: Path) -> None:
 def test_tracking_section(tmp_path: Path, monkeypatch) -> None:
     import importlib.util
 
-    import distillab.config as config
-
     assert load_sweep(SMOKE).tracking.wandb is None and load_sweep(SMOKE).tracking.mlflow is None  # off by default
-    monkeypatch.setattr(config.importlib.util, "find_spec",
+    monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name in ("wandb", "mlflow") else importlib.util.find_spec(name, *a))
     for tracker in ("wandb", "mlflow"):
         msg = _error(tmp_path, f"name: t\ntracking: {{{tracker}: {{}}}}\n")
         assert f"tracking.{tracker} needs the {tracker} package" in msg and "'.[tracking]'" in msg
     monkeypatch.undo()
-    monkeypatch.setattr(config.importlib.util, "find_spec", lambda name, *a: object())  # both "installed"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # both "installed"
     sweep = load_sweep(SMOKE, {"tracking": {"wandb": {"mode": "offline", "tags": ["a"]},
                                             "mlflow": {"tags": {"study": "micro"}}}})
     assert sweep.tracking.wandb.mode == "offline" and sweep.tracking.wandb.project == "distillab"

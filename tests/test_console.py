@@ -25,7 +25,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from distillab.cli import HARMLESS_RAY_LINES
+from distillab.driver.cli import HARMLESS_RAY_LINES
 from distillab.config import load_sweep
 from distillab.models import build_char_tokenizer, micro_llama_config
 
@@ -114,7 +114,7 @@ def test_every_trials_stage_line_is_printed_when_it_arrives() -> None:
     (`cli.NEVER_DEDUPLICATED_LINES`) each is printed as it arrives. Ray's own class, fake clock."""
     from ray._private.ray_logging import LogDeduplicator
 
-    from distillab.cli import NEVER_DEDUPLICATED_LINES, any_of
+    from distillab.driver.cli import NEVER_DEDUPLICATED_LINES, any_of
 
     allow = any_of(NEVER_DEDUPLICATED_LINES)
     line = "[trial] offpd-forward-lr0.001-s{s}-0a1b2c3{s} distill step 4: countdown3 acc 0.0{s}0 (eval 0.{s} s)"
@@ -139,7 +139,7 @@ def test_a_trial_actor_drops_only_sigterm_exits_python_cannot_raise(monkeypatch)
     """Ray's SIGTERM handler raises SystemExit; inside a weakref callback Python cannot raise
     it and prints "Exception ignored in: ..." (the ending trial actor). The trial actor's hook
     drops that and passes every other unraisable exception on; ``--verbose`` keeps them all."""
-    from distillab.sweep import drop_unraisable_sigterm_exits, train_settings
+    from distillab.driver.sweep import drop_unraisable_sigterm_exits, train_settings
 
     seen = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(type(u.exc_value)))
@@ -178,7 +178,7 @@ def test_a_failed_trial_prints_its_traceback(tmp_path: Path) -> None:
     sets = {"storage_path": tmp_path, "models.cache_dir": REPO / ".cache" / "models", "models.student_path": broken,
             "search.grid": "{rollout.policy: [onpd]}", "fault_tolerance.trial_retries": 0,
             "fault_tolerance.worker_restarts": 0}
-    cmd = [sys.executable, "-m", "distillab.cli", "sweep", str(SMOKE), "--no-dashboard"]
+    cmd = [sys.executable, "-m", "distillab.driver.cli", "sweep", str(SMOKE), "--no-dashboard"]
     proc = subprocess.run([*cmd, *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]], cwd=REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
     out = proc.stdout
@@ -196,7 +196,7 @@ def test_an_interrupted_sweep_offers_one_way_to_resume(tmp_path: Path) -> None:
     names ``distillab sweep --resume``, not Tune's ``Tuner.restore``."""
     import signal
 
-    cmd = [sys.executable, "-m", "distillab.cli", "sweep", str(SMOKE), "--no-dashboard",
+    cmd = [sys.executable, "-m", "distillab.driver.cli", "sweep", str(SMOKE), "--no-dashboard",
            "--set", f"storage_path={tmp_path}", "--set", f"models.cache_dir={REPO / '.cache' / 'models'}"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -274,7 +274,7 @@ def test_harmless_ray_lines_are_dropped_and_faults_kept() -> None:
     drops each known-harmless line as Ray forwards it, and keeps lines that signal a fault."""
     from ray._private.ray_logging import LogDeduplicator
 
-    from distillab.cli import any_of
+    from distillab.driver.cli import any_of
 
     dedup = LogDeduplicator(5, None, any_of(HARMLESS_RAY_LINES), _timesource=lambda: 0.0)
     harmless = ["[mutex.cc : 452] RAW: Lock blocking 0x5632c593f900 @",
@@ -295,7 +295,7 @@ def test_the_driver_console_drops_tunes_resume_hint_and_optunas_notes(caplog) ->
 
     import optuna
 
-    from distillab.sweep import TUNE_RESUME_HINT, driver_console
+    from distillab.driver.sweep import TUNE_RESUME_HINT, driver_console
 
     before = optuna.logging.get_verbosity()
     try:
@@ -319,7 +319,7 @@ def test_the_driver_console_drops_tunes_resume_hint_and_optunas_notes(caplog) ->
 def test_a_sweep_says_which_of_its_trials_ran_before(tmp_path: Path, capsys) -> None:
     """A sweep run again under the same name (same directory, same trial ids) says that its
     completed trials are not rerun; trials of another config in that directory do not count."""
-    from distillab.sweep import print_completed_before
+    from distillab.driver.sweep import print_completed_before
     from distillab.tables import write_rows
 
     sweep = load_sweep(SMOKE, {"storage_path": str(tmp_path)})
@@ -342,7 +342,7 @@ def test_the_console_script_runs_the_exit_handlers_and_keeps_the_status(tmp_path
     and what was printed reaches the pipe; the exit status is `cli.main`'s (2 here: a report of
     a directory that is no sweep)."""
     code = ("import atexit, sys\n"
-            "from distillab import cli\n"
+            "from distillab.driver import cli\n"
             "atexit.register(lambda: print('registered first, runs last', flush=True))\n"
             "atexit.register(lambda: print('registered last, runs first'))\n"
             "print('before', end=' ')\n"
@@ -359,7 +359,7 @@ def test_a_process_start_time_is_read_to_the_clock_tick() -> None:
     """`telemetry.process_start_time` (what ``[time] start-up`` and ``[time] total`` count from)
     of a process started now is now, to within a few clock ticks (``/proc/stat``'s ``btime``
     alone, whole seconds, was up to 1 s off); None for a process that does not exist."""
-    from distillab.telemetry import process_start_time
+    from distillab.recipe.telemetry import process_start_time
 
     before = time.time()
     child = subprocess.Popen(["sleep", "5"])
@@ -379,12 +379,12 @@ def test_token_auth_is_said_only_before_ray_reads_its_mode(monkeypatch) -> None:
     one would reach the cluster's processes only (the driver then fails "InvalidAuthToken")."""
     import ray  # noqa: F401  (imported, as in the tests that call main())
 
-    from distillab.cli import _env_defaults
+    from distillab.driver.cli import _env_defaults
 
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     _env_defaults(local_ray=True)
     assert "RAY_AUTH_MODE" not in os.environ
-    fresh = ("import os, sys; from distillab.cli import _env_defaults; assert 'ray' not in sys.modules; "
+    fresh = ("import os, sys; from distillab.driver.cli import _env_defaults; assert 'ray' not in sys.modules; "
              "_env_defaults(local_ray=True); print(os.environ['RAY_AUTH_MODE'])")
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
     out = subprocess.run([sys.executable, "-c", fresh], env=env, capture_output=True, text=True, timeout=120)
@@ -398,7 +398,7 @@ def test_trials_that_end_together_share_one_progress_table(monkeypatch) -> None:
     once, and Tune's periodic print still comes every max_report_frequency seconds."""
     from types import SimpleNamespace
 
-    import distillab.sweep as sweep
+    import distillab.driver.sweep as sweep
 
     clock = [1000.0]
     monkeypatch.setattr(sweep.time, "time", lambda: clock[0])
@@ -430,6 +430,6 @@ def test_the_keys_left_out_of_the_trackers_are_rays_own() -> None:
     pytest.importorskip("wandb")
     from ray.air.integrations.wandb import WandbLoggerCallback
 
-    from distillab.sweep import TUNE_PROCESS_KEYS
+    from distillab.driver.sweep import TUNE_PROCESS_KEYS
 
     assert sorted(WandbLoggerCallback.AUTO_CONFIG_KEYS) == sorted(TUNE_PROCESS_KEYS)

@@ -49,7 +49,7 @@ def test_micro_and_micro_rlvr_teachers_differ_in_data() -> None:
     scores Countdown-4 in its spectrum grid only, and `prepare.scored_evaluation` widens the
     exclusion to every trial of the sweep: its models are micro_rlvr.yaml's."""
     from distillab.config import SeedsConfig, load_sweep
-    from distillab.prepare import prepare_key, scored_evaluation
+    from distillab.recipe.prepare import prepare_key, scored_evaluation
     from distillab.tasks.data import TaskData, problem_key, test_keys
 
     spaces = REPO / "search_spaces"

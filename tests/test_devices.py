@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import torch
 
-from distillab.loss import pack_batch
-from distillab.optim import TorchStepper
-from distillab.rlvr import _token_logprobs
+from distillab.recipe.loss import pack_batch
+from distillab.recipe.optim import TorchStepper
+from distillab.recipe.rlvr import _token_logprobs
 from distillab.rollout.types import Rollouts, model_device, pack_rollouts
 
 PROMPTS = [[5, 6, 7], [8, 9]]

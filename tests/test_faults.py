@@ -123,8 +123,8 @@ def test_killed_worker_resumes_from_checkpoint(tmp_path: Path, local_mode: bool)
     import ray
 
     from distillab.analysis.results import load
-    from distillab.prepare import prepare
-    from distillab.sweep import run_sweep
+    from distillab.recipe.prepare import prepare
+    from distillab.driver.sweep import run_sweep
 
     steps, every = 200, 50
     sweep = _sweep(tmp_path, **{"search.grid": {"rollout.policy": ["onpd"]}, "trial.optimizer.steps": steps,
@@ -174,7 +174,7 @@ def test_killed_worker_resumes_from_checkpoint(tmp_path: Path, local_mode: bool)
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "distillab.cli", *args]
+    return [sys.executable, "-m", "distillab.driver.cli", *args]
 
 
 def test_killed_driver_then_resume(tmp_path: Path) -> None:
@@ -231,8 +231,8 @@ def test_two_node_cluster_loses_a_node(tmp_path: Path) -> None:
     from ray.cluster_utils import Cluster
 
     from distillab.analysis.results import load
-    from distillab.prepare import prepare
-    from distillab.sweep import run_sweep
+    from distillab.recipe.prepare import prepare
+    from distillab.driver.sweep import run_sweep
 
     steps, every = 200, 40
     sweep = _sweep(tmp_path, **{"trial.optimizer.steps": steps, "trial.optimizer.checkpoint_every": every,
@@ -306,7 +306,7 @@ def test_ray_job_submit(tmp_path: Path) -> None:
             except OSError:
                 assert head.poll() is None, (tmp_path / "head.log").read_text()[-3000:]
                 time.sleep(1)
-        entry = [sys.executable, "-m", "distillab.cli", "sweep", "search_spaces/smoke.yaml",
+        entry = [sys.executable, "-m", "distillab.driver.cli", "sweep", "search_spaces/smoke.yaml",
                  "--set", f"storage_path={tmp_path}", "--set", f"models.cache_dir={CACHE / 'models'}",
                  "--set", "search.grid={rollout.policy: [onpd]}"]  # one trial: it samples, so every gauge is set
         deadline = time.time() + 180

@@ -15,9 +15,9 @@ import pytest
 from _helpers import one_gloo_rank
 from distillab.analysis.results import load
 from distillab.config import RuntimeContext, TrialConfig
-from distillab.distill import run_worker
+from distillab.recipe.distill import run_worker
 from distillab.registry import METRICS, find
-from distillab.session import LocalSession
+from distillab.recipe.session import LocalSession
 from fixtures.record_golden import CASES, case_name, golden_models, golden_trial, per_step
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -81,4 +81,4 @@ def test_every_producer_in_the_registry_exists() -> None:
     for m in METRICS.values():
         assert _producer(m.producer) is not None, m.key
     with pytest.raises(AssertionError):  # a name imported into another module is not where it is defined
-        _producer("distill.evaluate_stage")
+        _producer("recipe.distill.evaluate_stage")

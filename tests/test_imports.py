@@ -7,8 +7,8 @@ There is no hand-kept list of stages and no exemption:
 - no module imports itself back through others (the module graph has no cycle) and no folder
   does either (the folder graph has no cycle), so the layers are the folder graph's
   topological order, printed by `test_layers_are_read_from_the_folders`;
-- the lower folders (tasks, ops, rollout, evals) never reach the recipe (loss, distill, rlvr,
-  prepare) or the driver (sweep, plan, cli), and ``analysis`` reads only the registry and the
+- the lower folders (config, models, tasks, ops, rollout, evals) never reach the recipe
+  (``recipe/``: loss, distill, rlvr, prepare, ...) or the driver (``driver/``: sweep, plan, cli, ...), and ``analysis`` reads only the registry and the
   results tables (it never imports torch, the evaluations or the recipe);
 - ``from distillab…`` imports sit at module top, except in the modules whose docstring says
   why under "Lazy imports:" with a measurement (cli's start-up, the Tune trial actor's);
@@ -29,9 +29,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"platform": "distillab", "ops": "distillab.ops", "evals": "distillab.evals"}
 #: What each layer of DESIGN.md must never import (the data path flows one way).
-RECIPE_AND_DRIVER = {"loss", "distill", "rlvr", "prepare", "sweep", "plan", "cli"}
-LOWER = ("tasks", "ops", "rollout", "evals")
-LAZY_MODULES = ("cli", "sweep")
+RECIPE_AND_DRIVER = {"recipe", "driver"}
+LOWER = ("config", "models", "tasks", "ops", "rollout", "evals")
+LAZY_MODULES = ("driver.cli", "driver.sweep")
+#: The modules that sit flat in ``platform/``: the lowest layer, names (`registry`) and the results schema
+#: (`tables`) that every layer writes through; everything else is in the folder of its layer.
+FLAT = {"registry", "tables"}
 
 
 def _modules() -> dict[str, Path]:
@@ -112,6 +115,12 @@ def test_layers_are_read_from_the_folders() -> None:
     assert set(PACKAGES) >= {"tasks", "rollout", "analysis", "ops", "evals"}
 
 
+def test_only_the_lowest_layer_is_flat() -> None:
+    """Every module of ``platform/`` is in the folder of its layer, but for `FLAT`."""
+    flat = {name for name in MODULES if "." not in name and name not in PACKAGES}
+    assert flat == FLAT, sorted(flat ^ FLAT)
+
+
 def test_lower_folders_never_reach_the_recipe() -> None:
     bad = [f"{path.relative_to(REPO)}:{line} ({name}) imports distillab.{t}"
            for name, path in MODULES.items() if unit(name) in LOWER
@@ -132,7 +141,7 @@ def test_analysis_and_report_load_no_torch() -> None:
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'deepspeed')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout
-    code = ("import sys, contextlib, io\nfrom distillab.cli import main\n"
+    code = ("import sys, contextlib, io\nfrom distillab.driver.cli import main\n"
             "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
             "    main(['report', '--help'])\nprint('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
@@ -170,4 +179,4 @@ def test_no_function_over_80_lines(path: Path) -> None:
 
 
 def test_distill_is_a_short_recipe() -> None:
-    assert len((REPO / "platform" / "distill.py").read_text().splitlines()) <= 350
+    assert len((REPO / "platform" / "recipe" / "distill.py").read_text().splitlines()) <= 350

@@ -30,7 +30,8 @@ def test_platform_dir_has_no_init() -> None:
 
 
 def test_subpackages_import() -> None:
-    for name in ("distillab.ops", "distillab.evals", "distillab.tasks", "distillab.rollout", "distillab.analysis"):
+    for name in ("distillab.ops", "distillab.evals", "distillab.config", "distillab.models", "distillab.tasks",
+                 "distillab.rollout", "distillab.recipe", "distillab.driver", "distillab.analysis"):
         mod = importlib.import_module(name)
         assert mod.__name__ == name
         assert Path(mod.__file__).resolve().parent.name == name.split(".")[-1]

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from distillab.imports import UNUSED_INTEGRATIONS, without_unused_integrations
+from distillab.driver.imports import UNUSED_INTEGRATIONS, without_unused_integrations
 
 
 def test_hidden_inside_the_block_and_importable_after_it() -> None:
@@ -37,13 +37,13 @@ def test_an_exception_in_the_block_still_unhides() -> None:
 
 _PROBE = """
 import sys
-from distillab.imports import UNUSED_INTEGRATIONS, without_unused_integrations
+from distillab.driver.imports import UNUSED_INTEGRATIONS, without_unused_integrations
 HIDE = {hide}
 if HIDE:
     with without_unused_integrations():
-        import distillab.distill
+        import distillab.recipe.distill
 else:
-    import distillab.distill
+    import distillab.recipe.distill
 from transformers.utils import is_sklearn_available
 print(sorted(n for n in UNUSED_INTEGRATIONS if n in sys.modules), is_sklearn_available())
 """
@@ -87,8 +87,8 @@ _TUNE_PROBE = """
 import sys
 from ray.air._internal.usage import _count_callbacks
 from ray.tune.logger import CSVLoggerCallback
-from distillab.imports import without_unused_integrations
-from distillab.sweep import TRACKER_PACKAGES, TUNE_TRACKER_MODULES
+from distillab.driver.imports import without_unused_integrations
+from distillab.driver.sweep import TRACKER_PACKAGES, TUNE_TRACKER_MODULES
 with without_unused_integrations(TRACKER_PACKAGES, forget=TUNE_TRACKER_MODULES):
     counts = _count_callbacks([CSVLoggerCallback()])
 print(dict(counts), sorted(p for p in ("wandb", "mlflow") if p in sys.modules))

@@ -74,7 +74,7 @@ def test_domain_config_and_splits() -> None:
 
 
 def test_training_prompts_and_prepare_demonstrations() -> None:
-    from distillab.prepare import _examples, prepare_key
+    from distillab.recipe.prepare import _examples, prepare_key
     from distillab.tasks.data import train_prompts
 
     tok = build_char_tokenizer()

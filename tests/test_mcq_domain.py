@@ -74,7 +74,7 @@ def test_training_prompts_and_sft_targets() -> None:
 
 
 def test_prepare_adds_mcq_demonstrations_and_keys_them() -> None:
-    from distillab.prepare import _examples, prepare_key
+    from distillab.recipe.prepare import _examples, prepare_key
 
     tok = build_char_tokenizer()
     base = load_sweep(REPO / "search_spaces" / "smoke.yaml")

@@ -1,5 +1,5 @@
 """The character tokenizer, micro Llama configs, vocabulary check and safetensors
-round trip (platform/models.py)."""
+round trip (platform/models/)."""
 
 from __future__ import annotations
 

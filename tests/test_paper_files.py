@@ -27,7 +27,7 @@ import pytest
 
 from distillab.analysis.findings import INCONCLUSIVE, NOT_REPRODUCED, REPRODUCED, decide, format_verdicts
 from distillab.analysis.results import load
-from distillab.cli import main
+from distillab.driver.cli import main
 from distillab.config import RLVRConfig, SweepConfig, TrialConfig, load_sweep
 from distillab.tables import write_rows
 
@@ -326,7 +326,7 @@ def test_domain_files_read_local_files_given_with_set(sweeps, tmp_path) -> None:
 def test_rlvr_cosine_to_min_lr_ratio() -> None:
     """rlvr.min_lr_ratio: the default keeps the micro schedule (cosine to 10 %, as before the
     field), 0.0 ends at zero; both warm up over 10 % of 300 steps."""
-    from distillab.optim import rlvr_schedule
+    from distillab.recipe.optim import rlvr_schedule
 
     micro, paper = rlvr_schedule(RLVRConfig()), rlvr_schedule(RLVRConfig(min_lr_ratio=0.0))
     for s in (0, 29, 30, 100, 165, 299, 300):

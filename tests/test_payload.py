@@ -1,10 +1,10 @@
-"""`distillab.payload.payload_bytes_per_token` (issue 35, item 4): hand-computed bytes and the errors."""
+"""`distillab.recipe.payload.payload_bytes_per_token` (issue 35, item 4): hand-computed bytes and the errors."""
 
 from __future__ import annotations
 
 import pytest
 
-from distillab.payload import payload_bytes_per_token
+from distillab.recipe.payload import payload_bytes_per_token
 
 
 def test_bytes_per_token_by_hand() -> None:

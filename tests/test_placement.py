@@ -31,9 +31,9 @@ from pathlib import Path
 import pytest
 
 from distillab.config import TasksConfig, load_sweep
-from distillab.plan import Cluster as PlanCluster
-from distillab.plan import dry_run, placement
-from distillab.sweep import TRAIN_BACKEND_ENV, train_backend
+from distillab.driver.plan import Cluster as PlanCluster
+from distillab.driver.plan import dry_run, placement
+from distillab.driver.sweep import TRAIN_BACKEND_ENV, train_backend
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache"
@@ -105,7 +105,7 @@ def test_paper_trials_are_placed_as_the_dry_run_says(tmp_path: Path) -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    from distillab.prepare import prepare
+    from distillab.recipe.prepare import prepare
 
     teacher, student = prepare(load_sweep(SMOKE, {"models.cache_dir": str(CACHE / "models")}), threads=1)
     overrides = paper_overrides(tmp_path, teacher, student)
@@ -128,7 +128,7 @@ def test_paper_trials_are_placed_as_the_dry_run_says(tmp_path: Path) -> None:
         cluster.wait_for_nodes()
         ray.init(address=cluster.address)
         env = {**os.environ, TRAIN_BACKEND_ENV: "gloo", "RAY_ADDRESS": cluster.address}
-        cmd = [sys.executable, "-m", "distillab.cli", "sweep", str(PAPER), "--address", cluster.address,
+        cmd = [sys.executable, "-m", "distillab.driver.cli", "sweep", str(PAPER), "--address", cluster.address,
                "--no-dashboard", *_set_args(overrides)]
         log = (tmp_path / "driver.txt").open("w")
         driver = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)

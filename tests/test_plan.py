@@ -1,4 +1,4 @@
-"""`distillab sweep --dry-run` (platform/plan.py) and the paper's sweep files (issue 16, items 1
+"""`distillab sweep --dry-run` (platform/driver/plan.py) and the paper's sweep files (issue 16, items 1
 and 2): checkpoint checks with one-line errors and exit 2 (for the real sweep too), the
 placement of a trial's resources on a cluster, and the token / FLOP estimate by hand."""
 
@@ -11,11 +11,11 @@ import pytest
 import ray
 from _checkpoints import llama3_pair, qwen2_pair
 
-import distillab.models as models
-from distillab.cli import main
+import distillab.models.precision as models
+from distillab.driver.cli import main
 from distillab.config import SweepConfig, TrialConfig, load_sweep
 from distillab.models import build_char_tokenizer
-from distillab.plan import Cluster, bf16_cpu_note, check_checkpoints, estimate, placement, unplaceable
+from distillab.driver.plan import Cluster, bf16_cpu_note, check_checkpoints, estimate, placement, unplaceable
 from distillab.tasks.countdown import countdown_user_text
 from distillab.tasks.data import countdown_test_split
 
@@ -160,7 +160,7 @@ def test_micro_dry_run_says_the_models_would_be_prepared(capsys, tmp_path) -> No
     rc, out, err = _cli(capsys, "sweep", SMOKE, "--dry-run", "--set", f"models.cache_dir={cache}", "--set", refine,
                         "--node-cpus", 2, "--node-gpus", 0)
     from distillab.config import load_sweep
-    from distillab.prepare import prepare_key, refined_teacher_dir
+    from distillab.recipe.prepare import prepare_key, refined_teacher_dir
 
     sweep = load_sweep(SMOKE, {"models.cache_dir": str(cache), "models.teacher_refine": {
         "task": "countdown3", "steps": 7, "lr": 1.0e-4, "max_tokens": 32}})

@@ -12,12 +12,12 @@ from _helpers import one_gloo_rank
 from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 from fixtures.record_golden import golden_models, golden_trial
 
-from distillab import models as models_module
+from distillab.models import precision as models_module
 from distillab.analysis.results import load
 from distillab.config import OptimizerConfig, ResourcesConfig, RuntimeContext, TrialConfig
-from distillab.distill import run_worker, setup_trial
-from distillab.session import LocalSession
-from distillab.optim import optimizer_step, setup_engine
+from distillab.recipe.distill import run_worker, setup_trial
+from distillab.recipe.session import LocalSession
+from distillab.recipe.optim import optimizer_step, setup_engine
 
 #: bf16 keeps 8 significand bits: one step of relative precision is 2^-8 (0.39 %). Rounding
 #: every weight of both models and every activation of their layers to bf16 (relative error up

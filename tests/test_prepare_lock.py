@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-import distillab.prepare as prep
+import distillab.recipe.prepare as prep
 from distillab.config import load_sweep
 
 REPO = Path(__file__).resolve().parents[1]

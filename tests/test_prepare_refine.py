@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from distillab.config import load_sweep
-from distillab.prepare import prepare, prepare_key, refine_key
+from distillab.recipe.prepare import prepare, prepare_key, refine_key
 
 REPO = Path(__file__).resolve().parents[1]
 REFINE = {"task": "countdown3", "steps": 12, "prompts_per_step": 4, "samples_per_prompt": 4, "lr": 3e-3,

@@ -14,7 +14,7 @@ import subprocess
 import psutil
 import pytest
 
-from distillab import raystart
+from distillab.driver import raystart
 
 TIMEOUT = Exception("The current node timed out during startup. This could happen because some of the raylet "
                     "failed to startup or the GCS has become overloaded.")
@@ -38,7 +38,7 @@ def test_a_start_up_timeout_ends_the_attempts_processes_and_starts_again(monkeyp
     monkeypatch.setattr(raystart, "_start_local_ray", start)
     bystander = subprocess.Popen(["sleep", "120"])  # started before init_ray: not its to end
     try:
-        with caplog.at_level("WARNING", logger="distillab.raystart"):
+        with caplog.at_level("WARNING", logger="distillab.driver.raystart"):
             raystart.init_ray(None, dashboard=False, num_cpus=1)
         assert start.calls == 3
         # ended (and reaped) by init_ray: a `sleep 120` left alone would still be running
@@ -60,7 +60,7 @@ def test_a_gcs_that_failed_to_start_is_started_again_on_a_new_port(monkeypatch, 
                        "missing or incorrect.")
     start = FlakyStart(fails=1, error=gcs)
     monkeypatch.setattr(raystart, "_start_local_ray", start)
-    with caplog.at_level("WARNING", logger="distillab.raystart"):
+    with caplog.at_level("WARNING", logger="distillab.driver.raystart"):
         raystart.init_ray(None, dashboard=False, num_cpus=1)
     assert start.calls == 2 and start.children[0].poll() is not None
     assert "Ray's GCS did not start" in caplog.text and "(attempt 2 of 3)" in caplog.text

@@ -19,9 +19,9 @@ from fixtures.record_golden import golden_models, golden_trial
 
 from distillab.analysis.results import load
 from distillab.config import RuntimeContext, TrialConfig
-from distillab.distill import run_worker
-from distillab.session import LocalSession
-from distillab.optim import TRAINING_STATE, load_checkpoint
+from distillab.recipe.distill import run_worker
+from distillab.recipe.session import LocalSession
+from distillab.recipe.optim import TRAINING_STATE, load_checkpoint
 
 STEPS, AT = 40, 20
 

@@ -1,4 +1,4 @@
-"""GRPO/DAPO pieces of the RLVR stage (platform/rlvr.py) against hand computations."""
+"""GRPO/DAPO pieces of the RLVR stage (platform/recipe/rlvr.py) against hand computations."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from distillab.registry import find
-from distillab.rlvr import countdown_reward, dapo_loss, group_advantages
+from distillab.recipe.rlvr import countdown_reward, dapo_loss, group_advantages
 from distillab.tasks.countdown import CountdownProblem
 
 
@@ -101,8 +101,8 @@ def test_run_rlvr_with_lora_trains_only_the_adapters_and_merges_them() -> None:
 
     from distillab.config import LoRAConfig, RLVRConfig, TasksConfig
     from distillab.models import build_char_tokenizer, micro_llama_config
-    from distillab.optim import TorchStepper, rlvr_schedule
-    from distillab.rlvr import apply_lora, merge_lora, run_rlvr
+    from distillab.recipe.optim import TorchStepper, rlvr_schedule
+    from distillab.recipe.rlvr import apply_lora, merge_lora, run_rlvr
     from distillab.tasks.countdown import CountdownProblem
 
     tok = build_char_tokenizer()
@@ -144,7 +144,7 @@ def _micro_lora_model(seed: int = 0, lora: bool = True):
 
     from distillab.config import LoRAConfig
     from distillab.models import build_char_tokenizer, micro_llama_config
-    from distillab.rlvr import apply_lora
+    from distillab.recipe.rlvr import apply_lora
 
     tok = build_char_tokenizer()
     torch.manual_seed(seed)
@@ -219,8 +219,8 @@ def test_run_rlvr_samples_from_a_synced_engine_and_a_stale_one_shows_in_the_logp
     weights (synced before each step, merged LoRA weights included), non-zero from the
     second step on when it keeps the initial ones."""
     from distillab.config import RLVRConfig, TasksConfig
-    from distillab.optim import TorchStepper, rlvr_schedule
-    from distillab.rlvr import run_rlvr
+    from distillab.recipe.optim import TorchStepper, rlvr_schedule
+    from distillab.recipe.rlvr import run_rlvr
 
     problems = [CountdownProblem((1, 2, 3), 6), CountdownProblem((2, 5, 4), 40)]
     gaps = {}
@@ -249,8 +249,8 @@ def test_qlora_trains_adapters_on_a_4bit_base_and_writes_the_trained_policy_back
 
     from distillab.config import LoRAConfig, RLVRConfig, TasksConfig
     from distillab.models import build_char_tokenizer, micro_llama_config
-    from distillab.optim import TorchStepper, rlvr_schedule
-    from distillab.rlvr import merge_into, quantized_lora, run_rlvr
+    from distillab.recipe.optim import TorchStepper, rlvr_schedule
+    from distillab.recipe.rlvr import merge_into, quantized_lora, run_rlvr
     from distillab.rollout.actor import policy_weights
 
     tok = build_char_tokenizer()

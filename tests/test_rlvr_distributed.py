@@ -63,7 +63,7 @@ def _run(problems, prompts_per_step: int, seed: int):
 
     from distillab.config import RLVRConfig, TasksConfig
     from distillab.models import build_char_tokenizer, micro_llama_config
-    from distillab.rlvr import run_rlvr
+    from distillab.recipe.rlvr import run_rlvr
 
     tok = build_char_tokenizer()
     torch.manual_seed(0)

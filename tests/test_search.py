@@ -62,7 +62,7 @@ def test_space_only_with_optuna() -> None:
 def test_build_search_maps_domains_onto_tune() -> None:
     from ray.tune.search.sample import Categorical, Float, Integer
 
-    from distillab.sweep import build_search
+    from distillab.driver.sweep import build_search
 
     s = load_sweep(OPTUNA, {"search.space": {
         "optimizer.lr": {"loguniform": [1e-4, 1e-2]}, "rollout.lambda": {"uniform": [-2, 2]},
@@ -88,7 +88,7 @@ def test_build_search_maps_domains_onto_tune() -> None:
 def test_build_search_over_a_union_of_grids() -> None:
     """search.grids (micro_findings.yaml): Tune's points are the validated trials of both grids,
     each with the values that tell them apart, and each point gives back its trial."""
-    from distillab.sweep import POINT, build_search, search_trials, trial_of
+    from distillab.driver.sweep import POINT, build_search, search_trials, trial_of
 
     s = load_sweep(REPO / "search_spaces" / "micro_findings.yaml")
     space, none, _, one = build_search(s)
@@ -106,7 +106,7 @@ def test_build_search_over_a_union_of_grids() -> None:
 def test_completed_trials_counts_rows_of_different_configs(tmp_path) -> None:
     """Trials rows of a union of grids carry different config columns (an RLVR stage's ``rlvr.*``
     in one grid, ``rlvr`` null in the other): every row is counted, by status."""
-    from distillab.sweep import completed_trials
+    from distillab.driver.sweep import completed_trials
     from distillab.tables import write_rows
 
     rows = {"a": {"status": "completed", "rlvr": None}, "b": {"status": "completed", "rlvr.task": "countdown4"},
@@ -187,7 +187,7 @@ def test_running_row_has_nan_end_time(tmp_path: Path) -> None:
 
 
 def test_resume_needs_a_sweep_directory(tmp_path: Path, capsys) -> None:
-    from distillab.cli import main
+    from distillab.driver.cli import main
 
     assert main(["sweep", "--resume", str(tmp_path)]) == 2
     assert "no sweep.json there" in capsys.readouterr().err

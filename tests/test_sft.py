@@ -1,5 +1,5 @@
 """SFT learning-rate schedule, completion-only targets and the training loop
-(platform/sft.py)."""
+(platform/recipe/sft.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from distillab.models import build_char_tokenizer, micro_llama_config
-from distillab.sft import Example, completion_logits, lr_lambda, sft_train
+from distillab.recipe.sft import Example, completion_logits, lr_lambda, sft_train
 
 torch.set_num_threads(1)
 

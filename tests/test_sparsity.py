@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from distillab.config import EvaluationConfig, RuntimeContext, TrialConfig
-from distillab.distill import run_worker
-from distillab.session import LocalSession
+from distillab.recipe.distill import run_worker
+from distillab.recipe.session import LocalSession
 from distillab.evals.suite import sparsity_rows
-from distillab.optim import TouchedParameters
+from distillab.recipe.optim import TouchedParameters
 from distillab.registry import check_report_metric, eval_key
 from _helpers import one_gloo_rank
 from fixtures.record_golden import golden_models, golden_trial

@@ -71,7 +71,7 @@ def test_local_mode_trials_equal_the_worker_groups(smoke_sweep, tmp_path):
     from distillab.analysis.results import load
     from distillab.tables import run_records
 
-    cmd = [sys.executable, "-m", "distillab.cli", "sweep", str(REPO / "search_spaces" / "smoke.yaml"), "--no-dashboard"]
+    cmd = [sys.executable, "-m", "distillab.driver.cli", "sweep", str(REPO / "search_spaces" / "smoke.yaml"), "--no-dashboard"]
     sets = (f"storage_path={tmp_path}", f"models.cache_dir={REPO / '.cache' / 'models'}", "resources.local_mode=true")
     for kv in sets:
         cmd += ["--set", kv]

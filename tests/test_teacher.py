@@ -1,4 +1,4 @@
-"""The shared teacher service (`distillab.teacher`, issue 35 item 2) against in-worker scoring,
+"""The shared teacher service (`distillab.recipe.teacher`, issue 35 item 2) against in-worker scoring,
 in-process (no Ray): `loss.loss_step` with a `teacher.SharedTeacher` whose scorer is a
 `teacher.TeacherScorer` loaded from a saved checkpoint, and whose lm_head is read from the
 checkpoint's safetensors alone (`teacher.load_lm_head`).
@@ -25,10 +25,10 @@ from _helpers import EngineStandIn, random_rollouts
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from distillab.config import TrialConfig
-from distillab.loss import loss_step, pack_batch
+from distillab.recipe.loss import loss_step, pack_batch
 from distillab.ops.kl import reduce_loss
-from distillab.payload import payload_bytes_per_token
-from distillab.teacher import (LocalTeacher, SharedTeacher, TeacherRequest, TeacherScorer, load_lm_head, topk_logits,
+from distillab.recipe.payload import payload_bytes_per_token
+from distillab.recipe.teacher import (LocalTeacher, SharedTeacher, TeacherRequest, TeacherScorer, load_lm_head, topk_logits,
                                topk_payload)
 
 V, PAD = 41, 0
@@ -201,7 +201,7 @@ def test_which_workers_still_hold_the_teacher_to_sample() -> None:
     """With ``teacher.serve: shared`` a worker loads the whole teacher only where it samples from it
     in-process: OffPD without a reused set on the transformers engine, and the λ-spectrum; OnPD, a
     reused OffPD set and OffPD on a vLLM actor do not."""
-    from distillab.teacher import samples_with_teacher
+    from distillab.recipe.teacher import samples_with_teacher
 
     def needs(**rollout) -> bool:
         return samples_with_teacher(TrialConfig.model_validate({"rollout": rollout}))
@@ -228,7 +228,7 @@ def test_sweep_shares_one_teacher_and_hidden_equals_the_worker(run_locally, tmp_
 
     from distillab.analysis.results import load
     from distillab.config import load_sweep
-    from distillab.sweep import TEACHER_STATS_FILE
+    from distillab.driver.sweep import TEACHER_STATS_FILE
 
     sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
         **_tiny_sets(tmp_path), "search.grid": None, "search.grids": [
@@ -293,7 +293,7 @@ def test_service_actor_restarts_after_it_dies(teacher_path) -> None:
     (its request count starts again); `teacher.stop_teacher_service` ends it for good."""
     import ray
 
-    from distillab.teacher import connect_teacher, service_stats, start_teacher_service, stop_teacher_service
+    from distillab.recipe.teacher import connect_teacher, service_stats, start_teacher_service, stop_teacher_service
 
     trial = TrialConfig.model_validate({"teacher": {"serve": "shared", "payload": "hidden"}})
     inputs = pack_batch(_rollouts(), PAD).teacher_inputs

@@ -13,11 +13,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from distillab.config import LossConfig, StyleConfig, TasksConfig, TrialConfig
 from distillab.evals.style import in_style, style_share
-from distillab.loss import loss_step
+from distillab.recipe.loss import loss_step
 from distillab.rollout.source import TeacherPrompts, offpd_rollout_set, step_prompts
 from distillab.rollout.types import Rollouts
 from distillab.tasks.data import train_prompts
-from distillab.teacher import LocalTeacher
+from distillab.recipe.teacher import LocalTeacher
 
 V, PAD = 37, 0
 
@@ -155,7 +155,7 @@ def test_styled_teacher_demonstrations(tmp_path):
 
     from distillab.config import ConfigError, load_sweep
     from distillab.models import build_char_tokenizer
-    from distillab.prepare import _examples, prepare_key
+    from distillab.recipe.prepare import _examples, prepare_key
     from distillab.tasks.countdown import CountdownProblem, score_countdown
 
     repo = Path(__file__).resolve().parents[1]

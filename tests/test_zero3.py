@@ -19,8 +19,8 @@ from fixtures.record_golden import golden_models, golden_trial
 
 from distillab.analysis.results import load
 from distillab.config import RuntimeContext, TrialConfig
-from distillab.distill import run_worker
-from distillab.session import LocalSession
+from distillab.recipe.distill import run_worker
+from distillab.recipe.session import LocalSession
 
 STEPS = 3
 

@@ -459,7 +459,7 @@ def test_real_trial_rows_of_micro_findings_from_disk(tmp_path) -> None:
 
 
 def test_cli_findings(tmp_path, capsys) -> None:
-    from distillab.cli import main
+    from distillab.driver.cli import main
 
     root, out = tmp_path / "micro_findings", tmp_path / "out"
     _write_micro_findings(root)
@@ -489,7 +489,7 @@ def test_cli_findings(tmp_path, capsys) -> None:
 def test_findings_md_names_the_run_that_produced_the_results(tmp_path) -> None:
     """A sweep directory's run records (`tables.record_run`, one per invocation, a resume adds one)
     reach findings.md: the command, the commit, the CPUs and each stage's wall seconds."""
-    from distillab.cli import main
+    from distillab.driver.cli import main
     from distillab.tables import record_run, run_records
 
     root = tmp_path / "micro_findings"

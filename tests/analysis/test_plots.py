@@ -176,7 +176,7 @@ def test_absent_everything_says_no_data(tmp_path: Path) -> None:
 
 
 def test_cli_report_plots(tmp_path: Path, capsys) -> None:
-    from distillab.cli import main
+    from distillab.driver.cli import main
 
     root = make_sweep(tmp_path / "micro")
     out = tmp_path / "docs" / "figures"
@@ -191,7 +191,7 @@ def test_cli_report_plots(tmp_path: Path, capsys) -> None:
 def test_cli_report_headline_by_default_and_everything_with_full(tmp_path: Path, capsys) -> None:
     """``distillab report`` prints the headline table (one row per configuration: 8 here);
     ``--full`` the long one (a row per configuration × stage × task × metric)."""
-    from distillab.cli import main
+    from distillab.driver.cli import main
 
     root = make_sweep(tmp_path / "micro")
     assert main(["report", str(root)]) == 0
@@ -246,7 +246,7 @@ def test_notebook_executes_on_a_real_sweep(smoke_sweep: Path, tmp_path: Path, mo
     # the real schema feeds figures (a), (b), (d) completely; the report CLI writes them
     for stem in ("a_policy_kl", "b_lr", "d_pass_at_k"):
         assert plots.figure_notes(plots.FIGURES[stem](res)) == [], stem
-    from distillab.cli import main
+    from distillab.driver.cli import main
 
     assert main(["report", str(smoke_sweep), "--plots", str(tmp_path / "report")]) == 0
     for stem in ("a_policy_kl", "b_lr", "c_lambda", "d_pass_at_k"):

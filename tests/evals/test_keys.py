@@ -106,7 +106,7 @@ def test_unknown_keys_and_asha_keys() -> None:
 
 def test_readers_of_the_registry() -> None:
     from distillab.analysis import plots
-    from distillab.telemetry import RayGauges  # noqa: F401  (reads registry.gauges)
+    from distillab.recipe.telemetry import RayGauges  # noqa: F401  (reads registry.gauges)
 
     for key in REPORTER_COLUMNS:
         assert find(key) is not None
@@ -123,4 +123,4 @@ def test_the_oracle_metrics_are_registered() -> None:
 
     for name in ORACLE_METRICS:
         m = find(f"estimator/{name}")
-        assert m is not None and m.scope == "step" and m.producer == "loss.oracle", name
+        assert m is not None and m.scope == "step" and m.producer == "recipe.loss.oracle", name

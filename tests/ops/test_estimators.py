@@ -399,7 +399,7 @@ def test_the_configs_names_are_the_ops_names() -> None:
 
     from distillab import ops, registry
     from distillab.config import LossConfig
-    from distillab.loss import divergence_kwargs
+    from distillab.recipe.loss import divergence_kwargs
     from distillab.ops import chunked, kl
 
     fields = LossConfig.model_fields

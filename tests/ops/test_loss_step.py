@@ -13,10 +13,10 @@ from _helpers import EngineStandIn, random_rollouts
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from distillab.config import LossConfig, TrialConfig
-from distillab.loss import loss_step
+from distillab.recipe.loss import loss_step
 from distillab.ops.kl import distill_loss, token_divergence
 from distillab.rollout.types import Rollouts, pack_rollouts, position_ids
-from distillab.teacher import LocalTeacher
+from distillab.recipe.teacher import LocalTeacher
 
 V, PAD = 41, 0
 
@@ -261,7 +261,7 @@ def test_the_oracle_does_not_change_the_training_step(impl, loss, policy):
 def _peer_oracle(trial, seed=0):
     """The oracle's numbers computed independently: full (B, T, V) float64 logits, the estimator's
     loss on them (ops.kl.estimator_loss, the same draws), autograd for both gradients."""
-    from distillab.loss import forward, pack_batch
+    from distillab.recipe.loss import forward, pack_batch
     from distillab.ops.kl import estimator_loss
 
     teacher, student = _models()

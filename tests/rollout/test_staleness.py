@@ -16,14 +16,14 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-import distillab.distill as distill
+import distillab.recipe.distill as distill
 from _helpers import one_gloo_rank
 from distillab.config import RuntimeContext, TrialConfig
-from distillab.loss import importance_weights
+from distillab.recipe.loss import importance_weights
 from distillab.registry import find
 from distillab.rollout.stale import StaleRollouts, stale_source
 from distillab.rollout.types import Rollouts, pack_rollouts
-from distillab.session import LocalSession
+from distillab.recipe.session import LocalSession
 from fixtures.record_golden import golden_models
 
 STEPS = 4
@@ -102,7 +102,7 @@ def test_staleness_config_defaults_and_errors() -> None:
         _trial("onpd", max_staleness=-1)
     with pytest.raises(ValidationError, match="greater than 0"):
         _trial("onpd", tis_cap=0.0)
-    assert find("rollout/staleness").producer == "distill.step_metrics"
+    assert find("rollout/staleness").producer == "recipe.distill.step_metrics"
 
 
 @pytest.mark.parametrize("policy, extra, precision", [("onpd", {}, "fp32"), ("offpd", {}, "fp32"),

@@ -113,8 +113,8 @@ def test_rlvr_samples_from_the_vllm_engine_synced_every_step(ray_local, tiny, lo
     ≤ 1e-3) while the weights move (a stale engine shows a gap > 1e-3 from the second step
     on: tests/test_rlvr.py)."""
     from distillab.config import LoRAConfig, RLVRConfig, TasksConfig
-    from distillab.optim import TorchStepper, rlvr_schedule
-    from distillab.rlvr import apply_lora, run_rlvr
+    from distillab.recipe.optim import TorchStepper, rlvr_schedule
+    from distillab.recipe.rlvr import apply_lora, run_rlvr
     from distillab.rollout.actor import ActorSampler
     from distillab.tasks.countdown import CountdownProblem
 
@@ -158,7 +158,7 @@ def test_smoke_sweep_with_vllm_rollouts(run_locally, tmp_path) -> None:
 
     from distillab.analysis.results import load
     from distillab.config import expand_trials, load_sweep
-    from distillab.prepare import prepare
+    from distillab.recipe.prepare import prepare
     from distillab.rollout.source import offpd_rollout_path
 
     repo = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ teacher's lm_head (`load_lm_head`) and its client, `SharedTeacher`.
                                                  the chunked full-vocabulary op: the loss is exact
           ◀─ ``topk``:   the k largest log π_T (B, T, k) at the loss's τ_T, their token ids (B, T, k)
                          and the tail's log-mass log(1 − Σ_top-k π_T) (B, T): TRL's server
-                         distillation and NeMo-RL's payload (`distillab.payload`); on an oracle step
+                         distillation and NeMo-RL's payload (`distillab.recipe.payload`); on an oracle step
                          (``loss.oracle_every``) also h_T, so the oracle measures the truncation
 
 What the ``topk`` payload trains on (`topk_logits`): the teacher distribution rebuilt from those
@@ -23,7 +23,7 @@ becomes KL(π̂_T‖π_S) = Σ_{v∈K} π_T(v) log(π_T(v)/π_S(v)) + Σ_{v∉K}
 and the reverse KL(π_S‖π̂_T). π̂_T = π_T when k = V (the tail is then empty). The loss's
 per-token diagnostics (``kl/forward``, ``teacher/entropy``, ...) are π̂_T's too; the oracle
 (`loss.oracle`) compares the loss with the exact divergence against π_T. The step reports the
-payload's bytes per token (`distillab.payload.payload_bytes_per_token`, the values' and ids' dtypes
+payload's bytes per token (`distillab.recipe.payload.payload_bytes_per_token`, the values' and ids' dtypes
 as sent: hidden states in the teacher's dtype, log-probs float32, ids int32) and the request's
 wall milliseconds (``teacher/bytes_per_token``, ``teacher/request_ms``).
 
@@ -51,7 +51,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from distillab.config import RuntimeContext, TeacherConfig, TrialConfig
 from distillab.models import DTYPES, bf16_matmuls, load_model
-from distillab.payload import payload_bytes_per_token
+from distillab.recipe.payload import payload_bytes_per_token
 from distillab.rollout.actor import resolve_engine
 
 __all__ = ["SERVICE_NAMESPACE", "TeacherRequest", "TeacherAnswer", "TeacherScorer", "SharedTeacher",

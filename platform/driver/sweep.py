@@ -31,14 +31,14 @@ Tune's W&B and MLflow logger callbacks when the YAML's ``tracking`` section asks
 (`tracker_callbacks`); Tune's own CSV and JSON loggers always, its TensorBoard
 logger never (the Parquet tables are the results).
 
-Lazy imports: the recipe (`distillab.distill`), `distillab.models` and
+Lazy imports: the recipe (`distillab.recipe.distill`), `distillab.models` and
 `distillab.rollout` (transformers, DeepSpeed, vLLM's client) are imported inside
 the functions that use them (`train_fn` in the Train workers, `train_in_trial_actor`
 in a local-mode trial actor, the OffPD set generation and the shared teacher service
-(`distillab.teacher`) in the driver), so that the Tune
+(`distillab.recipe.teacher`) in the driver), so that the Tune
 trial actor, which unpickles
 `run_trial` and so imports this module, loads Ray Tune, Ray Train and torch only:
-``python -c "import distillab.sweep"`` takes 6.8–7.4 s of CPU (user) against
+``python -c "import distillab.driver.sweep"`` takes 6.8–7.4 s of CPU (user) against
 14.0–14.2 s with them at module top (``/usr/bin/time``, 2 cores shared with other
 jobs), on the critical path of a trial's start.
 
@@ -76,10 +76,10 @@ from tqdm.auto import tqdm
 
 from distillab.analysis.results import load, pareto_front, trial_metrics
 from distillab.config import RuntimeContext, SweepConfig, TrialConfig, TrialLaunch, apply_point, point_of
-from distillab.imports import without_unused_integrations
+from distillab.driver.imports import without_unused_integrations
+from distillab.recipe.telemetry import TrialTimes, print_time
 from distillab.registry import REPORTER_COLUMNS
 from distillab.tables import report_metrics, write_rows
-from distillab.telemetry import TrialTimes, print_time
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def train_fn(config: dict) -> None:
     docstring's lazy imports; without the integrations it never uses,
     `imports.without_unused_integrations`)."""
     with without_unused_integrations():
-        from distillab.distill import train_loop_per_worker  # lazy: see the module docstring
+        from distillab.recipe.distill import train_loop_per_worker  # lazy: see the module docstring
     train_loop_per_worker(config)
 
 
@@ -291,9 +291,9 @@ def train_in_trial_actor(launch: TrialLaunch) -> None:
     import torch  # lazy, with the recipe: see the module docstring
 
     with without_unused_integrations():
-        from distillab.distill import run_worker
-        from distillab.session import RaySession
-        from distillab.optim import init_single_process_group
+        from distillab.recipe.distill import run_worker
+        from distillab.recipe.optim import init_single_process_group
+        from distillab.recipe.session import RaySession
 
     init_single_process_group()
     times = TrialTimes(launch.times, in_trial_actor=True)
@@ -524,7 +524,7 @@ def shared_teacher_service(sweep: SweepConfig, root: Path, teacher_path: Path):
     if name is None:
         yield
         return
-    from distillab.teacher import service_stats, start_teacher_service, stop_teacher_service  # lazy: torch
+    from distillab.recipe.teacher import service_stats, start_teacher_service, stop_teacher_service  # lazy: torch
 
     models = sorted({(t.precision, t.attn_implementation) for t in sweep.trials if t.teacher.serve == "shared"},
                     key=str)

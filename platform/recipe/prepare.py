@@ -33,10 +33,10 @@ from transformers import LlamaForCausalLM
 from distillab.config import EvaluationConfig, MicroModelConfig, SeedsConfig, SweepConfig, cache_key
 from distillab.evals.suite import Evaluator
 from distillab.models import build_char_tokenizer, load_model, load_tokenizer, micro_llama_config
-from distillab.optim import TorchStepper, rlvr_schedule
+from distillab.recipe.optim import TorchStepper, rlvr_schedule
+from distillab.recipe.rlvr import lora_policy, run_rlvr
+from distillab.recipe.sft import Example, sft_train
 from distillab.registry import require
-from distillab.rlvr import lora_policy, run_rlvr
-from distillab.sft import Example, sft_train
 from distillab.tasks.countdown import generate_skill_items, render_solution, solve
 from distillab.tasks.data import TaskData, countdown_prompt_ids
 from distillab.tasks.math_task import math_prompt_ids, math_target_text

@@ -20,8 +20,8 @@ For developers: the dropped lines are `HARMLESS_RAY_LINES`; the stage lines are
 ``ray`` are imported inside the subcommand that uses them, so that ``distillab --help``
 and a mistyped command answer at once: 0.04-0.08 s, against 13-17 s with them at
 module top (they pull in torch, transformers, DeepSpeed, Ray Tune and matplotlib;
-``/usr/bin/time distillab --help`` vs ``python -c "import distillab.cli,
-distillab.sweep, distillab.prepare, distillab.analysis.plots, ray"``, 2 shared cores).
+``/usr/bin/time distillab --help`` vs ``python -c "import distillab.driver.cli,
+distillab.driver.sweep, distillab.recipe.prepare, distillab.analysis.plots, ray"``, 2 shared cores).
 The import-order test (tests/test_imports.py) allows them here only.
 """
 
@@ -43,13 +43,13 @@ from pathlib import Path
 
 import yaml
 
-from distillab.checks import (  # the standard library only
+from distillab.driver.checks import (  # the standard library only
     checkpoint_files_error,
     env_errors,
     number_errors,
     storage_error,
 )
-from distillab.imports import without_unused_integrations  # the standard library only: no cost at start-up
+from distillab.driver.imports import without_unused_integrations  # the standard library only: no cost at start-up
 
 #: Lines of Ray's forwarded worker logs that a calm console drops (``RAY_DEDUP_LOGS_SKIP_REGEX``, read
 #: when ray is imported; Ray's session logs keep them). Each is known to be harmless:
@@ -269,7 +269,7 @@ def _preflight(sweep, note: bool = True) -> None:
     through it, what ``prepare`` and the sweep need (without the integrations distillab never
     uses: `imports.without_unused_integrations`). Raises `config.ConfigError`."""
     with without_unused_integrations():
-        from distillab.plan import bf16_cpu_note, check_checkpoints  # lazy: see the module docstring
+        from distillab.driver.plan import bf16_cpu_note, check_checkpoints  # lazy: see the module docstring
     check_checkpoints(sweep)  # before anything starts: configs and tokenizers only
     said = bf16_cpu_note(sweep) if note else None
     if said is not None:
@@ -280,8 +280,8 @@ def _prepare(args, sweep, ray_s: float | None = None):
     """``[time] start-up`` (interpreter, imports, validation, checks) and, given ``ray_s``
     (a sweep's: Ray started in those seconds, `_sweep`), ``[time] ray.init``; then
     `prepare.prepare` and its ``[time]`` line. Returns ``(teacher, student)`` directories."""
-    from distillab.prepare import prepare  # lazy: see the module docstring
-    from distillab.telemetry import print_time, process_start_time
+    from distillab.recipe.prepare import prepare  # lazy: see the module docstring
+    from distillab.recipe.telemetry import print_time, process_start_time
 
     started = process_start_time()
     if started is not None:
@@ -302,14 +302,14 @@ def _add_dry_run_args(sw: argparse.ArgumentParser) -> None:
     sw.add_argument("--node-cpus", type=float, default=None, help="--dry-run: CPUs per node")
     sw.add_argument("--node-gpus", type=float, default=None, help="--dry-run: GPUs per node")
     sw.add_argument("--throughput", type=float, default=None, metavar="TFLOPS",
-                    help="--dry-run: effective TFLOP/s per GPU for the estimate (default: distillab.plan.ASSUMED_TFLOPS)")
+                    help="--dry-run: effective TFLOP/s per GPU for the estimate (default: distillab.driver.plan.ASSUMED_TFLOPS)")
 
 
 def _dry_run(args, sweep) -> int:
-    """``distillab sweep --dry-run``: the plan of `distillab.plan.dry_run`; exit 2 for a bad
+    """``distillab sweep --dry-run``: the plan of `distillab.driver.plan.dry_run`; exit 2 for a bad
     checkpoint, 1 when the trials can never be placed on the cluster, else 0."""
     from distillab.config import ConfigError  # lazy: see the module docstring
-    from distillab.plan import Cluster, dry_run
+    from distillab.driver.plan import Cluster, dry_run
 
     here = Cluster.this_machine()
     given = (args.nodes, args.node_cpus, args.node_gpus) != (None, None, None)
@@ -371,7 +371,7 @@ def _findings(args) -> int:
     """``distillab findings``: the verdicts with their statistics, then findings.md and figures."""
     from distillab.analysis.findings import decide, format_verdicts, write_findings  # lazy: see the module docstring
     from distillab.analysis.results import load
-    from distillab.telemetry import print_time
+    from distillab.recipe.telemetry import print_time
 
     t0 = time.perf_counter()
     why = _not_sweeps("findings", args.path) or (storage_error(args.out, "findings --out") if args.out else None)
@@ -411,7 +411,7 @@ def _sweep(args, sweep) -> int:
     import ray  # lazy: see the module docstring
 
     from distillab.config import ConfigError
-    from distillab.raystart import init_ray
+    from distillab.driver.raystart import init_ray
 
     verbose, perf0, wall0 = 2 if args.verbose else 1, time.perf_counter(), time.time()
     with _start_up_interrupts(), ThreadPoolExecutor(1, thread_name_prefix="preflight") as pool:
@@ -462,8 +462,8 @@ def _check_placeable(sweep) -> None:
     before any trial: a trial no node can ever hold would wait for ever. Raises
     `config.ConfigError`."""
     from distillab.config import ConfigError  # lazy: see the module docstring
-    from distillab.plan import unplaceable
-    from distillab.raystart import node_resources
+    from distillab.driver.plan import unplaceable
+    from distillab.driver.raystart import node_resources
 
     why = unplaceable(sweep, node_resources())
     if why is not None:
@@ -476,10 +476,10 @@ def _run_sweep(args, sweep, verbose: int, ray_s: float, perf0: float, wall0: flo
     import ray  # lazy: see the module docstring
 
     from distillab.analysis.results import load
-    from distillab.sweep import completed_trials, expected_trials, resume_sweep, run_sweep
+    from distillab.driver.sweep import completed_trials, expected_trials, resume_sweep, run_sweep
     from distillab.models import arithmetic
+    from distillab.recipe.telemetry import STAGE_SECONDS, print_time, process_start_time
     from distillab.tables import code_version, record_run
-    from distillab.telemetry import STAGE_SECONDS, print_time, process_start_time
 
     teacher, student = _prepare(args, sweep, ray_s)
     t1 = time.perf_counter()
@@ -549,12 +549,12 @@ def default_group_by(res) -> list[str]:
 
 
 def run() -> None:
-    """The ``distillab`` console script (and ``python -m distillab.cli``): `main`, then the
+    """The ``distillab`` console script (and ``python -m distillab.driver.cli``): `main`, then the
     process ends at once with its exit status.
 
     Python's own end of a process that has imported torch, transformers, DeepSpeed and Ray
     frees every object of every module one by one: 1.5-1.7 s after the work is done (``python
-    -c "import distillab.plan"`` against the same ending in ``os._exit(0)``, 2026-12-04; its
+    -c "import distillab.driver.plan"`` against the same ending in ``os._exit(0)``, 2026-12-04; its
     ``atexit`` handlers take 0.03 s of it). `run` first does what that ending does for the
     work's sake: it waits for any thread still running, runs the ``atexit`` handlers (Ray's
     shutdown, the trackers' and logging's flushes) and flushes stdout and stderr; then

@@ -27,13 +27,13 @@ from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
 from distillab.config import RuntimeContext, SeedsConfig, TrialConfig
 from distillab.ops.kl import token_logprobs
-from distillab.optim import TorchStepper, rlvr_schedule, setup_engine
+from distillab.recipe.optim import TorchStepper, rlvr_schedule, setup_engine
+from distillab.recipe.telemetry import MetricsLog
 from distillab.rollout.actor import ActorSampler, policy_weights, resolve_engine, start_vllm_actor
 from distillab.rollout.engine import TransformersEngine
 from distillab.rollout.types import Rollouts, SamplingParams, engine_logprobs, model_device, pack_rollouts, position_ids
 from distillab.tasks.countdown import CountdownProblem, extract_answer, score_countdown
 from distillab.tasks.data import TaskData, countdown_prompt_ids
-from distillab.telemetry import MetricsLog
 
 
 def countdown_reward(completion: str, problem: CountdownProblem, *, correct: float = 2.0,

@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol
 import ray.train
 import ray.tune
 
-from distillab.telemetry import RayGauges
+from distillab.recipe.telemetry import RayGauges
 
 
 class Session(Protocol):

@@ -42,8 +42,9 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from distillab.checks import checkpoint_files_error
 from distillab.config import ConfigError, SweepConfig, TrialConfig
+from distillab.driver.checks import checkpoint_files_error
+from distillab.driver.sweep import expected_trials
 from distillab.models import (
     DTYPES,
     bf16_in_float32,
@@ -53,9 +54,8 @@ from distillab.models import (
     load_tokenizer,
     micro_llama_config,
 )
-from distillab.payload import payload_bytes_per_token
-from distillab.prepare import prepare_key, refined_teacher_dir
-from distillab.sweep import expected_trials
+from distillab.recipe.payload import payload_bytes_per_token
+from distillab.recipe.prepare import prepare_key, refined_teacher_dir
 from distillab.tasks.countdown import generate_skill_items
 from distillab.tasks.data import countdown_prompt_ids, countdown_test_split
 from distillab.tasks.math_task import math_prompt_ids, math_test_split
@@ -398,7 +398,7 @@ def _estimate_lines(sweep: SweepConfig, roles: dict[str, Role], p: Placement, tf
             for t in sweep.trials]
     e0 = ests[0]
     rate = (tflops or ASSUMED_TFLOPS) * 1e12
-    source = "--throughput" if tflops else "ASSUMED (distillab.plan.ASSUMED_TFLOPS; set --throughput)"
+    source = "--throughput" if tflops else "ASSUMED (distillab.driver.plan.ASSUMED_TFLOPS; set --throughput)"
     lines = ["estimate (upper bounds: every completion at its max_tokens):",
              "  mean prompt tokens: " + ", ".join(f"{k} {v:.1f}" for k, v in e0.prompt_tokens.items())]
     for phase in e0.tokens:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
-from distillab.optim import lr_lambda
+from distillab.recipe.optim import lr_lambda
 from distillab.rollout.types import model_device, pack_rollouts, position_ids
 
 log = logging.getLogger(__name__)

@@ -38,21 +38,39 @@ import torch
 
 from distillab.config import RuntimeContext, TrialConfig, TrialLaunch
 from distillab.evals.suite import Evaluator, evaluate_stage, pre_eval_path
-from distillab.loss import loss_step
-from distillab.models import (DTYPES, bf16_matmuls, check_lm_heads, check_same_vocab, configure_passes, load_model,
-                              load_tokenizer)
-from distillab.optim import (Resume, TouchedParameters, engine_state, gathered_for_generation, load_checkpoint,
-                             load_engine_state, optimizer_step, rng_state, save_checkpoint, set_rng_state, setup_engine)
+from distillab.models import (
+    DTYPES,
+    bf16_matmuls,
+    check_lm_heads,
+    check_same_vocab,
+    configure_passes,
+    load_model,
+    load_tokenizer,
+)
+from distillab.recipe.loss import loss_step
+from distillab.recipe.optim import (
+    Resume,
+    TouchedParameters,
+    engine_state,
+    gathered_for_generation,
+    load_checkpoint,
+    load_engine_state,
+    optimizer_step,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    setup_engine,
+)
+from distillab.recipe.rlvr import run_rlvr_stage
+from distillab.recipe.session import RaySession, Session
+from distillab.recipe.teacher import LocalTeacher, samples_with_teacher, shared_teacher
+from distillab.recipe.telemetry import MetricsLog, RayGauges, TrialTimes, quiet_report_log
 from distillab.registry import with_forgetting
-from distillab.rlvr import run_rlvr_stage
 from distillab.rollout.source import RolloutSource, TeacherPrompts, step_prompts
 from distillab.rollout.stale import StaleRollouts, stale_source
 from distillab.rollout.types import Rollouts
-from distillab.session import RaySession, Session
 from distillab.tables import report_metrics
 from distillab.tasks.data import TaskData
-from distillab.teacher import LocalTeacher, samples_with_teacher, shared_teacher
-from distillab.telemetry import MetricsLog, RayGauges, TrialTimes, quiet_report_log
 
 __all__ = ["WorkerState", "setup_models", "setup_trial", "step_metrics", "log_step", "end_loop",
            "evaluate_distilled", "rlvr_stage", "record_times", "finish", "run_worker", "train_loop_per_worker",

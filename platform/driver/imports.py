@@ -5,7 +5,7 @@ assisted generation's confidence threshold) and SciPy (``scipy.optimize``, for t
 losses' Hungarian matching) as it loads its model classes, and DeepSpeed imports MLflow (for its
 autotuner) as it loads its runtime config. distillab uses none of these paths, yet each process
 that builds a model paid for them: 1.2-1.4 s of a trial actor's 6.5 s of imports (``python -X
-importtime -c "import distillab.sweep, distillab.distill"``, 2026-12-04, this 2-core machine: MLflow
+importtime -c "import distillab.driver.sweep, distillab.recipe.distill"``, 2026-12-04, this 2-core machine: MLflow
 0.45 s, scikit-learn with SciPy 0.85 s), on the critical path of every trial's start.
 
 `without_unused_integrations` hides them while the recipe's modules are imported: an entry of

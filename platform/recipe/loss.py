@@ -3,7 +3,7 @@ implementation from a table, then (on a schedule) the oracle.
 
     rollouts ─▶ `pack_batch` (student and teacher views of the same completions, one width)
              ─▶ `forward`: final hidden states of student (with grad) and teacher, lm_head weights
-                (``teacher.serve: shared``: the teacher's from the sweep's service, `distillab.teacher`;
+                (``teacher.serve: shared``: the teacher's from the sweep's service, `distillab.recipe.teacher`;
                 with ``teacher.payload: topk``, the teacher's rebuilt logits instead)
              ─▶ LOSSES[`loss_impl`(loss)]: `LossOutput` (loss, per-token statistics (N, 4), estimate)
              ─▶ `importance_weights` (optional) and `diagnostics`, built once from those

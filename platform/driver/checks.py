@@ -1,6 +1,6 @@
 """The checks that need neither Ray nor torch, run before Ray starts (`cli.main`; DESIGN.md,
 "Fail before compute"): each returns why an input is bad, in one line that names its field
-or flag, or None. The standard library only, so that they cost nothing at start-up.
+or flag, or None. The standard library and the registry only, so that they cost nothing at start-up.
 
 - `storage_error`: a results directory (``storage_path``, ``models.cache_dir``, ``--resume``,
   ``report --plots``) is a writable directory or can be created (the nearest existing
@@ -21,9 +21,7 @@ import os
 import tempfile
 from pathlib import Path
 
-#: Environment switches distillab reads, with their allowed values (checked before anything starts).
-#: ``DISTILLAB_BF16_MATMULS``: `models.bf16_matmuls_choice`.
-ENV_SWITCHES = {"DISTILLAB_BF16_MATMULS": ("auto", "native", "float32")}
+from distillab.registry import ENV_SWITCHES
 
 #: Files of a checkpoint folder (``from_pretrained``'s): the config, and either of each group
 CONFIG_FILE = "config.json"
