@@ -22,6 +22,7 @@ nitpicky = True
 # `distillab report --plots`: their heading levels are theirs, not this site's
 suppress_warnings = ["myst.header"]
 
-html_theme = "alabaster"
+html_theme = "furo"  # a maintained theme (pip: furo, in the docs extra): light and dark modes, a mobile layout
 html_title = "distillab"
 html_static_path: list[str] = []
+html_theme_options = {"navigation_with_keys": True}
