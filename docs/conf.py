@@ -16,7 +16,7 @@ source_suffix = {".md": "markdown"}
 root_doc = "index"
 exclude_patterns = ["_build", "figures/micro_rlvr"]  # figures/micro_rlvr: a report whose other panels are not kept
 myst_heading_anchors = 3  # [text](page.md#a-heading) links, checked by the build
-myst_enable_extensions = ["dollarmath"]
+myst_enable_extensions = ["dollarmath", "deflist"]
 nitpicky = True
 # the findings pages are written by `distillab findings` and the figure summaries by
 # `distillab report --plots`: their heading levels are theirs, not this site's
