@@ -24,5 +24,6 @@ suppress_warnings = ["myst.header"]
 
 html_theme = "furo"  # a maintained theme (pip: furo, in the docs extra): light and dark modes, a mobile layout
 html_title = "distillab"
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["custom.css"]  # table cells: long code wraps (docs/_static/custom.css)
 html_theme_options = {"navigation_with_keys": True}

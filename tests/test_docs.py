@@ -427,3 +427,23 @@ def test_run_blocks_run_as_written(tmp_path: Path, monkeypatch, capsys) -> None:
         for expected in RUN_OUTPUT.get(page.name, []):
             assert expected in "".join(out), (page.name, expected)
     assert {"getting_started.md", "paper_sweeps.md", "running.md", "results.md"} <= set(ran), ran
+
+
+def test_kuberay_manifest_fills_with_envsubst() -> None:
+    """deploy/kuberay-rayjob.yaml names one variable, ``${IMAGE}``, which docs/cluster.md fills with
+    ``envsubst '${IMAGE}'`` before ``kubectl apply`` (which fills nothing); filled, it is a RayJob whose
+    pods run that image with the hub reachable for the paper files' lm-eval suite."""
+    import yaml
+
+    text = (ROOT / "deploy" / "kuberay-rayjob.yaml").read_text(encoding="utf-8")
+    assert set(re.findall(r"\$\{?(\w+)", text)) == {"IMAGE"}
+    assert "envsubst '${IMAGE}' < deploy/kuberay-rayjob.yaml | kubectl apply -f -" in (DOCS / "cluster.md").read_text()
+    job = yaml.safe_load(text.replace("${IMAGE}", "registry.example.com/distillab:0.1"))
+    assert job["kind"] == "RayJob" and job["spec"]["entrypoint"].startswith("distillab sweep ")
+    cluster = job["spec"]["rayClusterSpec"]
+    pods = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+    for pod in pods:
+        (container,) = pod["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert container["image"] == "registry.example.com/distillab:0.1"
+        assert env["HF_HUB_OFFLINE"] == "0" and env["HF_HOME"].startswith("/shared/")
