@@ -1,5 +1,6 @@
-"""Task input and output shared by every domain: a prompt rendered with the
-tokenizer's chat template, and a local task file read as one ``datasets`` split
+"""Task input and output shared by every task: the renderer (a task's `base.Prompt`, system
+prompt and user text, into token ids, the one place that knows the tokenizer's chat template
+or the micro tokenizer's plain format), and a local task file read as one ``datasets`` split
 (the multiple-choice and math files). Nothing in a file is executed.
 """
 
@@ -7,9 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from datasets import load_dataset
+__all__ = ["render", "render_prompt", "read_local_split"]
 
-__all__ = ["render_prompt", "read_local_split"]
+
+def render(tokenizer, prompt) -> list[int]:
+    """Prompt token ids of a task's `base.Prompt` (``prompt.system``, ``prompt.user``): `render_prompt`."""
+    return render_prompt(tokenizer, prompt.system, prompt.user)
 
 
 def render_prompt(tokenizer, system: str, user: str) -> list[int]:
@@ -35,6 +39,8 @@ def read_local_split(path, split: str, what: str):
         FileNotFoundError: no such file.
         ValueError: unsupported extension (names the allowed ones); no rows.
     """
+    from datasets import load_dataset  # a second of imports, for the file-backed tasks only
+
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{what} {path} does not exist")
