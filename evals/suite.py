@@ -52,7 +52,7 @@ from distillab.rollout.types import SamplingParams
 from distillab.tables import atomic_write_bytes, write_rows
 from distillab.tasks.base import Task
 from distillab.tasks.data import TaskData
-from distillab.tasks.registry import scored
+from distillab.tasks.registry import get, scored
 from distillab.tasks.taskio import render
 
 log = logging.getLogger(__name__)
@@ -80,12 +80,12 @@ class Evaluator:
             self.ood = ood_backend(self.tasks, self.cfg, self.batch_size, seeds=self.seeds)
         self.data = TaskData(self.tasks, self.cfg, seeds=self.seeds)
 
-    def requests(self, task: Task, prompts: list[list[int]], seed: int) -> list[Request]:
-        """``task``'s two sampling requests (`evals.sampling.Request`) from its `tasks.base.EvalPlan`:
+    def requests(self, name: str, prompts: list[list[int]], seed: int) -> list[Request]:
+        """Task ``name``'s two sampling requests (`evals.sampling.Request`) from its `tasks.base.EvalPlan`:
         one sample at its ``temperature`` of the first ``items`` prompts, for ``accuracy``;
         ``pass_n`` samples at its ``pass_temperature`` of the first ``pass_items``, for ``pass@k``
         (seed + ``seeds.eval_pass``)."""
-        p = task.evaluation(self.tasks, self.cfg)
+        p = get(name).evaluation(self.tasks, self.cfg)
         pass_seed = self.seeds.eval_pass_seed(seed)
         return [(prompts[:p.items], SamplingParams(p.temperature, p.top_p, p.max_tokens, 1, seed)),
                 (prompts[: p.pass_items], SamplingParams(p.pass_temperature, p.top_p, p.max_tokens, p.pass_n,
@@ -101,17 +101,17 @@ class Evaluator:
         return [{"task": name, "prompt": tok.decode(prompts[i], skip_special_tokens=False), "completion": t,
                  "reward": float(score(t, i))} for i, t in enumerate(texts)]
 
-    def rows(self, task: Task, completions: list[list[list[int]]], score: Callable[[str, int], bool]) -> list[dict]:
-        """Rows ``accuracy`` and ``pass@k`` of ``task`` from the completion ids of its
+    def rows(self, name: str, completions: list[list[list[int]]], score: Callable[[str, int], bool]) -> list[dict]:
+        """Rows ``accuracy`` and ``pass@k`` of task ``name`` from the completion ids of its
         two `requests` (``score(text, i)``: is a completion of prompt i correct)."""
-        p = task.evaluation(self.tasks, self.cfg)
+        p = get(name).evaluation(self.tasks, self.cfg)
         counts = []
         for comps, n in zip(completions, (1, p.pass_n)):
             texts = self.tokenizer.batch_decode(comps, skip_special_tokens=False)
             counts.append([sum(int(score(texts[i * n + j], i)) for j in range(n)) for i in range(len(texts) // n)])
         acc, passes = counts
-        rows = [{"task": task.name, "metric": "accuracy", "value": sum(acc) / len(acc), "n": len(acc)}]
-        return rows + [{"task": task.name, "metric": f"pass@{k}", "value": mean_pass_at_k(passes, p.pass_n, k),
+        rows = [{"task": name, "metric": "accuracy", "value": sum(acc) / len(acc), "n": len(acc)}]
+        return rows + [{"task": name, "metric": f"pass@{k}", "value": mean_pass_at_k(passes, p.pass_n, k),
                         "n": len(passes)} for k in p.pass_k]
 
     def _tasks(self, seed: int) -> list[tuple[Task, list[list[int]], Callable[[str, int], bool], int]]:
@@ -134,11 +134,11 @@ class Evaluator:
         cfg, tok = self.cfg, self.tokenizer
         engine = TransformersEngine(model, tok.eos_token_id, tok.pad_token_id, batch_size=self.batch_size)
         tasks = self._tasks(seed)
-        requests = [r for task, prompts, _, task_seed in tasks for r in self.requests(task, prompts, task_seed)]
+        requests = [r for task, prompts, _, task_seed in tasks for r in self.requests(task.name, prompts, task_seed)]
         done = sample_batched(engine, requests)
         rows: list[dict] = []
         for k, (task, prompts, score, _) in enumerate(tasks):
-            rows += self.rows(task, done[2 * k: 2 * k + 2], score)
+            rows += self.rows(task.name, done[2 * k: 2 * k + 2], score)
             if samples is not None:
                 samples += self.samples(task.name, prompts, done[2 * k], score)
             if cfg.style is not None and k == 0:  # teacher conditioning: the student's answers in the teacher's style

@@ -57,7 +57,7 @@ from distillab.registry import register as register_metric
 from distillab.registry import unregister as unregister_metric
 
 __all__ = ["Prompt", "EvalPlan", "Demonstrations", "Task", "register", "unregister", "get", "registered",
-           "domain_task", "scored", "recorded_offpd_exclusion"]
+           "domain_task", "scored", "pool_head", "recorded_offpd_exclusion"]
 
 
 @dataclass(frozen=True)
@@ -200,12 +200,8 @@ class Task(abc.ABC):
         if stream is None:
             raise ValueError(f"task {self.name!r} declares no SFT seed stream (TaskEntry.sft_streams)")
         items = self.train_items(tasks, n, SeedsConfig.sft_seed(prepare_seed, stream), self.exclusion(tasks, ev))
-        if self.pooled(tasks):  # the first n of its pool
-            if len(items) < n:
-                raise ValueError(f"models.micro_{role}.{self.entry.examples_field} asks for {n} demonstrations; the "
-                                 f"{self.name} task has {len(items)} training items (trial.tasks.{self.entry.key}, "
-                                 "test items excluded)")
-            items = items[:n]
+        if self.pooled(tasks):
+            items = pool_head(items, n, self.entry, role)
         return [Demonstrations((self.sft_order, self.name), [self.prompt(tasks, it) for it in items],
                                [self.demonstration(tasks, it) for it in items])]
 
@@ -243,6 +239,19 @@ class Task(abc.ABC):
         """What of ``ev`` decides this domain's training prompts, as an OffPD rollout set's cache key
         records it (`rollout.source.offpd_rollout_path`)."""
         return [self.name, self.exclusion_key(ev)]
+
+
+def pool_head(items: list, n: int, entry: TaskEntry, role: str) -> list:
+    """The first ``n`` of a task's training pool ``items`` for the micro ``role`` (teacher or student).
+
+    Raises:
+        ValueError: fewer than ``n`` items (a ``files`` source's training file shorter than the
+            ``models.micro_<role>.<task>_examples`` asked; the config checks the synthetic pools),
+            naming the field and both counts: never a silent cut."""
+    if len(items) < n:
+        raise ValueError(f"models.micro_{role}.{entry.examples_field} asks for {n} demonstrations; the {entry.name} "
+                         f"task has {len(items)} training items (trial.tasks.{entry.key}, test items excluded)")
+    return items[:n]
 
 
 def recorded_offpd_exclusion(ev: EvaluationConfig) -> list:
