@@ -24,7 +24,7 @@ def test_dumps_trial_ids_and_cache_keys_are_unchanged() -> None:
     now = identities()
     for f, want in RECORDED["identities"].items():
         got = now[f]
-        for part in ("tasks", "tasks_order", "sweep", "trials", "prepare", "refine", "pre_eval", "offpd"):
+        for part in ("tasks", "tasks_order", "sweep", "trials", "dumps", "prepare", "refine", "pre_eval", "offpd"):
             assert got[part] == want[part], (f, part)  # tasks_order: the section's keys in their recorded order
 
 

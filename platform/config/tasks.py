@@ -305,7 +305,8 @@ def add_task_entry(entry: TaskEntry) -> None:
                          f"{tests[entry.test_split_offset]!r}'s; taken: {sorted(tests)}")
     for stream, off in entry.sft_streams.items():
         if off in sft or stream in names:
-            raise ValueError(f"task {entry.name!r}: SFT stream {stream!r} ({off}) is taken; taken offsets: {sorted(sft)}")
+            raise ValueError(f"task {entry.name!r}: SFT stream {stream!r} ({off}) is taken; taken offsets: "
+                             f"{sorted(sft)}")
     _ENTRIES[entry.name] = entry
 
 
@@ -380,8 +381,8 @@ class _TasksBase(_Strict):
             try:
                 out[key] = TypeAdapter(by_key[key].settings).validate_python(value)
             except ValidationError as e:
-                errors += [InitErrorDetails(type=PydanticCustomError(err["type"], "{msg}", {"msg": err["msg"]}), loc=(key, *err["loc"]),
-                                            input=err["input"]) for err in e.errors()]
+                errors += [InitErrorDetails(type=PydanticCustomError(err["type"], "{msg}", {"msg": err["msg"]}),
+                                            loc=(key, *err["loc"]), input=err["input"]) for err in e.errors()]
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)
         return out

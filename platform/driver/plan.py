@@ -289,7 +289,7 @@ def _evaluated(trial: TrialConfig) -> list[Task]:
 def estimate(trial: TrialConfig, tok, n_teacher: int, n_student: int) -> Estimate:
     """Tokens and FLOPs of one trial (module docstring); ``tok`` renders the prompts,
     ``n_teacher`` / ``n_student`` are parameter counts."""
-    o, r, ev = trial.optimizer, trial.rollout, trial.evaluation
+    o, r = trial.optimizer, trial.rollout
     domain = domain_task(trial.domain)
     tasks = {t.name: t for t in _evaluated(trial) + [domain] + ([get(trial.rlvr.task)] if trial.rlvr else [])}
     est = Estimate(prompt_tokens={name: _mean_prompt_tokens(trial, tok, tasks[name]) for name in sorted(tasks)})

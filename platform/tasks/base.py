@@ -187,7 +187,8 @@ class Task(abc.ABC):
                  role: str) -> list[Demonstrations]:
         """A micro model's SFT data of this task (``mcfg``: its `config.MicroModelConfig`; ``role``:
         ``teacher`` or ``student``, for messages): the `train_items` for ``entry.examples(mcfg)`` (the
-        first that many of a `pooled` task's) drawn with the task's SFT seed stream (`config.SeedsConfig.sft_seed` of its first ``sft_streams`` name),
+        first that many of a `pooled` task's) drawn with the task's SFT seed stream
+        (`config.SeedsConfig.sft_seed` of its first ``sft_streams`` name),
         without its `exclusion` under ``ev`` (every test item a trial scores), each with its
         `demonstration`.
 

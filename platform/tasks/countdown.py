@@ -341,9 +341,11 @@ class CountdownTask(Task):
         return countdown_test_split(tasks, self.name, n)
 
     def train_items(self, tasks: TasksConfig, n: int, seed: int, exclude=()) -> list[CountdownProblem]:
-        """``n`` problems drawn with ``seed`` (`generate_problems`), those whose `problem_key` is in ``exclude`` dropped."""
+        """``n`` problems drawn with ``seed`` (`generate_problems`), those whose `problem_key` is in
+        ``exclude`` dropped."""
         exclude = exclude if isinstance(exclude, (set, frozenset)) else set(exclude)
-        return [p for p in generate_problems(countdown_spec(tasks, self.name), n, seed) if problem_key(p) not in exclude]
+        drawn = generate_problems(countdown_spec(tasks, self.name), n, seed)
+        return [p for p in drawn if problem_key(p) not in exclude]
 
     def item_key(self, item: CountdownProblem) -> ProblemKey:
         """`problem_key`."""
@@ -387,7 +389,8 @@ class CountdownTask(Task):
 
     def sft_data(self, tasks: TasksConfig, ev: EvaluationConfig, mcfg: MicroModelConfig, prepare_seed: int,
                  role: str) -> list[Demonstrations]:
-        """The variant's demonstrations, and the styled ones of a variant with the ``styled`` stream (class docstring)."""
+        """The variant's demonstrations, and the styled ones of a variant with the ``styled`` stream (class
+        docstring)."""
         out, exclude = [], self.exclusion(tasks, ev)
         n = mcfg.countdown_examples.get(self.name, 0)
         if n:

@@ -175,7 +175,8 @@ def mcq_test_split(cfg, n: int, test_seed: int) -> list[MCQItem]:
 
 
 def mcq_train_pool(cfg, seed: int) -> list[MCQItem]:
-    """Every training question of ``cfg``: ``cfg.train_items`` synthetic ones seeded by ``seed``, or the train file's."""
+    """Every training question of ``cfg``: ``cfg.train_items`` synthetic ones seeded by ``seed``, or the
+    train file's."""
     if cfg.source == "synthetic":
         return generate_synthetic_mcq(cfg.train_items, seed)
     return load_mcq(cfg.train_path, split="train", field_map=cfg.field_map)
