@@ -290,13 +290,15 @@ def add_task_entry(entry: TaskEntry) -> None:
     """Register ``entry`` (`distillab.tasks.base.register` calls it for a task added by a module).
 
     Raises:
-        ValueError: its name, key or domain is taken, or one of its seed offsets is another
-            task's (a new task's random streams must be its own), naming both."""
+        ValueError: its name, key or domain is taken (the key also by any attribute of `TasksConfig`,
+            whose sections read as attributes), or one of its seed offsets is another task's (a new
+            task's random streams must be its own), naming both."""
     if entry.name in _ENTRIES:
         raise ValueError(f"task {entry.name!r} is registered already")
     taken = {e.key for e in _ENTRIES.values()} | set(_SHARED)
-    if entry.key in taken:
-        raise ValueError(f"task {entry.name!r}: trial.tasks key {entry.key!r} is taken")
+    if entry.key in taken or hasattr(TasksConfig, entry.key) or not entry.key.isidentifier():
+        raise ValueError(f"task {entry.name!r}: trial.tasks key {entry.key!r} is taken (a task, a shared field, or "
+                         "an attribute of TasksConfig such as 'copy'; a key is a Python identifier)")
     if entry.domain is not None and entry.domain in domains():
         raise ValueError(f"task {entry.name!r}: domain {entry.domain!r} is task {domains()[entry.domain].name!r}'s")
     tests, sft, names = _taken_offsets()
