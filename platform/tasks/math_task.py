@@ -36,8 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from math_verify import parse, verify
-
 from distillab.config import EvaluationConfig, SeedsConfig, TasksConfig
 from distillab.config.tasks import task_entry
 from distillab.tasks.base import Task, recorded_offpd_exclusion, register
@@ -83,6 +81,8 @@ def math_equivalent(pred: str, gold: str, *, timeout_s: int = 5) -> bool:
     intervals with their open/closed ends). ``timeout_s`` bounds parsing and
     verification (signal-based, so only in the main thread; elsewhere no bound).
     """
+    from math_verify import parse, verify  # sympy underneath: 2 s of imports, paid by the first math score only
+
     t = timeout_s if threading.current_thread() is threading.main_thread() else None
     g = parse(f"${gold}$", parsing_timeout=t)
     p = parse(f"${pred}$", parsing_timeout=t)

@@ -1,69 +1,48 @@
 """The Task protocol (issue 42, item 2; `distillab.tasks.base`): every built-in task keeps its
-contract, and a task added in this file alone (`EchoTask`, registered at test time and removed
-after) is found by the config, the seeds, the task data, prepare's SFT data and key, the OffPD
-key, the dry-run estimate and the evaluation, and (slow) runs through a smoke trial of the real
-recipe (`session.LocalSession`, the random micro models of tests/test_golden.py) into the
-evals table and ``distillab report``. Nothing outside this file changes for it."""
+contract, and a task added in this file alone (`EchoTask`: the worked example of docs/layout.md,
+executed and registered at test time, removed after) is found by the config, the seeds, the task
+data, prepare's SFT data and key, the OffPD key, the dry-run estimate and the evaluation, and
+(slow) runs through a smoke trial of the real recipe (`session.LocalSession`, the random micro
+models of tests/test_golden.py) into the evals table and ``distillab report``. Nothing outside
+this file and the docs' example changes for it."""
 
 from __future__ import annotations
 
 import contextlib
 import io
-import random
+import textwrap
 import time
 from pathlib import Path
 
 import polars as pl
 import pytest
-from pydantic import Field, ValidationError
+from pydantic import ValidationError
 
-from distillab.config import EvaluationConfig, SeedsConfig, TaskEntry, TasksConfig, TaskSettings, TrialConfig, load_sweep
-from distillab.config.tasks import task_entry
+from distillab.config import EvaluationConfig, SeedsConfig, TaskEntry, TasksConfig, TrialConfig, load_sweep
 from distillab.models import build_char_tokenizer
 from distillab.registry import find
-from distillab.tasks.base import Prompt, Task, register, unregister
-from distillab.tasks.countdown import extract_answer
+from distillab.tasks.base import Prompt, register, unregister
 from distillab.tasks.data import TaskData
 from distillab.tasks.registry import get, registered, scored
 from distillab.tasks.taskio import render
 
 REPO = Path(__file__).resolve().parents[2]
-LETTERS = "abcdefghij"
 
 
-class EchoSettings(TaskSettings):
-    """Echo a word: the model repeats a random word of ``length`` letters a-j inside <answer></answer>."""
+def _worked_example() -> dict:
+    """The worked example of docs/layout.md ("Adding a task": the module ``platform/tasks/echo.py``),
+    executed here without its last line, ``register(EchoTask())``: ``{name: object}`` of the module."""
+    text = (REPO / "docs" / "layout.md").read_text()
+    block = text.split("# platform/tasks/echo.py\n", 1)[1].split("```", 1)[0]
+    source = textwrap.dedent(block).rstrip()
+    assert source.endswith("register(EchoTask())"), source[-80:]
+    namespace: dict = {"__name__": "echo_example"}
+    exec(compile(source.removesuffix("register(EchoTask())"), "docs/layout.md (echo.py)", "exec"), namespace)
+    return namespace
 
-    #: letters per word
-    length: int = Field(default=3, ge=1, le=8)
-    #: the system prompt
-    system_prompt: str = "Echo."
 
-
-class EchoTask(Task):
-    """The toy task: items are words, the verifier exact match of the ``<answer>``."""
-
-    entry = TaskEntry("echo", EchoSettings, domain="echo", test_split_offset=101, sft_streams={"echo": 41})
-
-    def _words(self, tasks: TasksConfig, n: int, seed: int) -> list[str]:
-        rng, k = random.Random(f"echo:{seed}"), self.settings(tasks).length
-        return ["".join(rng.choice(LETTERS) for _ in range(k)) for _ in range(n)]
-
-    def test_items(self, tasks, n):
-        return self._words(tasks, n, self.test_seed(tasks))
-
-    def train_items(self, tasks, n, seed, exclude=()):
-        exclude = set(exclude)
-        return [w for w in self._words(tasks, n, seed) if w not in exclude]
-
-    def user_text(self, tasks, item, role="student"):
-        return f"echo {item}"
-
-    def score(self, completion, item):
-        return extract_answer(completion) == item
-
-    def demonstration(self, tasks, item):
-        return f"<answer>{item}</answer>"
+ECHO = _worked_example()
+EchoSettings, EchoTask = ECHO["EchoSettings"], ECHO["EchoTask"]
 
 
 @pytest.fixture
