@@ -19,8 +19,10 @@ Where a key appears (``Metric.scope``):
 
 Adding a key is one line: ``register("kl/jsd", "recipe.loss.loss_step", "…")``.
 
-The names the rest of the code spells the same way live here too: the Countdown tasks
-(`COUNTDOWN_TASKS`), the prior skills of the micro OOD suite (`SKILL_NAMES`), the
+The names the rest of the code spells the same way live here too: the Countdown variants
+(`COUNTDOWN_VARIANTS`, their names `COUNTDOWN_TASKS`: a variant is one entry there; the task
+registry of `config.tasks` and `tasks.base` builds each one's task from it), the prior skills
+of the micro OOD suite (`SKILL_NAMES`), the
 divergences and their estimators (`KINDS`, `ESTIMATORS`, `TOPK_SOURCES`, with the rule
 `check_estimator` that the config, the ops and the chunked path all call), and
 forgetting (`forgetting`, `with_forgetting`: the one definition of ``eval/forgetting``).

@@ -164,7 +164,8 @@ class TaskEntry:
     only of the jobs that use it (adding a task leaves every existing key as it was);
     ``teacher_prompts``: it renders the teacher conditioning of ``tasks.teacher_*``;
     ``items`` (``EvaluationConfig`` → int): the test items scored (accuracy) at every stage, 0
-    for none, set by ``items_field`` (default: ``evaluation.task_items.<name>``);
+    for none, set by ``items_field`` (default: ``evaluation.task_items.<name>``; ``scored_when`` says
+    how, for messages: default ``<items_field> > 0``);
     ``test_items``: the size of its test split, which no training list contains (default: the
     larger of ``items`` and ``evaluation.pass_items``); ``examples`` (``MicroModelConfig`` →
     int): the SFT demonstrations a micro model asks of it, set by ``examples_field`` (default:
@@ -185,6 +186,7 @@ class TaskEntry:
     teacher_prompts: bool = False
     items: Callable[[Any], int] | None = None
     items_field: str = ""
+    scored_when: str = ""
     test_items: Callable[[Any], int] | None = None
     examples: Callable[[Any], int] | None = None
     examples_field: str = ""
@@ -199,6 +201,7 @@ class TaskEntry:
             "doc": self.doc or ((getattr(self.settings, "__doc__", None) or "").strip().splitlines() or [""])[0],
             "items": self.items or (lambda ev: ev.task_items.get(name, 0)),
             "items_field": self.items_field or f"evaluation.task_items.{name}",
+            "scored_when": self.scored_when or f"{self.items_field or f'evaluation.task_items.{name}'} > 0",
             "examples": self.examples or (lambda m: m.task_examples.get(name, 0)),
             "examples_field": self.examples_field or f"task_examples.{name}",
         }
@@ -217,6 +220,7 @@ def _countdown_entry(name: str) -> TaskEntry:
         test_split_offset=v.test_split_offset, sft_streams={"styled": 29} if name == "countdown3" else {},
         eval_seed_by_index=True, in_every_key=True, teacher_prompts=True,
         items=lambda ev: ev.id_items if name in ev.countdown_tasks else 0, items_field="evaluation.countdown_tasks",
+        scored_when=f"{name!r} in evaluation.countdown_tasks",
         test_items=lambda ev: ev.countdown_test_items,
         examples=lambda m: m.countdown_examples.get(name, 0), examples_field="countdown_examples")
 

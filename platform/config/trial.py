@@ -63,8 +63,7 @@ class TrialConfig(_Strict):
     def _check_domain(self) -> "TrialConfig":
         task = domain_entry(self.domain)
         if task.items(self.evaluation) == 0:
-            raise ValueError(f"domain {self.domain!r} needs {task.items_field} > 0 so that the task it distils is "
-                             "scored")
+            raise ValueError(f"domain {self.domain!r} needs {task.scored_when} so that the task it distils is scored")
         if self.tasks.teacher_conditioned and not task.teacher_prompts:
             raise ValueError("tasks.teacher_system_prompt / teacher_user_template condition the Countdown prompts; "
                              f"they do not apply to domain {self.domain!r}")
