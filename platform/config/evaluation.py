@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from distillab.config.base import _Strict
-from distillab.config.tasks import task_entries
+from distillab.config.tasks import check_module_task_counts
 from distillab.registry import COUNTDOWN_TASKS
 
 
@@ -178,14 +178,7 @@ class EvaluationConfig(_Strict):
     @field_validator("task_items")
     @classmethod
     def _task_items(cls, v: dict[str, int]) -> dict[str, int]:
-        own = [e.name for e in task_entries() if e.items_field == f"evaluation.task_items.{e.name}"]
-        for name, n in v.items():
-            if name not in own:
-                raise ValueError(f"{name!r} is no task registered by a module (a built-in task's items have their "
-                                 f"own field, e.g. evaluation.mcq_items); allowed: {own}")
-            if n < 0:
-                raise ValueError(f"task_items.{name} must be >= 0, got {n}")
-        return v
+        return check_module_task_counts(v, "evaluation.task_items", lambda e: e.items_field)
 
     @model_validator(mode="after")
     def _k(self) -> "EvaluationConfig":

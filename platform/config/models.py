@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from distillab.config.base import _Strict
-from distillab.config.tasks import task_entries
+from distillab.config.tasks import check_module_task_counts
 from distillab.config.training import RLVRConfig
 from distillab.registry import COUNTDOWN_TASKS
 
@@ -53,14 +53,7 @@ class MicroModelConfig(_Strict):
     @field_validator("task_examples")
     @classmethod
     def _task_examples(cls, v: dict[str, int]) -> dict[str, int]:
-        own = [e.name for e in task_entries() if e.examples_field == f"task_examples.{e.name}"]
-        for name, n in v.items():
-            if name not in own:
-                raise ValueError(f"{name!r} is no task registered by a module (a built-in task's demonstrations "
-                                 f"have their own field); allowed: {own}")
-            if n < 0:
-                raise ValueError(f"task_examples.{name} must be >= 0, got {n}")
-        return v
+        return check_module_task_counts(v, "task_examples", lambda e: e.examples_field)
 
     @model_validator(mode="after")
     def _heads(self) -> "MicroModelConfig":

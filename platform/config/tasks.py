@@ -32,7 +32,7 @@ from distillab.registry import COUNTDOWN_VARIANTS, PAPER_POOL, SKILL_NAMES, SMAL
 
 __all__ = ["PAPER_POOL", "SMALL_POOL", "MCQ_INSTRUCTION", "CountdownTaskConfig", "MCQTaskConfig", "MathTaskConfig",
            "TaskSettings", "TaskEntry", "TasksConfig", "task_entry", "task_entries", "domain_entry", "domains",
-           "add_task_entry", "remove_task_entry", "sft_stream_offset"]
+           "add_task_entry", "remove_task_entry", "sft_stream_offset", "check_module_task_counts"]
 
 #: The multiple-choice prompt's last line (the answer format), ``tasks.mcq.instruction``'s default.
 MCQ_INSTRUCTION = "Answer with the letter of the correct option inside <answer></answer>."
@@ -324,6 +324,23 @@ def remove_task_entry(name: str) -> None:
     if name in _BUILTIN:
         raise ValueError(f"task {name!r} is built in")
     _ENTRIES.pop(name, None)
+
+
+def check_module_task_counts(counts: dict[str, int], field: str, own: Callable[[TaskEntry], str]) -> dict[str, int]:
+    """``counts`` (task name → count: ``evaluation.task_items``, ``task_examples``) when every name is a
+    task whose count lives there (``own(entry) == f"{field}.{name}"``: a task a module registered; a
+    built-in task has a field of its own) and every count ≥ 0.
+
+    Raises:
+        ValueError: another name (names the allowed ones) or a negative count."""
+    allowed = [e.name for e in _ENTRIES.values() if own(e) == f"{field}.{e.name}"]
+    for name, n in counts.items():
+        if name not in allowed:
+            raise ValueError(f"{name!r} is no task registered by a module (a built-in task's count has a field of "
+                             f"its own, e.g. mcq_items, mcq_examples); allowed: {allowed}")
+        if n < 0:
+            raise ValueError(f"{field.rsplit('.', 1)[-1]}.{name} must be >= 0, got {n}")
+    return counts
 
 
 def sft_stream_offset(stream: str) -> int:
