@@ -170,7 +170,9 @@ class TaskEntry:
     larger of ``items`` and ``evaluation.pass_items``); ``examples`` (``MicroModelConfig`` →
     int): the SFT demonstrations a micro model asks of it, set by ``examples_field`` (default:
     ``task_examples.<name>``); ``max_examples`` (its settings → int or None): how many training
-    items its settings hold, when known before reading any file (None: unknown)."""
+    items its settings hold, when known before reading any file (None: unknown); ``check`` (its
+    settings → None): raises ValueError when the settings cannot serve a trial that scores the task or
+    distils on it (e.g. a file task without its test file), naming the field."""
 
     name: str
     settings: Any
@@ -191,6 +193,7 @@ class TaskEntry:
     examples: Callable[[Any], int] | None = None
     examples_field: str = ""
     max_examples: Callable[[Any], int | None] = lambda settings: None
+    check: Callable[[Any], None] = lambda settings: None
 
     def __post_init__(self) -> None:
         name = self.name
@@ -275,7 +278,8 @@ def domain_entry(domain: str) -> TaskEntry:
         ValueError: no task has that domain (names the allowed values)."""
     d = domains()
     if domain not in d:
-        raise ValueError(f"domain {domain!r} is no task's; allowed: {', '.join(map(repr, d))}")
+        raise ValueError(f"domain {domain!r} is no task's; allowed: {', '.join(map(repr, d))} (a task module "
+                         "registers its domain when imported: import distillab.tasks.registry first)")
     return d[domain]
 
 

@@ -11,7 +11,7 @@ from distillab.config.base import _Strict, flatten
 from distillab.config.evaluation import EvaluationConfig
 from distillab.config.identity import config_hash
 from distillab.config.seeds import SeedsConfig
-from distillab.config.tasks import TasksConfig, domain_entry
+from distillab.config.tasks import TasksConfig, domain_entry, task_entries
 from distillab.config.training import LossConfig, OptimizerConfig, RLVRConfig, RolloutConfig, TeacherConfig
 from distillab.registry import ROLLOUT_ESTIMATORS
 
@@ -64,6 +64,9 @@ class TrialConfig(_Strict):
         task = domain_entry(self.domain)
         if task.items(self.evaluation) == 0:
             raise ValueError(f"domain {self.domain!r} needs {task.scored_when} so that the task it distils is scored")
+        for e in task_entries():  # the settings of every task the trial uses
+            if e is task or e.items(self.evaluation) > 0:
+                e.check(self.tasks[e.name])
         if self.tasks.teacher_conditioned and not task.teacher_prompts:
             raise ValueError("tasks.teacher_system_prompt / teacher_user_template condition the Countdown prompts; "
                              f"they do not apply to domain {self.domain!r}")

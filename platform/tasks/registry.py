@@ -9,10 +9,10 @@ call and one line here.
 
 from __future__ import annotations
 
-from distillab.tasks import countdown, math_task, mcq, skills  # noqa: F401  (each registers its tasks)
+from distillab.tasks import countdown, files, math_task, mcq, skills  # noqa: F401  (each registers its tasks)
 from distillab.tasks.base import Task, domain_task, get, register, registered, scored, unregister
 
 #: The modules of the registered tasks, in registration order.
-TASK_MODULES = (countdown, skills, mcq, math_task)
+TASK_MODULES = (countdown, skills, mcq, math_task, files)
 
 __all__ = ["Task", "get", "register", "unregister", "registered", "domain_task", "scored", "TASK_MODULES"]

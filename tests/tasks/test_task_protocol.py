@@ -84,7 +84,7 @@ def test_each_built_in_task_keeps_the_contract(name: str) -> None:
 
 def test_the_registry_lists_the_built_in_tasks_in_their_order() -> None:
     assert [t.name for t in registered()] == ["countdown2", "countdown3", "countdown4e", "countdown4", "ood", "mcq",
-                                              "math"]
+                                              "math", "files"]
     ev = EvaluationConfig(countdown_tasks=("countdown4", "countdown3"), mcq_items=3, math_items=2)
     assert [(t.name, i) for t, i in scored(TasksConfig(), ev)] == [("countdown4", 0), ("countdown3", 1), ("mcq", 0),
                                                                    ("math", 0)]
