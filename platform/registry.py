@@ -52,14 +52,18 @@ SMALL_POOL: tuple[int, ...] = tuple(range(1, 11))
 class CountdownVariant:
     """One Countdown variant (PROTOCOL.md §5): its default operand ``pool`` (drawn with
     replacement), ``n_operands``, largest target, the offset of its test split's seed from
-    ``tasks.test_seed`` (`config.SeedsConfig.test_split_seed`) and what it is for (the
-    config reference's line)."""
+    ``tasks.test_seed`` (`config.SeedsConfig.test_split_seed`), what it is for (the config
+    reference's line), its ``trial.domain`` value and its named SFT seed streams."""
 
     pool: tuple[int, ...]
     n_operands: int
     target_max: int
     test_split_offset: int
     doc: str
+    #: the ``trial.domain`` value that distils on it (None: none)
+    domain: str | None = None
+    #: its named SFT seed streams beyond the demonstrations' own (``styled``: teacher-conditioned demonstrations)
+    sft_streams: tuple[tuple[str, int], ...] = ()
 
 
 #: The Countdown variants, each a task of its own (`config.TasksConfig` holds a `CountdownTaskConfig` per
@@ -67,7 +71,8 @@ class CountdownVariant:
 COUNTDOWN_VARIANTS: dict[str, CountdownVariant] = {
     "countdown2": CountdownVariant(PAPER_POOL, 2, 1000, 7, "one-step Countdown: a prior skill of the micro student "
                                                            "(knows format and arithmetic, not the search)"),
-    "countdown3": CountdownVariant(PAPER_POOL, 3, 1000, 0, "Countdown-3: the in-distribution task"),
+    "countdown3": CountdownVariant(PAPER_POOL, 3, 1000, 0, "Countdown-3: the in-distribution task", "countdown",
+                                   (("styled", 29),)),
     "countdown4e": CountdownVariant(SMALL_POOL, 4, 1000, 1, "Countdown-4E: four small operands, the generalisation task"),
     "countdown4": CountdownVariant(PAPER_POOL, 4, 10_000, 7, "Countdown-4: four operands from the paper's pool "
                                                              "(RLVR's task)"),

@@ -219,8 +219,8 @@ def _countdown_entry(name: str) -> TaskEntry:
     v = COUNTDOWN_VARIANTS[name]
     return TaskEntry(
         name, CountdownTaskConfig, CountdownTaskConfig(pool=v.pool, n_operands=v.n_operands, target_max=v.target_max),
-        v.doc, family="countdown", domain="countdown" if name == "countdown3" else None,
-        test_split_offset=v.test_split_offset, sft_streams={"styled": 29} if name == "countdown3" else {},
+        v.doc, family="countdown", domain=v.domain, test_split_offset=v.test_split_offset,
+        sft_streams=dict(v.sft_streams),
         eval_seed_by_index=True, in_every_key=True, teacher_prompts=True,
         items=lambda ev: ev.id_items if name in ev.countdown_tasks else 0, items_field="evaluation.countdown_tasks",
         scored_when=f"{name!r} in evaluation.countdown_tasks",

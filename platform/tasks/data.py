@@ -87,10 +87,12 @@ class TaskData:
         task = get(name)
         return task.test_items(self.tasks, task.entry.test_items(self.evaluation))
 
-    def excluded(self, name: str = "countdown3") -> set:
-        """The keys (`Task.item_key`) that task ``name``'s training items avoid (`Task.exclusion`):
-        for a Countdown variant, `problem_key` of every item of every scored Countdown test split."""
-        return get(name).exclusion(self.tasks, self.evaluation)
+    def excluded(self, name: str | None = None) -> set:
+        """The keys (`Task.item_key`) that task ``name``'s (default: the domain's) training items avoid
+        (`Task.exclusion`): for a Countdown variant, `problem_key` of every item of every scored
+        Countdown test split."""
+        task = get(name) if name is not None else domain_task(self.domain)
+        return task.exclusion(self.tasks, self.evaluation)
 
     def train_problems(self, name: str, n: int, seed: int) -> list:
         """Task ``name``'s training items for ``n`` drawn with ``seed`` (`Task.train_items`), test items removed."""
