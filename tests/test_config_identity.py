@@ -28,7 +28,7 @@ def test_dumps_trial_ids_and_cache_keys_are_unchanged() -> None:
             assert got[part] == want[part], (f, part)  # tasks_order: the section's keys in their recorded order
 
 
-@pytest.mark.parametrize("name", list(DATA_SWEEPS))
-def test_task_data_and_evaluation_requests_are_unchanged(name: str) -> None:
+@pytest.mark.parametrize("name", [n for n in DATA_SWEEPS if n != "micro"])  # micro: micro_rlvr and micro_style
+def test_task_data_and_evaluation_requests_are_unchanged(name: str) -> None:     # hold its paths (CI's time)
     got, want = data_fingerprints([name])[name], RECORDED["data"][name]
     assert got == want

@@ -12,10 +12,12 @@ counts, its SFT counts, the offsets of its random streams. The implementation an
 ``train_items``        training items drawn with a seed, none of them in an exclusion set of
                        `item_key` s (test items of scored tasks never reach training)
 ``item_key``           an item's identity for that exclusion (default: the item itself)
+``pooled``             whether training items are a fixed pool (a file, a generated set of
+                       settings-given size) whose SFT cut must not run short
 ``user_text``          the user turn of an item's prompt, for the student or the teacher
 ``system_prompt``      the system prompt (default: the settings' ``system_prompt``, else none)
 ``prompt``             both, as a `Prompt`: rendering into token ids is
-                       `tasks.taskio.render_prompt`'s alone (the tokenizer's chat template, or
+                       `tasks.taskio.render`'s alone (the tokenizer's chat template, or
                        the micro tokenizer's plain format), so no task knows the tokenizer
 ``score``              the verifier: is a completion (decoded text, untrusted: parsed, never
                        run) correct for an item
@@ -27,10 +29,16 @@ counts, its SFT counts, the offsets of its random streams. The implementation an
 ``evaluation``         its evaluation defaults for a trial's ``evaluation`` section: an
                        `EvalPlan` (items, test split size, temperatures, top-p, max tokens,
                        pass@k items, samples and k)
+``eval_index``         its place among its family's scored tasks (a Countdown variant's in
+                       ``evaluation.countdown_tasks``; picks its sampling seed)
 ``exclusion``          the `item_key` s its training items must avoid (default: its own test
                        split), and ``exclusion_key`` / ``offpd_exclusion``: what of the
                        evaluation decides them, for cache keys
 =====================  ===================================================================
+
+An item is whatever the task's methods pass around (a `tasks.countdown.CountdownProblem`, a
+`tasks.mcq.MCQItem`, a word): it carries what its verifier needs, since ``score`` sees the
+completion and the item alone.
 
 Every method takes the trial's ``tasks`` section (`config.TasksConfig`) and reads its own typed
 settings from it (`Task.settings`: ``tasks[self.name]``). Consumers never branch on a task's
