@@ -315,11 +315,12 @@ def get(name: str) -> Task:
     """The registered task ``name``.
 
     Raises:
-        KeyError: no such task (names the registered ones)."""
-    try:
-        return _TASKS[name]
-    except KeyError:
-        raise KeyError(f"no task {name!r}; registered tasks: {', '.join(map(repr, _TASKS))}") from None
+        KeyError: no such task (names the registered ones), or a built-in task whose module is not
+            imported yet (import `distillab.tasks.registry`)."""
+    if name not in _TASKS:
+        task_entry(name)  # no entry either: the KeyError names the registered tasks
+        raise KeyError(f"task {name!r} is not implemented yet in this process: import distillab.tasks.registry")
+    return _TASKS[name]
 
 
 def registered() -> list[Task]:
