@@ -79,8 +79,10 @@ def _models_in(annotation: typing.Any) -> list[type[BaseModel]]:
 
 def config_models() -> dict[type[BaseModel], list[str]]:
     """Every model reachable from `SweepConfig`, in breadth-first order, with the YAML paths
-    where it appears."""
+    where it appears, then the settings of each task a module registers (``trial.tasks.<key>``)."""
+    import distillab.tasks.registry  # noqa: F401  (the task modules register their sections)
     from distillab.config import SweepConfig
+    from distillab.config.tasks import task_entries
 
     seen: dict[type[BaseModel], list[str]] = {SweepConfig: ["(top level)"]}
     queue: list[tuple[type[BaseModel], str]] = [(SweepConfig, "")]
@@ -95,6 +97,11 @@ def config_models() -> dict[type[BaseModel], list[str]]:
                     queue.append((sub, path + "."))
                 elif path not in seen[sub]:
                     seen[sub].append(path)
+        if not queue:  # a task module's section is no field of TasksConfig: its entry names it
+            for e in task_entries():
+                if isinstance(e.settings, type) and issubclass(e.settings, BaseModel) and e.settings not in seen:
+                    seen[e.settings] = [f"trial.tasks.{e.key}"]
+                    queue.append((e.settings, f"trial.tasks.{e.key}."))
     return seen
 
 

@@ -21,8 +21,9 @@ from distillab.config import EvaluationConfig, LMEvalConfig, LMEvalTask, SeedsCo
 from distillab.evals.sampling import sample_batched
 from distillab.rollout.engine import TransformersEngine
 from distillab.rollout.types import SamplingParams
-from distillab.tasks.countdown import SkillItem, generate_skill_items, score_skill
-from distillab.tasks.taskio import render_prompt
+from distillab.tasks.countdown import SkillItem
+from distillab.tasks.skills import SKILLS_TASK
+from distillab.tasks.taskio import render
 
 
 class OODBackend(Protocol):
@@ -45,15 +46,18 @@ def mean_row(rows: list[dict]) -> dict:
 
 
 def ood_items(tasks: TasksConfig, n: int) -> dict[str, list[SkillItem]]:
-    """The micro OOD test items per prior-skill task (seeded by ``tasks.test_seed``)."""
-    return {t: generate_skill_items(t, n, tasks.test_seed) for t in tasks.ood_skills}
+    """The micro OOD test items per prior skill (the prior skills' task, `tasks.skills`: ``n`` of each,
+    seeded by ``tasks.test_seed``)."""
+    items = SKILLS_TASK.test_items(tasks, n)
+    return {skill: [it for it in items if it.task == skill] for skill in tasks.ood_skills}
 
 
 class MicroSkillsBackend:
-    """Prior-skill tasks (add, mul, reverse, sort), ``cfg.ood_items`` items each,
-    one sample at τ = ``cfg.ood_temperature``, exact match of the ``<answer>``; the
-    tasks are sampled in one call seeded with the stage seed + ``seeds.eval_ood_offset``
-    (task j's seed would be + ``seeds.eval_ood`` · j: `evals.sampling`)."""
+    """The prior skills' task (`tasks.skills.PriorSkillsTask`: add, mul, reverse, sort),
+    ``cfg.ood_items`` items each, one sample at its plan's temperature (``cfg.ood_temperature``),
+    scored by its verifier (exact match of the ``<answer>``); the skills are sampled in one call
+    seeded with the stage seed + ``seeds.eval_ood_offset`` (skill j's seed would be +
+    ``seeds.eval_ood`` · j: `evals.sampling`)."""
 
     def __init__(self, tasks: TasksConfig, cfg: EvaluationConfig, batch_size: int = 512,
                  seeds: SeedsConfig = SeedsConfig()):
@@ -63,15 +67,15 @@ class MicroSkillsBackend:
         """Rows per skill and ``ood_mean``; the skills' prompts are sampled together
         (`evals.sampling.sample_batched`: one call, seeded as the first skill)."""
         engine = TransformersEngine(model, tokenizer.eos_token_id, tokenizer.pad_token_id, batch_size=self.batch_size)
-        skills = ood_items(self.tasks, self.cfg.ood_items)
-        requests = [([render_prompt(tokenizer, "", it.prompt) for it in items],
-                     SamplingParams(self.cfg.ood_temperature, 1.0, 16, 1,
-                                    self.seeds.eval_ood_seed(seed, j)))
+        task, p = SKILLS_TASK, SKILLS_TASK.evaluation(self.tasks, self.cfg)
+        skills = ood_items(self.tasks, p.test_items)
+        requests = [([render(tokenizer, task.prompt(self.tasks, it)) for it in items],
+                     SamplingParams(p.temperature, p.top_p, p.max_tokens, 1, self.seeds.eval_ood_seed(seed, j)))
                     for j, items in enumerate(skills.values())]
         rows = []
         for (skill, items), completions in zip(skills.items(), sample_batched(engine, requests, desc="OOD")):
             texts = tokenizer.batch_decode(completions, skip_special_tokens=False)
-            acc = sum(score_skill(t, it) for t, it in zip(texts, items)) / len(items)
+            acc = sum(task.score(t, it) for t, it in zip(texts, items)) / len(items)
             rows.append({"task": f"ood/{skill}", "metric": "accuracy", "value": acc, "n": len(items)})
         return rows + [mean_row(rows)] if rows else []
 

@@ -1,27 +1,30 @@
-"""The evaluation suite run on every checkpoint (PROTOCOL.md §4), micro scale:
+"""The evaluation suite run on every checkpoint (PROTOCOL.md §4), micro scale. It asks
+each task the trial scores (`distillab.tasks.registry.scored`: a `tasks.base.Task` whose
+evaluation items are > 0) for its test split, prompts, verifier and `tasks.base.EvalPlan`;
+it never branches on a task's name.
 
-- in-distribution accuracy: one sample per test prompt at τ = ``id_temperature``
-  on the first ``id_items`` Countdown-3 test items, and the same on Countdown-4E
-  (harder-task generalisation, same checkpoint, no further training), Countdown-4
-  when listed, the multiple-choice task (``mcq_items`` > 0; task ``mcq``) and the
-  long-reasoning math task (``math_items`` > 0; task ``math``, the last ``\\boxed{}``
-  checked by `distillab.tasks.math_task.score_math`);
+- accuracy: one sample per test prompt at the plan's temperature (``id_temperature``) on the
+  first ``items`` test items of each task: the Countdown variants of
+  ``evaluation.countdown_tasks`` (Countdown-3 in distribution, Countdown-4E the harder-task
+  generalisation on the same checkpoint, Countdown-4 when listed), the multiple-choice task
+  (``mcq_items`` > 0; task ``mcq``), the long-reasoning math task (``math_items`` > 0; task
+  ``math``, the last ``\\boxed{}`` checked by `distillab.tasks.math_task.score_math`) and any
+  task a module registered (``evaluation.task_items``);
 - coverage: pass@1 and pass@k from ``pass_n`` samples per prompt at the task's
   ``pass_temperature`` (unbiased estimator, `distillab.evals.metrics.pass_at_k`);
 - style (teacher conditioning, ``evaluation.style``): ``style_share`` of the first
-  Countdown task's answers (`distillab.evals.style`);
+  task's answers (`distillab.evals.style`);
 - OOD suite (`distillab.evals.ood`): the micro prior-skill tasks or, at full scale,
   lm-eval-harness tasks, and their unweighted mean (``ood_mean``; forgetting =
   after − before).
 
 Each result is a row ``{task, metric, value, n}`` for the `evals` table; its
 report key is ``eval/<stage>/<task>/<metric>`` (`distillab.registry`). For inspection,
-the first `SAMPLES_PER_TASK` accuracy completions of each Countdown, multiple-choice and
-math task (not the OOD suite's), with their prompts and rewards (1 correct, 0 not), go to
-the ``samples`` table. Test splits
-come from `distillab.tasks.data.TaskData` (seeded by ``tasks.test_seed``, the same for
-every trial; training prompts exclude them); the sampling seeds from
-``trial.seeds`` (`config.SeedsConfig`).
+the first `SAMPLES_PER_TASK` accuracy completions of each scored task (not the OOD
+suite's), with their prompts and rewards (1 correct, 0 not), go to the ``samples``
+table. Test splits come from `distillab.tasks.data.TaskData` (seeded by
+``tasks.test_seed``, the same for every trial; training prompts exclude them); the
+sampling seeds from ``trial.seeds`` (`config.SeedsConfig`).
 """
 
 from __future__ import annotations
@@ -47,10 +50,10 @@ from distillab.registry import eval_key
 from distillab.rollout.engine import TransformersEngine
 from distillab.rollout.types import SamplingParams
 from distillab.tables import atomic_write_bytes, write_rows
-from distillab.tasks.countdown import CountdownProblem, score_countdown
-from distillab.tasks.data import TaskData, countdown_prompt_ids
-from distillab.tasks.math_task import math_prompt_ids, score_math
-from distillab.tasks.mcq import mcq_prompt_ids, score_mcq
+from distillab.tasks.base import Task
+from distillab.tasks.data import TaskData
+from distillab.tasks.registry import get, scored
+from distillab.tasks.taskio import render
 
 log = logging.getLogger(__name__)
 
@@ -77,20 +80,16 @@ class Evaluator:
             self.ood = ood_backend(self.tasks, self.cfg, self.batch_size, seeds=self.seeds)
         self.data = TaskData(self.tasks, self.cfg, seeds=self.seeds)
 
-    def _prompts(self, problems: list[CountdownProblem]) -> list[list[int]]:
-        return [countdown_prompt_ids(self.tokenizer, self.tasks, p) for p in problems]
-
     def requests(self, name: str, prompts: list[list[int]], seed: int) -> list[Request]:
-        """Task ``name``'s two sampling requests (`evals.sampling.Request`): one sample at
-        ``id_temperature`` of the first ``id_items`` prompts (``mcq_items`` for ``mcq``,
-        ``math_items`` for ``math``), for ``accuracy``; ``pass_n`` samples at the task's
-        ``pass_temperature`` of the first ``pass_items``, for ``pass@k`` (seed + ``seeds.eval_pass``)."""
-        cfg = self.cfg
-        n_acc = {"mcq": cfg.mcq_items, "math": cfg.math_items}.get(name, cfg.id_items)
+        """Task ``name``'s two sampling requests (`evals.sampling.Request`) from its `tasks.base.EvalPlan`:
+        one sample at its ``temperature`` of the first ``items`` prompts, for ``accuracy``;
+        ``pass_n`` samples at its ``pass_temperature`` of the first ``pass_items``, for ``pass@k``
+        (seed + ``seeds.eval_pass``)."""
+        p = get(name).evaluation(self.tasks, self.cfg)
         pass_seed = self.seeds.eval_pass_seed(seed)
-        return [(prompts[:n_acc], SamplingParams(cfg.id_temperature, cfg.top_p, cfg.max_tokens, 1, seed)),
-                (prompts[: cfg.pass_items], SamplingParams(cfg.pass_temperature.get(name, 1.0), cfg.top_p,
-                                                           cfg.max_tokens, cfg.pass_n, pass_seed))]
+        return [(prompts[:p.items], SamplingParams(p.temperature, p.top_p, p.max_tokens, 1, seed)),
+                (prompts[: p.pass_items], SamplingParams(p.pass_temperature, p.top_p, p.max_tokens, p.pass_n,
+                                                         pass_seed))]
 
     def samples(self, name: str, prompts: list[list[int]], completions: list[list[int]],
                 score: Callable[[str, int], bool]) -> list[dict]:
@@ -105,32 +104,26 @@ class Evaluator:
     def rows(self, name: str, completions: list[list[list[int]]], score: Callable[[str, int], bool]) -> list[dict]:
         """Rows ``accuracy`` and ``pass@k`` of task ``name`` from the completion ids of its
         two `requests` (``score(text, i)``: is a completion of prompt i correct)."""
-        cfg = self.cfg
+        p = get(name).evaluation(self.tasks, self.cfg)
         counts = []
-        for comps, n in zip(completions, (1, cfg.pass_n)):
+        for comps, n in zip(completions, (1, p.pass_n)):
             texts = self.tokenizer.batch_decode(comps, skip_special_tokens=False)
             counts.append([sum(int(score(texts[i * n + j], i)) for j in range(n)) for i in range(len(texts) // n)])
         acc, passes = counts
         rows = [{"task": name, "metric": "accuracy", "value": sum(acc) / len(acc), "n": len(acc)}]
-        return rows + [{"task": name, "metric": f"pass@{k}", "value": mean_pass_at_k(passes, cfg.pass_n, k),
-                        "n": len(passes)} for k in cfg.pass_k]
+        return rows + [{"task": name, "metric": f"pass@{k}", "value": mean_pass_at_k(passes, p.pass_n, k),
+                        "n": len(passes)} for k in p.pass_k]
 
-    def _tasks(self, seed: int) -> list[tuple[str, list[list[int]], Callable[[str, int], bool], int]]:
-        """``(name, prompts, score, task seed)`` of every Countdown task, then ``mcq``, then ``math``, at
-        stage seed ``seed`` (`config.SeedsConfig.eval_task_seed`)."""
-        tok, out = self.tokenizer, []
-        for i, name in enumerate(self.cfg.countdown_tasks):
-            problems = self.data.test_split(name)
-            out.append((name, self._prompts(problems), lambda t, j, ps=problems: score_countdown(t, ps[j]),
-                        self.seeds.eval_task_seed(seed, name, i)))
-        if self.cfg.mcq_items:  # the second domain (tasks.mcq)
-            items = self.data.test_split("mcq")
-            out.append(("mcq", [mcq_prompt_ids(tok, self.tasks.mcq, it) for it in items],
-                        lambda t, j: score_mcq(t, items[j]), self.seeds.eval_task_seed(seed, "mcq", 0)))
-        if self.cfg.math_items:  # the long-reasoning domain (tasks.math)
-            problems = self.data.test_split("math")
-            out.append(("math", [math_prompt_ids(tok, self.tasks.math, it) for it in problems],
-                        lambda t, j, ps=problems: score_math(t, ps[j]), self.seeds.eval_task_seed(seed, "math", 0)))
+    def _tasks(self, seed: int) -> list[tuple[Task, list[list[int]], Callable[[str, int], bool], int]]:
+        """``(task, prompts, score, task seed)`` of every task the suite scores (`tasks.registry.scored`:
+        the Countdown variants of ``evaluation.countdown_tasks``, then the others in registration
+        order), at stage seed ``seed`` (`config.SeedsConfig.eval_task_seed`)."""
+        out = []
+        for task, index in scored(self.tasks, self.cfg):
+            items = self.data.test_split(task.name)
+            prompts = [render(self.tokenizer, task.prompt(self.tasks, it)) for it in items]
+            out.append((task, prompts, lambda t, j, task=task, items=items: task.score(t, items[j]),
+                        self.seeds.eval_task_seed(seed, task.name, index)))
         return out
 
     def evaluate(self, model: PreTrainedModel, seed: int, samples: list[dict] | None = None) -> list[dict]:
@@ -141,16 +134,16 @@ class Evaluator:
         cfg, tok = self.cfg, self.tokenizer
         engine = TransformersEngine(model, tok.eos_token_id, tok.pad_token_id, batch_size=self.batch_size)
         tasks = self._tasks(seed)
-        requests = [r for name, prompts, _, task_seed in tasks for r in self.requests(name, prompts, task_seed)]
+        requests = [r for task, prompts, _, task_seed in tasks for r in self.requests(task.name, prompts, task_seed)]
         done = sample_batched(engine, requests)
         rows: list[dict] = []
-        for k, (name, prompts, score, _) in enumerate(tasks):
-            rows += self.rows(name, done[2 * k: 2 * k + 2], score)
+        for k, (task, prompts, score, _) in enumerate(tasks):
+            rows += self.rows(task.name, done[2 * k: 2 * k + 2], score)
             if samples is not None:
-                samples += self.samples(name, prompts, done[2 * k], score)
+                samples += self.samples(task.name, prompts, done[2 * k], score)
             if cfg.style is not None and k == 0:  # teacher conditioning: the student's answers in the teacher's style
                 texts = tok.batch_decode(done[0], skip_special_tokens=True)
-                rows.append({"task": name, "metric": "style_share", "value": style_share(texts, cfg.style),
+                rows.append({"task": task.name, "metric": "style_share", "value": style_share(texts, cfg.style),
                              "n": len(texts)})
         rows += self.ood.evaluate(model, tok, seed)
         return rows
@@ -188,12 +181,11 @@ def pre_eval_path(cache_dir: str | Path, trial: TrialConfig, student_path: str |
     student checkpoint, the precision and attention implementation it is loaded with,
     the evaluation and task settings and the seeds, so every trial of a sweep that shares
     those reuses it (``<cache_dir>/pre-eval-<config.cache_key>.json``)."""
+    uses = [t.name for t, _ in scored(trial.tasks, trial.evaluation)]
     key = cache_key("pre_eval", 4, student=checkpoint_identity(student_path),
                     precision=trial.precision, attn_implementation=trial.attn_implementation,
                     evaluation=trial.evaluation.model_dump(mode="json"),
-                    tasks=trial.tasks.inputs(teacher=False, mcq=trial.evaluation.mcq_items > 0,
-                                             math=trial.evaluation.math_items > 0),
-                    seed=trial.seed, seeds=trial.seeds.model_dump())
+                    tasks=trial.tasks.inputs(teacher=False, uses=uses), seed=trial.seed, seeds=trial.seeds.model_dump())
     return Path(cache_dir) / f"pre-eval-{key}.json"
 
 

@@ -19,8 +19,10 @@ Where a key appears (``Metric.scope``):
 
 Adding a key is one line: ``register("kl/jsd", "recipe.loss.loss_step", "…")``.
 
-The names the rest of the code spells the same way live here too: the Countdown tasks
-(`COUNTDOWN_TASKS`), the prior skills of the micro OOD suite (`SKILL_NAMES`), the
+The names the rest of the code spells the same way live here too: the Countdown variants
+(`COUNTDOWN_VARIANTS`, their names `COUNTDOWN_TASKS`: a variant is one entry there; the task
+registry of `config.tasks` and `tasks.base` builds each one's task from it), the prior skills
+of the micro OOD suite (`SKILL_NAMES`), the
 divergences and their estimators (`KINDS`, `ESTIMATORS`, `TOPK_SOURCES`, with the rule
 `check_estimator` that the config, the ops and the chunked path all call), and
 forgetting (`forgetting`, `with_forgetting`: the one definition of ``eval/forgetting``).
@@ -33,15 +35,50 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Metric", "METRICS", "PLACEHOLDERS", "register", "find", "require", "check_report_metric",
+__all__ = ["Metric", "METRICS", "PLACEHOLDERS", "register", "unregister", "find", "require", "check_report_metric",
            "training_keys", "gauges", "REPORTER_COLUMNS", "FORGETTING_KEY", "FORGETTING_EVAL", "FORGETTING_STAGES",
-           "forgetting", "with_forgetting", "eval_key", "SCOPES", "COUNTDOWN_TASKS", "SKILL_NAMES", "KINDS",
+           "forgetting", "with_forgetting", "eval_key", "SCOPES", "PAPER_POOL", "SMALL_POOL", "CountdownVariant",
+           "COUNTDOWN_VARIANTS", "COUNTDOWN_TASKS", "SKILL_NAMES", "KINDS",
            "SAMPLED_KINDS", "ESTIMATORS", "ROLLOUT_ESTIMATORS", "TOPK_SOURCES", "K_GRADIENTS", "REDUCTIONS",
            "check_choice", "check_estimator", "ENV_SWITCHES"]
 
-#: The Countdown variants a trial can score (`config.TasksConfig` holds one `CountdownTaskConfig` each;
-#: `tasks.countdown` generates and verifies them; PROTOCOL.md §5).
-COUNTDOWN_TASKS: tuple[str, ...] = ("countdown2", "countdown3", "countdown4e", "countdown4")
+#: The paper's large operand pool for Countdown-3 and Countdown-4 (PROTOCOL.md §5).
+PAPER_POOL: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 15, 20, 25, 50, 75)
+#: Countdown-4E operands: 1..10 (PROTOCOL.md §5).
+SMALL_POOL: tuple[int, ...] = tuple(range(1, 11))
+
+
+@dataclass(frozen=True)
+class CountdownVariant:
+    """One Countdown variant (PROTOCOL.md §5): its default operand ``pool`` (drawn with
+    replacement), ``n_operands``, largest target, the offset of its test split's seed from
+    ``tasks.test_seed`` (`config.SeedsConfig.test_split_seed`), what it is for (the config
+    reference's line), its ``trial.domain`` value and its named SFT seed streams."""
+
+    pool: tuple[int, ...]
+    n_operands: int
+    target_max: int
+    test_split_offset: int
+    doc: str
+    #: the ``trial.domain`` value that distils on it (None: none)
+    domain: str | None = None
+    #: its named SFT seed streams beyond the demonstrations' own (``styled``: teacher-conditioned demonstrations)
+    sft_streams: tuple[tuple[str, int], ...] = ()
+
+
+#: The Countdown variants, each a task of its own (`config.TasksConfig` holds a `CountdownTaskConfig` per
+#: entry, `tasks.countdown.CountdownTask` implements them): a new variant is one entry here.
+COUNTDOWN_VARIANTS: dict[str, CountdownVariant] = {
+    "countdown2": CountdownVariant(PAPER_POOL, 2, 1000, 7, "one-step Countdown: a prior skill of the micro student "
+                                                           "(knows format and arithmetic, not the search)"),
+    "countdown3": CountdownVariant(PAPER_POOL, 3, 1000, 0, "Countdown-3: the in-distribution task", "countdown",
+                                   (("styled", 29),)),
+    "countdown4e": CountdownVariant(SMALL_POOL, 4, 1000, 1, "Countdown-4E: four small operands, the generalisation task"),
+    "countdown4": CountdownVariant(PAPER_POOL, 4, 10_000, 7, "Countdown-4: four operands from the paper's pool "
+                                                             "(RLVR's task)"),
+}
+#: The Countdown variants a trial can score (the names of `COUNTDOWN_VARIANTS`; PROTOCOL.md §5).
+COUNTDOWN_TASKS: tuple[str, ...] = tuple(COUNTDOWN_VARIANTS)
 #: The prior skills of the micro OOD suite (`tasks.countdown.SKILLS` generates them; PROTOCOL.md §8).
 SKILL_NAMES: tuple[str, ...] = ("add", "mul", "reverse", "sort")
 
@@ -254,6 +291,11 @@ def forgetting(before, after):
     `analysis.results.forgetting` applies it to columns). The one definition: the final
     report (`with_forgetting`) and `analysis.results.forgetting` use it."""
     return after - before
+
+
+def unregister(key: str) -> None:
+    """Remove a key `register` declared (a test's own task's keys, at its end)."""
+    METRICS.pop(key, None)
 
 
 def eval_key(stage: str, task: str, metric: str) -> str:

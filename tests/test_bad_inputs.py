@@ -23,7 +23,8 @@ import pytest
 import ray
 
 from distillab.driver.cli import main
-from distillab.recipe.prepare import _pool
+from distillab.tasks.base import pool_head
+from distillab.tasks.registry import get
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "search_spaces" / "smoke.yaml"
@@ -243,14 +244,15 @@ def _fill(s: str, tmp: Path) -> str:
 
 
 def test_a_demonstration_pool_shorter_than_asked_is_an_error_naming_the_field() -> None:
-    """`prepare._pool`: the first n items, or (a ``files`` source shorter than the
-    ``models.micro_<role>.<task>_examples`` asked) a ValueError naming the field and both counts, never
-    a silent cut."""
-    assert _pool(list(range(5)), 3, "math", "student") == [0, 1, 2]
-    assert _pool(list(range(5)), 5, "math", "student") == list(range(5))
+    """`tasks.base.pool_head` (a pooled task's SFT data): the first n items, or (a ``files`` source shorter
+    than the ``models.micro_<role>.<task>_examples`` asked) a ValueError naming the field and both counts,
+    never a silent cut."""
+    math = get("math").entry
+    assert pool_head(list(range(5)), 3, math, "student") == [0, 1, 2]
+    assert pool_head(list(range(5)), 5, math, "student") == list(range(5))
     with pytest.raises(ValueError, match=r"models\.micro_student\.math_examples asks for 6 demonstrations; the math "
                                          r"task has 5 training items"):
-        _pool(list(range(5)), 6, "math", "student")
+        pool_head(list(range(5)), 6, math, "student")
 
 
 def test_the_table_has_sixty_kinds() -> None:

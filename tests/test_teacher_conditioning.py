@@ -119,11 +119,11 @@ def test_conditioning_config_and_cache_keys():
     plain = TasksConfig().model_dump(mode="json")
     for k in ("teacher_system_prompt", "teacher_user_template", "mcq", "math"):
         plain.pop(k)
-    assert TasksConfig().inputs(teacher=False, mcq=False) == plain == TasksConfig(**COND).inputs(teacher=False, mcq=False)
-    assert TasksConfig().inputs(teacher=True, mcq=False)["teacher_system_prompt"] is None
-    assert TasksConfig(**COND).inputs(teacher=True, mcq=False)["teacher_system_prompt"] == COND["teacher_system_prompt"]
-    assert TasksConfig().inputs(teacher=False, mcq=True)["mcq"]["source"] == "synthetic"
-    assert TasksConfig().inputs(teacher=False, mcq=False, math=True)["math"]["source"] == "synthetic"
+    assert TasksConfig().inputs(teacher=False) == plain == TasksConfig(**COND).inputs(teacher=False)
+    assert TasksConfig().inputs(teacher=True)["teacher_system_prompt"] is None
+    assert TasksConfig(**COND).inputs(teacher=True)["teacher_system_prompt"] == COND["teacher_system_prompt"]
+    assert TasksConfig().inputs(teacher=False, uses=["mcq"])["mcq"]["source"] == "synthetic"
+    assert TasksConfig().inputs(teacher=False, uses=["math"])["math"]["source"] == "synthetic"
 
 
 def test_style_metric_language_and_regex():

@@ -8,7 +8,7 @@ out-of-range values are errors that name the field.
 The package, by concern (each module imports only those above it):
 
     base        the strict pydantic bases, dotted-key helpers
-    tasks       the tasks' settings (Countdown variants, multiple choice, math)
+    tasks       the task registry's config half (`TaskEntry`) and the tasks' settings (`TasksConfig`)
     training    rollout policy, divergence and estimator, teacher, optimizer, RLVR
     models      teacher and student sources, the micro models' architecture and SFT
     evaluation  what every stage reports (the evaluation suite, lm-eval, style)
@@ -61,7 +61,9 @@ from distillab.config.tasks import (
     CountdownTaskConfig,
     MathTaskConfig,
     MCQTaskConfig,
+    TaskEntry,
     TasksConfig,
+    TaskSettings,
 )
 from distillab.config.training import LoRAConfig, LossConfig, OptimizerConfig, RLVRConfig, RolloutConfig, TeacherConfig
 from distillab.config.trial import TrialConfig
@@ -76,6 +78,8 @@ __all__ = [
     "MCQTaskConfig",
     "MathTaskConfig",
     "TasksConfig",
+    "TaskSettings",
+    "TaskEntry",
     "RolloutConfig",
     "LossConfig",
     "TeacherConfig",

@@ -7,9 +7,10 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from distillab.config.base import _Strict
+from distillab.config.tasks import check_module_task_counts
 from distillab.registry import COUNTDOWN_TASKS
 
 
@@ -154,6 +155,9 @@ class EvaluationConfig(_Strict):
     #: math test items (``tasks.math``) scored at every stage, task ``math`` (0: none); answers need
     #: ``max_tokens`` long enough for the worked solution
     math_items: int = Field(default=0, ge=0)
+    #: test items scored at every stage of each task registered by a module (task name → items; the
+    #: built-in tasks have their own fields above); absent from the dump when empty
+    task_items: dict[str, int] = Field(default={}, exclude_if=lambda v: not v)
 
     @property
     def countdown_test_items(self) -> int:
@@ -170,6 +174,11 @@ class EvaluationConfig(_Strict):
     def math_test_items(self) -> int:
         """Size of the math test split, as `countdown_test_items`."""
         return max(self.math_items, self.pass_items)
+
+    @field_validator("task_items")
+    @classmethod
+    def _task_items(cls, v: dict[str, int]) -> dict[str, int]:
+        return check_module_task_counts(v, "evaluation.task_items", lambda e: e.items_field)
 
     @model_validator(mode="after")
     def _k(self) -> "EvaluationConfig":

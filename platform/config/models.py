@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from distillab.config.base import _Strict
+from distillab.config.tasks import check_module_task_counts
 from distillab.config.training import RLVRConfig
+from distillab.registry import COUNTDOWN_TASKS
 
 
 class MicroModelConfig(_Strict):
@@ -33,7 +35,7 @@ class MicroModelConfig(_Strict):
     #: SFT warm-up steps
     sft_warmup: int = Field(default=50, ge=0)
     #: SFT data: Countdown demonstrations per task name, and examples per prior skill
-    countdown_examples: dict[Literal["countdown2", "countdown3", "countdown4e", "countdown4"], int] = {}
+    countdown_examples: dict[Literal[COUNTDOWN_TASKS], int] = {}
     #: SFT examples per prior skill (the micro OOD suite's tasks)
     skill_examples: int = Field(default=0, ge=0)
     #: multiple-choice demonstrations (``tasks.mcq``; the study's second domain)
@@ -44,6 +46,14 @@ class MicroModelConfig(_Strict):
     #: ``teacher_user_template``) written in the spaced style (``2 + 3 = 5, 5 * 4 = 20``): a teacher that
     #: answers in that style only when conditioned (the style-transfer experiment)
     styled_examples: int = Field(default=0, ge=0)
+    #: demonstrations of each task registered by a module (task name → examples; the built-in tasks have
+    #: their own fields above); absent from the dump when empty
+    task_examples: dict[str, int] = Field(default={}, exclude_if=lambda v: not v)
+
+    @field_validator("task_examples")
+    @classmethod
+    def _task_examples(cls, v: dict[str, int]) -> dict[str, int]:
+        return check_module_task_counts(v, "task_examples", lambda e: e.examples_field)
 
     @model_validator(mode="after")
     def _heads(self) -> "MicroModelConfig":

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from distillab.config.base import _Strict
+from distillab.config.tasks import sft_stream_offset, task_entry
 
 
 class SeedsConfig(_Strict):
@@ -15,16 +16,12 @@ class SeedsConfig(_Strict):
     defaults are the values every recorded run used: change one and the numbers it feeds
     change. The test splits are seeded by ``tasks.test_seed`` alone, the same for every
     trial (`test_split_seed`), and a prepared micro model's SFT data by the prepare seed
-    (`sft_seed`); their offsets are class constants, not fields, so they are no part of a
-    trial's config (its id and cache keys)."""
+    (`sft_seed`); their offsets belong to the tasks (`config.tasks.TaskEntry`:
+    ``test_split_offset``, ``sft_streams``), not to the trial's config (its id and cache keys)."""
 
-    #: offset of each test split's seed from ``tasks.test_seed`` (`test_split_seed`; any other Countdown task: 7)
-    TEST_SPLIT_OFFSETS: ClassVar[dict[str, int]] = {"countdown3": 0, "countdown4e": 1, "mcq": 11, "math": 13}
-    OTHER_TEST_SPLIT_OFFSET: ClassVar[int] = 7
     #: a micro model's SFT data from its prepare seed p: p · SFT_STREAMS + i for the i-th Countdown task of
-    #: ``countdown_examples`` (sorted by name), p · SFT_STREAMS + the offset for the other kinds (`sft_seed`)
+    #: ``countdown_examples`` (sorted by name), p · SFT_STREAMS + the offset of a task's named stream (`sft_seed`)
     SFT_STREAMS: ClassVar[int] = 1000
-    SFT_STREAM_OFFSETS: ClassVar[dict[str, int]] = {"styled": 29, "mcq": 23, "skills": 17, "math": 31}
 
     #: training problems of the distillation domain (Countdown-3, or multiple-choice items): seed s + train_problems
     train_problems: int = 7919
@@ -95,9 +92,13 @@ class SeedsConfig(_Strict):
         return sigma * self.rlvr_sampling + step * self.rlvr_step
 
     def eval_task_seed(self, seed: int, task: str, index: int) -> int:
-        """The accuracy samples of an evaluation task at stage seed ``seed``: Countdown task ``index`` of
-        ``evaluation.countdown_tasks`` s + eval_task · i; ``mcq`` and ``math`` (``index`` unused) s + eval_mcq."""
-        return seed + (self.eval_mcq if task in ("mcq", "math") else self.eval_task * index)
+        """The accuracy samples of an evaluation task at stage seed ``seed``: a Countdown task (one whose
+        entry has ``eval_seed_by_index``), ``index`` of ``evaluation.countdown_tasks``, s + eval_task · i;
+        every other task (``mcq``, ``math``, ...; ``index`` unused) s + eval_mcq.
+
+        Raises:
+            KeyError: no such task."""
+        return seed + (self.eval_task * index if task_entry(task).eval_seed_by_index else self.eval_mcq)
 
     def eval_pass_seed(self, task_seed: int) -> int:
         """The pass@k samples of a task whose accuracy samples use ``task_seed`` (`eval_task_seed`): + eval_pass."""
@@ -107,11 +108,17 @@ class SeedsConfig(_Strict):
         """Micro OOD task ``index`` at stage seed ``seed``: s + eval_ood · j + eval_ood_offset."""
         return seed + self.eval_ood * index + self.eval_ood_offset
 
-    @classmethod
-    def test_split_seed(cls, test_seed: int, task: str) -> int:
-        """The fixed test split of ``task`` (a Countdown task, ``mcq`` or ``math``): ``tasks.test_seed`` +
-        its `TEST_SPLIT_OFFSETS` entry (`OTHER_TEST_SPLIT_OFFSET` for another Countdown task)."""
-        return test_seed + cls.TEST_SPLIT_OFFSETS.get(task, cls.OTHER_TEST_SPLIT_OFFSET)
+    @staticmethod
+    def test_split_seed(test_seed: int, task: str) -> int:
+        """The fixed test split of ``task``: ``tasks.test_seed`` + its entry's ``test_split_offset``
+        (Countdown-3 0, Countdown-4E 1, Countdown-2 and Countdown-4 7, ``mcq`` 11, ``math`` 13).
+
+        Raises:
+            KeyError: no such task; ValueError: a task without a seeded test split."""
+        offset = task_entry(task).test_split_offset
+        if offset is None:
+            raise ValueError(f"task {task!r} has no seeded test split (its entry's test_split_offset is None)")
+        return test_seed + offset
 
     @staticmethod
     def prepare_seed(prepare_seed: int, role: str) -> int:
@@ -121,7 +128,11 @@ class SeedsConfig(_Strict):
 
     @classmethod
     def sft_seed(cls, prepare_seed: int, stream: int | str) -> int:
-        """A prepared micro model's SFT data: the ``stream``-th Countdown task (an int) or the kind ``stream``
-        (``styled``, ``mcq``, ``skills``, ``math``) from its prepare seed p: p · SFT_STREAMS + i (+ the offset)."""
-        offset = stream if isinstance(stream, int) else cls.SFT_STREAM_OFFSETS[stream]
+        """A prepared micro model's SFT data: the ``stream``-th Countdown task (an int) or the named stream
+        ``stream`` of a task (``styled`` 29, ``mcq`` 23, ``skills`` 17, ``math`` 31: the tasks' entries'
+        ``sft_streams``) from its prepare seed p: p · SFT_STREAMS + i (+ the offset).
+
+        Raises:
+            KeyError: a name no task declares."""
+        offset = stream if isinstance(stream, int) else sft_stream_offset(stream)
         return prepare_seed * cls.SFT_STREAMS + offset

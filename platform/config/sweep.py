@@ -19,6 +19,7 @@ from distillab.config.grid import _apply_set, apply_point
 from distillab.config.identity import config_hash
 from distillab.config.models import ModelsConfig
 from distillab.config.search import SearchConfig
+from distillab.config.tasks import task_entries
 from distillab.config.trial import TrialConfig
 
 
@@ -221,19 +222,20 @@ def _check_warmup(trials: list["TrialConfig"], base: "TrialConfig") -> None:
 
 
 def _check_demonstrations(sweep: "SweepConfig") -> None:
-    """``models.micro_*.mcq_examples`` / ``math_examples`` within the synthetic task's
-    ``trial.tasks.<task>.train_items`` (the pool `prepare` takes them from; more would be cut to the
-    pool silently). A ``files`` source is checked by `prepare` against the file's length.
+    """Each task's demonstrations (``models.micro_*.<task>_examples``) within the training pool its
+    settings hold when that is known before reading a file (`config.tasks.TaskEntry.max_examples`:
+    a synthetic source's ``trial.tasks.<task>.train_items``, the pool `prepare` takes them from;
+    more would be cut to the pool silently). A ``files`` source is checked by `prepare` against the
+    file's length.
 
     Raises:
         ValueError: a role asks for more demonstrations than the pool holds (both numbers named)."""
-    tasks = sweep.trial.tasks
     for role in ("micro_teacher", "micro_student"):
-        for field, task in (("mcq_examples", tasks.mcq), ("math_examples", tasks.math)):
-            n, name = getattr(getattr(sweep.models, role), field), field.removesuffix("_examples")
-            if task.source == "synthetic" and n > task.train_items:
-                raise ValueError(f"models.{role}.{field} is {n}, more than the {task.train_items} training problems "
-                                 f"of trial.tasks.{name}.train_items: lower it or raise train_items (at most "
+        for e in task_entries():
+            n, pool = e.examples(getattr(sweep.models, role)), e.max_examples(sweep.trial.tasks[e.name])
+            if pool is not None and n > pool:
+                raise ValueError(f"models.{role}.{e.examples_field} is {n}, more than the {pool} training problems "
+                                 f"of trial.tasks.{e.key}.train_items: lower it or raise train_items (at most "
                                  f"train_items; the test items are excluded from them)")
 
 

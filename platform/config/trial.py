@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 
 from distillab.config.base import _Strict, flatten
 from distillab.config.evaluation import EvaluationConfig
 from distillab.config.identity import config_hash
 from distillab.config.seeds import SeedsConfig
-from distillab.config.tasks import TasksConfig
+from distillab.config.tasks import TasksConfig, domain_entry, task_entries
 from distillab.config.training import LossConfig, OptimizerConfig, RLVRConfig, RolloutConfig, TeacherConfig
 from distillab.registry import ROLLOUT_ESTIMATORS
 
@@ -35,9 +35,10 @@ class TrialConfig(_Strict):
     evaluation: EvaluationConfig = EvaluationConfig()
     #: the tasks: Countdown variants, prior skills, multiple choice, math
     tasks: TasksConfig = TasksConfig()
-    #: the distillation task: ``countdown`` (Countdown-3 prompts), ``mcq`` (``tasks.mcq``, the second domain)
-    #: or ``math`` (``tasks.math``, long reasoning with a ``\\boxed{}`` answer)
-    domain: Literal["countdown", "mcq", "math"] = "countdown"
+    #: the distillation task: ``countdown`` (Countdown-3 prompts), ``mcq`` (``tasks.mcq``, the second domain),
+    #: ``math`` (``tasks.math``, long reasoning with a ``\\boxed{}`` answer), or the domain of a task a module
+    #: registers (`config.tasks.domains`)
+    domain: str = "countdown"
     #: optional RLVR stage after distillation (``null``: none)
     rlvr: RLVRConfig | None = None
     #: numeric precision of training (issue 16): ``fp32``, or ``bf16`` (DeepSpeed bf16, teacher held in
@@ -52,18 +53,23 @@ class TrialConfig(_Strict):
     #: attention implementation passed to ``from_pretrained`` (None: the model's default)
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = None
 
+    @field_validator("domain")
+    @classmethod
+    def _known_domain(cls, v: str) -> str:
+        domain_entry(v)  # ValueError naming the allowed values
+        return v
+
     @model_validator(mode="after")
     def _check_domain(self) -> "TrialConfig":
-        if self.domain == "mcq" and self.evaluation.mcq_items == 0:
-            raise ValueError("domain 'mcq' needs evaluation.mcq_items > 0 so that the task it distils is scored")
-        if self.domain == "math" and self.evaluation.math_items == 0:
-            raise ValueError("domain 'math' needs evaluation.math_items > 0 so that the task it distils is scored")
-        if self.domain == "math" and self.tasks.teacher_conditioned:
+        task = domain_entry(self.domain)
+        if task.items(self.evaluation) == 0:
+            raise ValueError(f"domain {self.domain!r} needs {task.scored_when} so that the task it distils is scored")
+        for e in task_entries():  # the settings of every task the trial uses
+            if e is task or e.items(self.evaluation) > 0:
+                e.check(self.tasks[e.name])
+        if self.tasks.teacher_conditioned and not task.teacher_prompts:
             raise ValueError("tasks.teacher_system_prompt / teacher_user_template condition the Countdown prompts; "
-                             "they do not apply to domain 'math'")
-        if self.domain == "mcq" and self.tasks.teacher_conditioned:
-            raise ValueError("tasks.teacher_system_prompt / teacher_user_template condition the Countdown prompts; "
-                             "they do not apply to domain 'mcq'")
+                             f"they do not apply to domain {self.domain!r}")
         return self
 
     @model_validator(mode="after")

@@ -229,6 +229,7 @@ def _load(args):
     """The validated sweep config of ``args``: the YAML with its ``--set`` overrides, or with
     ``--resume`` the sweep directory's ``sweep.json``. Raises `config.ConfigError`."""
     from distillab.config import ConfigError, load_sweep  # lazy: see the module docstring
+    from distillab.tasks import registry  # noqa: F401  (lazy: every task module registers its section first)
 
     resume = getattr(args, "resume", None)
     if resume:

@@ -56,11 +56,8 @@ from distillab.models import (
 )
 from distillab.recipe.payload import payload_bytes_per_token
 from distillab.recipe.prepare import prepare_key, refined_teacher_dir
-from distillab.tasks.countdown import generate_skill_items
-from distillab.tasks.data import countdown_prompt_ids, countdown_test_split
-from distillab.tasks.math_task import math_prompt_ids, math_test_split
-from distillab.tasks.mcq import mcq_prompt_ids, mcq_test_split
-from distillab.tasks.taskio import render_prompt
+from distillab.tasks.registry import Task, domain_task, get, registered
+from distillab.tasks.taskio import render
 
 __all__ = ["ASSUMED_TFLOPS", "LM_EVAL_TOKENS_PER_ITEM", "CheckpointError", "Role", "Cluster", "Placement",
            "Estimate", "check_checkpoints", "placement", "unplaceable", "estimate", "bf16_cpu_note", "dry_run"]
@@ -264,50 +261,40 @@ class Estimate:
     pre_eval_flops: float = 0.0
 
 
-def _mean_prompt_tokens(trial: TrialConfig, tok, task: str) -> float:
-    """Mean prompt length (tokens, chat template included) of `PROMPT_SAMPLE` test items of ``task``."""
-    if task == "mcq":
-        ids = [mcq_prompt_ids(tok, trial.tasks.mcq, it)
-               for it in mcq_test_split(trial.tasks.mcq, PROMPT_SAMPLE, trial.tasks.test_seed)]
-    elif task == "math":
-        ids = [math_prompt_ids(tok, trial.tasks.math, it)
-               for it in math_test_split(trial.tasks.math, PROMPT_SAMPLE, trial.tasks.test_seed)]
-    elif task == "ood":
-        ids = [render_prompt(tok, "", it.prompt) for s in trial.tasks.ood_skills
-               for it in generate_skill_items(s, PROMPT_SAMPLE // 4 or 1, 0)]
-    else:
-        ids = [countdown_prompt_ids(tok, trial.tasks, p)
-               for p in countdown_test_split(trial.tasks, task, PROMPT_SAMPLE)]
+def _mean_prompt_tokens(trial: TrialConfig, tok, task: Task) -> float:
+    """Mean prompt length (tokens, chat template included) of the first `PROMPT_SAMPLE` test items of ``task``."""
+    ids = [render(tok, task.prompt(trial.tasks, it)) for it in task.test_items(trial.tasks, PROMPT_SAMPLE)]
     return sum(map(len, ids)) / len(ids)
 
 
 def _eval_tokens(trial: TrialConfig, prompt: dict[str, float]) -> float:
-    """Tokens of one evaluation stage: every sample of every task × (prompt + max_tokens)."""
+    """Tokens of one evaluation stage: every sample of every evaluated task (its `tasks.base.EvalPlan`'s
+    accuracy and pass@k samples) × (prompt + ``evaluation.max_tokens``), the micro OOD suite's among
+    them, or the lm-eval suite's items × `LM_EVAL_TOKENS_PER_ITEM`."""
     ev = trial.evaluation
-    gen = ev.max_tokens
-    n = sum((ev.id_items + ev.pass_items * ev.pass_n) * (prompt[t] + gen) for t in ev.countdown_tasks)
-    if ev.mcq_items:
-        n += (ev.mcq_items + ev.pass_items * ev.pass_n) * (prompt["mcq"] + gen)
-    if ev.math_items:
-        n += (ev.math_items + ev.pass_items * ev.pass_n) * (prompt["math"] + gen)
-    if ev.ood_backend == "micro":
-        n += ev.ood_items * len(trial.tasks.ood_skills) * (prompt["ood"] + gen)
-    else:
+    n = 0.0
+    for task in _evaluated(trial):
+        p = task.evaluation(trial.tasks, ev)
+        n += (p.items + p.pass_items * p.pass_n) * (prompt[task.name] + ev.max_tokens)
+    if ev.ood_backend != "micro":
         n += len(ev.lm_eval.tasks) * (ev.lm_eval.limit or 1000) * LM_EVAL_TOKENS_PER_ITEM
     return n
+
+
+def _evaluated(trial: TrialConfig) -> list[Task]:
+    """Every task an evaluation stage of ``trial`` samples: the scored ones and the micro OOD suite's."""
+    return [t for t in registered() if t.evaluation(trial.tasks, trial.evaluation).items > 0]
 
 
 def estimate(trial: TrialConfig, tok, n_teacher: int, n_student: int) -> Estimate:
     """Tokens and FLOPs of one trial (module docstring); ``tok`` renders the prompts,
     ``n_teacher`` / ``n_student`` are parameter counts."""
-    o, r, ev = trial.optimizer, trial.rollout, trial.evaluation
-    tasks = {*ev.countdown_tasks, "countdown3"} | ({"mcq"} if ev.mcq_items or trial.domain == "mcq" else set())
-    tasks |= {"math"} if ev.math_items or trial.domain == "math" else set()
-    tasks |= {"ood"} if ev.ood_backend == "micro" else set()
-    tasks |= {trial.rlvr.task} if trial.rlvr is not None else set()
-    est = Estimate(prompt_tokens={t: _mean_prompt_tokens(trial, tok, t) for t in sorted(tasks)})
+    o, r = trial.optimizer, trial.rollout
+    domain = domain_task(trial.domain)
+    tasks = {t.name: t for t in _evaluated(trial) + [domain] + ([get(trial.rlvr.task)] if trial.rlvr else [])}
+    est = Estimate(prompt_tokens={name: _mean_prompt_tokens(trial, tok, tasks[name]) for name in sorted(tasks)})
     p = est.prompt_tokens
-    seq = p[trial.domain if trial.domain in ("mcq", "math") else "countdown3"] + r.max_tokens
+    seq = p[domain.name] + r.max_tokens
     n_seq = o.steps * o.prompts_per_step * o.rollouts_per_prompt
     sampler = {"offpd": n_teacher, "onpd": n_student, "spectrum": n_teacher + n_student}[r.policy]
     update = (8 if trial.gradient_checkpointing else 6) * n_student

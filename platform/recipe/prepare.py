@@ -37,40 +37,52 @@ from distillab.recipe.optim import TorchStepper, rlvr_schedule
 from distillab.recipe.rlvr import lora_policy, run_rlvr
 from distillab.recipe.sft import Example, sft_train
 from distillab.registry import require
-from distillab.tasks.countdown import generate_skill_items, render_solution, solve
-from distillab.tasks.data import TaskData, countdown_prompt_ids
-from distillab.tasks.math_task import math_prompt_ids, math_target_text
-from distillab.tasks.mcq import mcq_prompt_ids, mcq_target_text
-from distillab.tasks.taskio import render_prompt
+from distillab.tasks.data import TaskData
+from distillab.tasks.registry import registered
+from distillab.tasks.taskio import render
 
 log = logging.getLogger(__name__)
 
 #: the RLVR report key the teacher refinement reads (its training reward)
 REWARD = require("rlvr/reward_mean")
 
-#: Seeds of a micro model's SFT data: `config.SeedsConfig.sft_seed` (its constants, named here too; the values every
-#: prepared model so far used; part of the prepare key through ``version``).
-
 
 def scored_evaluation(sweep: SweepConfig) -> EvaluationConfig:
     """The base trial's evaluation widened to every test split a trial of the sweep scores:
-    the Countdown tasks of all trials (base trial's first) and the largest item counts. A
+    the Countdown tasks of all trials (base trial's first) and the largest item counts (of each
+    task of ``task_items`` too). A
     union of grids (``search.grids``) may score more than the base trial (e.g. Countdown-4
     for the trials with an RLVR stage); a prepared model must not train on any of them. For
     a single grid (no grid key reaches ``evaluation``) it is the base trial's evaluation."""
     evs = [sweep.trial.evaluation, *(t.evaluation for t in sweep.trials)]
     tasks = tuple(dict.fromkeys(name for ev in evs for name in ev.countdown_tasks))
     most = {f: max(getattr(ev, f) for ev in evs) for f in ("id_items", "pass_items", "mcq_items", "math_items")}
+    most["task_items"] = {k: max(ev.task_items.get(k, 0) for ev in evs) for ev0 in evs for k in ev0.task_items}
     return sweep.trial.evaluation.model_copy(update={"countdown_tasks": tasks, **most})
 
 
-def _exclusion(sweep: SweepConfig, mcq: bool, math: bool = False) -> dict:
-    """The test splits a prepared model must not train on (`tasks.data.TaskData.excluded` of
-    `scored_evaluation`; the multiple-choice and math splits when it trains on those tasks),
-    for its key."""
+def _key_tasks(uses: set[str]) -> list:
+    """The tasks whose settings and exclusion enter a prepare key: every `TaskEntry.in_every_key`
+    task and those in ``uses``."""
+    return [t for t in registered() if t.entry.in_every_key or t.name in uses]
+
+
+def _exclusion(sweep: SweepConfig, uses: set[str] = frozenset()) -> dict:
+    """The test splits a prepared model must not train on, for its key: `tasks.base.Task.exclusion_key`
+    of `scored_evaluation` per task family (the Countdown variants share one), for every task in
+    every key and the tasks in ``uses``."""
     ev = scored_evaluation(sweep)
-    return {"countdown": [ev.countdown_test_items, list(ev.countdown_tasks)], **({"mcq": ev.mcq_test_items} if mcq else {}),
-            **({"math": ev.math_test_items} if math else {})}
+    out = {}
+    for t in _key_tasks(uses):
+        key = t.exclusion_key(ev)
+        if key is not None:
+            out[t.entry.family] = key
+    return out
+
+
+def _uses(mcfg: MicroModelConfig) -> set[str]:
+    """The tasks a micro model's SFT data draws from (`TaskEntry.examples` > 0)."""
+    return {t.name for t in registered() if t.entry.examples(mcfg) > 0}
 
 
 def prepare_key(sweep: SweepConfig, role: str) -> str:
@@ -78,62 +90,24 @@ def prepare_key(sweep: SweepConfig, role: str) -> str:
     and SFT settings, the seed, the task/prompt settings it reads and the test splits it
     must not train on."""
     mcfg = sweep.models.micro(role)
-    mcq, math = mcfg.mcq_examples > 0, mcfg.math_examples > 0
+    uses = _uses(mcfg)
     model = mcfg.model_dump(mode="json")
-    if not math:  # a field added after models were prepared: absent, it leaves their keys as they were
+    if not mcfg.math_examples:  # a field added after models were prepared: absent, it leaves their keys as they were
         del model["math_examples"]
     return cache_key("prepare", 2, role=role, model=model, seed=sweep.models.prepare_seed,
-                     tasks=sweep.trial.tasks.inputs(teacher=mcfg.styled_examples > 0, mcq=mcq, math=math),
-                     exclude=_exclusion(sweep, mcq, math))
-
-
-def _pool(items: list, n: int, task: str, role: str) -> list:
-    """The first ``n`` of a task's training ``items`` (``task``: mcq or math) for the micro
-    ``role`` (teacher or student).
-
-    Raises:
-        ValueError: fewer than ``n`` items (a ``files`` source's training file is shorter than the
-            ``models.micro_<role>.<task>_examples`` asked; `config` checks the synthetic pools)."""
-    if len(items) < n:
-        raise ValueError(f"models.micro_{role}.{task}_examples asks for {n} demonstrations; the {task} task has "
-                         f"{len(items)} training items (trial.tasks.{task}, test items excluded)")
-    return items[:n]
+                     tasks=sweep.trial.tasks.inputs(teacher=mcfg.styled_examples > 0, uses=uses),
+                     exclude=_exclusion(sweep, uses))
 
 
 def _examples(tok, sweep: SweepConfig, role: str, seed: int) -> list[Example]:
-    mcfg, tasks = sweep.models.micro(role), sweep.trial.tasks
-    data = TaskData(tasks, scored_evaluation(sweep))  # training data without any scored test item
+    """A micro model's SFT examples: every task's demonstrations (`tasks.base.Task.sft_data`, its
+    training items without any test item a trial of the sweep scores), in `Demonstrations.order`,
+    each prompt rendered (`tasks.taskio.render`) and each target followed by the end of sequence."""
+    mcfg, tasks, ev = sweep.models.micro(role), sweep.trial.tasks, scored_evaluation(sweep)
+    blocks = [b for t in registered() for b in t.sft_data(tasks, ev, mcfg, seed, role)]
     eos = "</s>"
-    out: list[Example] = []
-    for i, (name, n) in enumerate(sorted(mcfg.countdown_examples.items())):
-        if n == 0:
-            continue
-        for p in data.train_problems(name, n, SeedsConfig.sft_seed(seed, i)):
-            steps = solve(p.operands, p.target)
-            prompt = countdown_prompt_ids(tok, tasks, p)
-            completion = tok(f"<answer>{render_solution(steps)}</answer>{eos}", add_special_tokens=False)["input_ids"]
-            out.append(Example(tuple(prompt), tuple(completion)))
-    if mcfg.styled_examples:  # the teacher's conditioning prompt -> the spaced answer style
-        for p in data.train_problems("countdown3", mcfg.styled_examples, SeedsConfig.sft_seed(seed, "styled")):
-            prompt = countdown_prompt_ids(tok, tasks, p, role="teacher")
-            text = f"<answer>{render_solution(solve(p.operands, p.target), spaced=True)}</answer>{eos}"
-            out.append(Example(tuple(prompt), tuple(tok(text, add_special_tokens=False)["input_ids"])))
-    if mcfg.mcq_examples:  # the second domain: "<answer>LETTER</answer>" (after <think>demo</think> if given)
-        for it in _pool(data.train_mcq_items(SeedsConfig.sft_seed(seed, "mcq")), mcfg.mcq_examples, "mcq", role):
-            prompt = mcq_prompt_ids(tok, tasks.mcq, it)
-            completion = tok(mcq_target_text(it) + eos, add_special_tokens=False)["input_ids"]
-            out.append(Example(tuple(prompt), tuple(completion)))
-    if mcfg.math_examples:  # the long-reasoning domain: the worked solution, ending in \\boxed{answer}
-        for it in _pool(data.train_math_items(SeedsConfig.sft_seed(seed, "math")), mcfg.math_examples, "math", role):
-            prompt = math_prompt_ids(tok, tasks.math, it)
-            completion = tok(math_target_text(it) + eos, add_special_tokens=False)["input_ids"]
-            out.append(Example(tuple(prompt), tuple(completion)))
-    for skill in tasks.ood_skills if mcfg.skill_examples else ():
-        for it in generate_skill_items(skill, mcfg.skill_examples, SeedsConfig.sft_seed(seed, "skills")):
-            prompt = render_prompt(tok, "", it.prompt)
-            completion = tok(f"<answer>{it.answer}</answer>{eos}", add_special_tokens=False)["input_ids"]
-            out.append(Example(tuple(prompt), tuple(completion)))
-    return out
+    return [Example(tuple(render(tok, prompt)), tuple(tok(target + eos, add_special_tokens=False)["input_ids"]))
+            for b in sorted(blocks, key=lambda b: b.order) for prompt, target in zip(b.prompts, b.targets)]
 
 
 def _train_one(role: str, sweep: SweepConfig, mcfg: MicroModelConfig, out_dir: Path, threads: int) -> dict:
@@ -186,7 +160,7 @@ def refine_key(sweep: SweepConfig, base: str) -> str:
     evaluated test items it must not train on."""
     return cache_key("refine_teacher", 2, base=base, refine=sweep.models.teacher_refine.model_dump(mode="json"),
                      seed=sweep.models.prepare_seed, seeds=sweep.trial.seeds.model_dump(),
-                     tasks=sweep.trial.tasks.inputs(teacher=False, mcq=False), exclude=_exclusion(sweep, False))
+                     tasks=sweep.trial.tasks.inputs(teacher=False), exclude=_exclusion(sweep))
 
 
 def refine_teacher(sweep: SweepConfig, teacher_dir: Path, out_dir: Path, threads: int) -> dict:

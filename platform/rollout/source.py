@@ -22,6 +22,7 @@ from distillab.rollout.spectrum import SpectrumEngine
 from distillab.rollout.types import Rollouts, SamplingParams
 from distillab.tables import atomic_write_bytes
 from distillab.tasks.data import TaskData
+from distillab.tasks.registry import domain_task
 
 
 def step_prompts(prompts: Sequence[list[int]], step: int, per_worker: int, rollouts_per_prompt: int) -> list[list[int]]:
@@ -94,15 +95,16 @@ class TeacherPrompts:
 def offpd_rollout_path(cache_dir: str | Path, trial: TrialConfig, teacher_path: str | Path, rank: int,
                        world_size: int) -> Path:
     """Where the reusable OffPD rollouts of (teacher, prompts, sampling, seeds, step
-    schedule, rank) live: ``<cache_dir>/offpd-<config.cache_key>-r<rank>.parquet``."""
-    r, o, ev = trial.rollout, trial.optimizer, trial.evaluation
+    schedule, rank) live: ``<cache_dir>/offpd-<config.cache_key>-r<rank>.parquet``. The prompts are
+    the domain task's (`tasks.registry.domain_task`): its settings, and what of the evaluation
+    decides its training items (`tasks.base.Task.offpd_exclusion`)."""
+    r, o, task = trial.rollout, trial.optimizer, domain_task(trial.domain)
     key = cache_key(
         "offpd_rollouts", 2, teacher=checkpoint_identity(teacher_path), engine=resolve_engine(r.engine, batched=True),
         sampling=[r.tau_t, r.top_p, r.max_tokens], seed=trial.seed, seeds=trial.seeds.model_dump(),
         schedule=[o.steps, o.prompts_per_step, o.rollouts_per_prompt, o.train_prompts], domain=trial.domain,
-        tasks=trial.tasks.inputs(teacher=True, mcq=trial.domain == "mcq", math=trial.domain == "math"),
-        exclude=[ev.countdown_test_items, list(ev.countdown_tasks), ev.mcq_test_items]
-        + ([ev.math_test_items] if trial.domain == "math" else []), rank=[rank, world_size],
+        tasks=trial.tasks.inputs(teacher=True, uses=[task.name]), exclude=task.offpd_exclusion(trial.evaluation),
+        rank=[rank, world_size],
     )
     return Path(cache_dir) / f"offpd-{key}-r{rank}.parquet"
 

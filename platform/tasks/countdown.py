@@ -1,7 +1,8 @@
 """Countdown and the micro prior skills: the study's task primitives (PROTOCOL.md §5).
 Countdown generation, solving, verification and prompt text; the micro
-"prior-skill" tasks that form the micro OOD suite. `distillab.tasks` builds a
-trial's task data (training prompts, test splits) from these.
+"prior-skill" items that form the micro OOD suite (`distillab.tasks.skills`); and
+`CountdownTask`, the Task protocol's implementation of every Countdown variant
+(`registry.COUNTDOWN_VARIANTS`), registered here under each variant's name.
 
 PROTOCOL.md §5. Everything is seeded and pure Python; model output is parsed
 with a regular expression and checked with integer arithmetic, never `eval`.
@@ -19,7 +20,11 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from distillab.config import PAPER_POOL, SMALL_POOL
+from distillab.config import PAPER_POOL, SMALL_POOL, EvaluationConfig, MicroModelConfig, SeedsConfig, TasksConfig
+from distillab.config.tasks import task_entry
+from distillab.registry import COUNTDOWN_TASKS
+from distillab.tasks.base import Demonstrations, Task, recorded_offpd_exclusion, register
+from distillab.tasks.taskio import render
 
 OPS = ("+", "-", "*", "/")
 
@@ -273,6 +278,147 @@ def score_skill(completion: str, item: SkillItem) -> bool:
     return extract_answer(completion) == item.answer
 
 
+def countdown_user_text(problem: CountdownProblem, template: str, sort_operands: bool) -> str:
+    """The task prompt of a Countdown problem from ``template`` (``{nums}``, ``{target}``)."""
+    ops = sorted(problem.operands, reverse=True) if sort_operands else problem.operands
+    return template.format(nums=" ".join(map(str, ops)), target=problem.target)
+
+
+def skill_user_text(item: SkillItem) -> str:
+    """The task prompt of a prior-skill item (the item's own prompt text)."""
+    return item.prompt
+
+
+# --------------------------------------------------------------------------------------
+# The Task protocol's Countdown variants
+# --------------------------------------------------------------------------------------
+
+ProblemKey = tuple[tuple[int, ...], int]
+
+
+def problem_key(problem: CountdownProblem) -> ProblemKey:
+    """(sorted operands, target): the identity of a Countdown instance (a multiset and a target)."""
+    return tuple(sorted(problem.operands)), problem.target
+
+
+def countdown_spec(tasks: TasksConfig, name: str) -> CountdownSpec:
+    """The `CountdownSpec` of task ``name`` in ``tasks``."""
+    c = tasks[name]
+    return CountdownSpec(name, tuple(c.pool), c.n_operands, c.target_min, c.target_max)
+
+
+def countdown_test_split(tasks: TasksConfig, name: str, n: int) -> list[CountdownProblem]:
+    """The fixed test split of a Countdown task (seeded by ``tasks.test_seed``:
+    `config.SeedsConfig.test_split_seed`)."""
+    return generate_problems(countdown_spec(tasks, name), n, SeedsConfig.test_split_seed(tasks.test_seed, name))
+
+
+def test_keys(tasks: TasksConfig, n: int, names: tuple[str, ...]) -> set[ProblemKey]:
+    """`problem_key` of the first ``n`` test items of each task in ``names``."""
+    return {problem_key(p) for name in names for p in countdown_test_split(tasks, name, n)}
+
+
+class CountdownTask(Task):
+    """A Countdown variant (PROTOCOL.md §5) as a `Task`: its settings are ``tasks.<name>`` (a
+    `config.CountdownTaskConfig`) and the shared prompt fields of ``tasks`` (``system_prompt``,
+    ``user_template``, ``sort_operands``; the teacher's conditioning ``teacher_*``); the verifier is
+    `score_countdown`; a demonstration is the solver's steps (`solve`, `render_solution`).
+
+    Every variant's training items avoid the test items of every scored variant
+    (``evaluation.countdown_tasks``): their keys (`problem_key`) compare across variants. A micro
+    model's SFT data holds ``countdown_examples[name]`` demonstrations drawn with the stream of the
+    variant's place in the sorted ``countdown_examples`` (`config.SeedsConfig.sft_seed`), and,
+    for a variant with the ``styled`` stream (Countdown-3), ``styled_examples`` demonstrations under
+    the teacher's conditioning prompt in the spaced style (the style-transfer experiment)."""
+
+    sft_order = 0
+
+    def __init__(self, name: str):
+        super().__init__(task_entry(name))
+
+    def test_items(self, tasks: TasksConfig, n: int) -> list[CountdownProblem]:
+        """The first ``n`` problems of the variant's test split (`countdown_test_split`)."""
+        return countdown_test_split(tasks, self.name, n)
+
+    def train_items(self, tasks: TasksConfig, n: int, seed: int, exclude=()) -> list[CountdownProblem]:
+        """``n`` problems drawn with ``seed`` (`generate_problems`), those whose `problem_key` is in
+        ``exclude`` dropped."""
+        exclude = exclude if isinstance(exclude, (set, frozenset)) else set(exclude)
+        drawn = generate_problems(countdown_spec(tasks, self.name), n, seed)
+        return [p for p in drawn if problem_key(p) not in exclude]
+
+    def item_key(self, item: CountdownProblem) -> ProblemKey:
+        """`problem_key`."""
+        return problem_key(item)
+
+    def system_prompt(self, tasks: TasksConfig, role: str = "student") -> str:
+        """``tasks.system_prompt``; for the teacher ``tasks.teacher_system_prompt`` where set."""
+        if role == "teacher" and tasks.teacher_system_prompt is not None:
+            return tasks.teacher_system_prompt
+        return tasks.system_prompt
+
+    def user_text(self, tasks: TasksConfig, item: CountdownProblem, role: str = "student") -> str:
+        """`countdown_user_text` with ``tasks.user_template`` (the teacher's ``teacher_user_template`` where set)."""
+        template = tasks.teacher_user_template if role == "teacher" and tasks.teacher_user_template is not None \
+            else tasks.user_template
+        return countdown_user_text(item, template, tasks.sort_operands)
+
+    def score(self, completion: str, item: CountdownProblem) -> bool:
+        """`score_countdown`."""
+        return score_countdown(completion, item)
+
+    def demonstration(self, tasks: TasksConfig, item: CountdownProblem, spaced: bool = False) -> str:
+        """``<answer>`` + the solver's steps (`solve`; ``spaced``: the styled teacher's format) + ``</answer>``."""
+        return f"<answer>{render_solution(solve(item.operands, item.target), spaced=spaced)}</answer>"
+
+    def eval_index(self, ev: EvaluationConfig) -> int:
+        """The variant's place in ``evaluation.countdown_tasks``."""
+        return list(ev.countdown_tasks).index(self.name)
+
+    def exclusion(self, tasks: TasksConfig, ev: EvaluationConfig) -> set[ProblemKey]:
+        """The keys of the first ``countdown_test_items`` test problems of every scored variant."""
+        return test_keys(tasks, ev.countdown_test_items, tuple(ev.countdown_tasks))
+
+    def exclusion_key(self, ev: EvaluationConfig) -> list:
+        """``[countdown_test_items, countdown_tasks]``."""
+        return [ev.countdown_test_items, list(ev.countdown_tasks)]
+
+    def offpd_exclusion(self, ev: EvaluationConfig) -> list:
+        """`base.recorded_offpd_exclusion` (the Countdown-3 domain's recorded key)."""
+        return recorded_offpd_exclusion(ev)
+
+    def sft_data(self, tasks: TasksConfig, ev: EvaluationConfig, mcfg: MicroModelConfig, prepare_seed: int,
+                 role: str) -> list[Demonstrations]:
+        """The variant's demonstrations, and the styled ones of a variant with the ``styled`` stream (class
+        docstring)."""
+        out, exclude = [], self.exclusion(tasks, ev)
+        n = mcfg.countdown_examples.get(self.name, 0)
+        if n:
+            i = sorted(mcfg.countdown_examples).index(self.name)
+            items = self.train_items(tasks, n, SeedsConfig.sft_seed(prepare_seed, i), exclude)
+            out.append(Demonstrations((self.sft_order, self.name), [self.prompt(tasks, p) for p in items],
+                                      [self.demonstration(tasks, p) for p in items]))
+        if "styled" in self.entry.sft_streams and mcfg.styled_examples:
+            items = self.train_items(tasks, mcfg.styled_examples, SeedsConfig.sft_seed(prepare_seed, "styled"), exclude)
+            out.append(Demonstrations((self.sft_order + 1, "styled"), [self.prompt(tasks, p, "teacher") for p in items],
+                                      [self.demonstration(tasks, p, spaced=True) for p in items]))
+        return out
+
+
+def countdown_prompt_ids(tokenizer, tasks: TasksConfig, problem: CountdownProblem, role: str = "student") -> list[int]:
+    """Prompt token ids of a Countdown problem: the task's system prompt and user
+    template (the teacher's conditioning for ``role="teacher"``), rendered with the
+    tokenizer's chat template (`tasks.taskio.render`); the same for every variant.
+
+    Raises:
+        ValueError: ``role`` not "student" or "teacher".
+    """
+    return render(tokenizer, COUNTDOWN["countdown3"].prompt(tasks, problem, role))
+
+
+#: The Countdown variants' tasks, registered under their names.
+COUNTDOWN: dict[str, CountdownTask] = {name: register(CountdownTask(name)) for name in COUNTDOWN_TASKS}
+
 __all__ = [
     "CountdownSpec",
     "CountdownProblem",
@@ -289,16 +435,12 @@ __all__ = [
     "generate_skill_items",
     "score_skill",
     "apply_op",
+    "ProblemKey",
+    "problem_key",
+    "countdown_spec",
+    "countdown_test_split",
+    "test_keys",
+    "CountdownTask",
+    "countdown_prompt_ids",
+    "COUNTDOWN",
 ]
-
-
-def countdown_user_text(problem: CountdownProblem, template: str, sort_operands: bool) -> str:
-    """The task prompt of a Countdown problem from ``template`` (``{nums}``, ``{target}``)."""
-    ops = sorted(problem.operands, reverse=True) if sort_operands else problem.operands
-    return template.format(nums=" ".join(map(str, ops)), target=problem.target)
-
-
-def skill_user_text(item: SkillItem) -> str:
-    """The task prompt of a prior-skill item (the item's own prompt text)."""
-    return item.prompt
-

@@ -1,20 +1,20 @@
 """Task data of a trial (PROTOCOL.md §5): what the models are trained and scored on.
 
 `TaskData` is built from a trial's ``tasks`` and ``evaluation`` sections, its domain
-and its seeds, and gives
+and its seeds, and asks each task (`tasks.base.Task`, found in `tasks.registry`) for
 
 - the fixed test split of every scored task (`TaskData.test_split`; seeded by
   ``tasks.test_seed``, the same for every trial);
-- the exclusion set: every item of every scored test split (`TaskData.excluded`),
-  which no training list contains (distillation prompts, RLVR problems, the micro
-  models' SFT data);
-- the training prompts of the distillation domain per role (the student's prompt,
+- the exclusion set of a task: the test items its training items avoid
+  (`TaskData.excluded`: for a Countdown variant every scored variant's), so that no
+  training list contains a scored test item (distillation prompts, RLVR problems, the
+  micro models' SFT data);
+- the training prompts of the distillation domain's task per role (the student's prompt,
   or the teacher's conditioning) and rank (`TaskData.train_prompts`), and the RLVR
   problems per rank (`TaskData.rlvr_problems`).
 
-The primitives live in `distillab.tasks.countdown` (Countdown, prior skills),
-`distillab.tasks.mcq` (multiple choice), `distillab.tasks.math_task` (long-reasoning math) and
-`distillab.tasks.taskio` (prompt rendering, local files); import them from there.
+The tasks live in their modules (`distillab.tasks.countdown`, `skills`, `mcq`, `math_task`);
+`distillab.tasks.taskio` renders their prompts into token ids.
 
     >>> data = TaskData(TasksConfig(), EvaluationConfig(id_items=4, pass_items=2))
     >>> len(data.test_split("countdown3"))
@@ -30,78 +30,43 @@ from typing import Any
 
 from distillab.config import PAPER_POOL, SMALL_POOL, EvaluationConfig, RLVRConfig, SeedsConfig, TasksConfig, TrialConfig
 from distillab.registry import COUNTDOWN_TASKS, SKILL_NAMES
+from distillab.tasks.base import Task
 from distillab.tasks.countdown import (
     SKILLS,
     CountdownProblem,
     CountdownSpec,
+    ProblemKey,
     SkillItem,
     apply_op,
+    countdown_prompt_ids,
+    countdown_spec,
+    countdown_test_split,
     countdown_user_text,
     extract_answer,
     generate_problems,
     generate_skill_items,
+    problem_key,
     render_solution,
     score_countdown,
     score_skill,
     skill_user_text,
     solve,
+    test_keys,
     verify_countdown,
 )
-from distillab.tasks.math_task import MathItem, math_prompt_ids, math_test_split, math_train_items
-from distillab.tasks.mcq import MCQItem, item_key, mcq_prompt_ids, mcq_test_split, mcq_train_items
-from distillab.tasks.taskio import read_local_split, render_prompt
-
-ProblemKey = tuple[tuple[int, ...], int]
-
-
-def countdown_spec(tasks: TasksConfig, name: str) -> CountdownSpec:
-    """The `CountdownSpec` of task ``name`` in ``tasks``."""
-    c = getattr(tasks, name)
-    return CountdownSpec(name, tuple(c.pool), c.n_operands, c.target_min, c.target_max)
-
-
-def countdown_test_split(tasks: TasksConfig, name: str, n: int) -> list[CountdownProblem]:
-    """The fixed test split of a Countdown task (seeded by ``tasks.test_seed``:
-    `config.SeedsConfig.test_split_seed`)."""
-    return generate_problems(countdown_spec(tasks, name), n, SeedsConfig.test_split_seed(tasks.test_seed, name))
-
-
-def problem_key(problem: CountdownProblem) -> ProblemKey:
-    """(sorted operands, target): the identity of a Countdown instance (a multiset and a target)."""
-    return tuple(sorted(problem.operands)), problem.target
-
-
-def test_keys(tasks: TasksConfig, n: int, names: tuple[str, ...]) -> set[ProblemKey]:
-    """`problem_key` of the first ``n`` test items of each task in ``names``."""
-    return {problem_key(p) for name in names for p in countdown_test_split(tasks, name, n)}
-
-
-def countdown_prompt_ids(tokenizer, tasks: TasksConfig, problem: CountdownProblem, role: str = "student") -> list[int]:
-    """Prompt token ids of a Countdown problem: the task's system prompt and user
-    template, rendered with the tokenizer's chat template. ``role="teacher"`` uses
-    the teacher's conditioning (``tasks.teacher_system_prompt`` /
-    ``teacher_user_template``) where set.
-
-    Raises:
-        ValueError: ``role`` not "student" or "teacher".
-    """
-    if role not in ("student", "teacher"):
-        raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
-    system, template = tasks.system_prompt, tasks.user_template
-    if role == "teacher":
-        system = tasks.teacher_system_prompt if tasks.teacher_system_prompt is not None else system
-        template = tasks.teacher_user_template if tasks.teacher_user_template is not None else template
-    return render_prompt(tokenizer, system, countdown_user_text(problem, template, tasks.sort_operands))
+from distillab.tasks.mcq import item_key
+from distillab.tasks.registry import domain_task, get
+from distillab.tasks.taskio import read_local_split, render, render_prompt
 
 
 @dataclass(frozen=True)
 class TaskData:
     """The task data of one trial (module docstring).
 
-    ``domain``: ``countdown`` (Countdown-3 training prompts), ``mcq`` (``tasks.mcq``) or
-    ``math`` (``tasks.math``);
-    ``seed``: the trial's seed s; ``seeds``: the derived streams (`config.SeedsConfig`);
-    ``train_items``: training problems drawn (``optimizer.train_prompts``)."""
+    ``domain``: the ``trial.domain`` value (the task its training prompts come from:
+    `tasks.registry.domain_task`); ``seed``: the trial's seed s; ``seeds``: the derived streams
+    (`config.SeedsConfig`); ``train_items``: training problems drawn (``optimizer.train_prompts``)
+    by a task that generates them."""
 
     tasks: TasksConfig
     evaluation: EvaluationConfig
@@ -116,54 +81,35 @@ class TaskData:
         return cls(trial.tasks, trial.evaluation, trial.domain, trial.seed, trial.seeds,
                    trial.optimizer.train_prompts)
 
-    def test_split(self, name: str) -> list[CountdownProblem] | list[MCQItem] | list[MathItem]:
-        """The test split of task ``name`` (a Countdown task, ``mcq`` or ``math``): its first
-        ``evaluation.countdown_test_items`` (``mcq_test_items``, ``math_test_items``) items."""
-        if name == "mcq":
-            return mcq_test_split(self.tasks.mcq, self.evaluation.mcq_test_items, self.tasks.test_seed)
-        if name == "math":
-            return math_test_split(self.tasks.math, self.evaluation.math_test_items, self.tasks.test_seed)
-        return countdown_test_split(self.tasks, name, self.evaluation.countdown_test_items)
+    def test_split(self, name: str) -> list:
+        """The test split of task ``name``: its first ``entry.test_items(evaluation)`` items
+        (``evaluation.countdown_test_items`` for a Countdown variant, ``mcq_test_items``, ...)."""
+        task = get(name)
+        return task.test_items(self.tasks, task.entry.test_items(self.evaluation))
 
-    def excluded(self) -> set[ProblemKey]:
-        """`problem_key` of every item of every scored Countdown test split
-        (``evaluation.countdown_tasks``): no training list contains one. (The
-        multiple-choice test split is excluded by `tasks.mcq.mcq_train_items`.)"""
-        return test_keys(self.tasks, self.evaluation.countdown_test_items, tuple(self.evaluation.countdown_tasks))
+    def excluded(self, name: str | None = None) -> set:
+        """The keys (`Task.item_key`) that task ``name``'s (default: the domain's) training items avoid
+        (`Task.exclusion`): for a Countdown variant, `problem_key` of every item of every scored
+        Countdown test split."""
+        task = get(name) if name is not None else domain_task(self.domain)
+        return task.exclusion(self.tasks, self.evaluation)
 
-    def train_problems(self, name: str, n: int, seed: int) -> list[CountdownProblem]:
-        """``n`` problems of Countdown task ``name`` drawn with ``seed``, test items removed."""
-        exclude = self.excluded()
-        return [p for p in generate_problems(countdown_spec(self.tasks, name), n, seed) if problem_key(p) not in exclude]
-
-    def train_mcq_items(self, seed: int) -> list[MCQItem]:
-        """The multiple-choice training items (``tasks.mcq``) drawn with ``seed``, test items removed."""
-        return mcq_train_items(self.tasks.mcq, self.evaluation.mcq_test_items, self.tasks.test_seed, seed)
-
-    def train_math_items(self, seed: int) -> list[MathItem]:
-        """The math training problems (``tasks.math``) drawn with ``seed``, test items removed."""
-        return math_train_items(self.tasks.math, self.evaluation.math_test_items, self.tasks.test_seed, seed)
+    def train_problems(self, name: str, n: int, seed: int) -> list:
+        """Task ``name``'s training items for ``n`` drawn with ``seed`` (`Task.train_items`), test items removed."""
+        task = get(name)
+        return task.train_items(self.tasks, n, seed, task.exclusion(self.tasks, self.evaluation))
 
     def train_prompts(self, tokenizer, rank: int, role: str = "student") -> "RenderedOnUse":
-        """Training prompts of the domain (token ids), test items excluded, in rank
+        """Training prompts of the domain's task (token ids), test items excluded, in rank
         ``rank``'s own shuffled order, each rendered when first read (`RenderedOnUse`).
         ``role="teacher"``: the same problems in the same order rendered with the teacher's
         conditioning, so entry i of both lists is one problem."""
-        s, seeds = self.seed, self.seeds
-        rng = random.Random(seeds.shuffle_seed(s, rank))
-        if self.domain == "mcq":
-            items = self.train_mcq_items(seeds.train_problems_seed(s))
-            rng.shuffle(items)
-            return RenderedOnUse(items, lambda it: mcq_prompt_ids(tokenizer, self.tasks.mcq, it))
-        if self.domain == "math":
-            items = self.train_math_items(seeds.train_problems_seed(s))
-            rng.shuffle(items)
-            return RenderedOnUse(items, lambda it: math_prompt_ids(tokenizer, self.tasks.math, it))
-        problems = self.train_problems("countdown3", self.train_items, seeds.train_problems_seed(s))
-        rng.shuffle(problems)
-        return RenderedOnUse(problems, lambda p: countdown_prompt_ids(tokenizer, self.tasks, p, role))
+        s, seeds, task = self.seed, self.seeds, domain_task(self.domain)
+        items = self.train_problems(task.name, self.train_items, seeds.train_problems_seed(s))
+        random.Random(seeds.shuffle_seed(s, rank)).shuffle(items)
+        return RenderedOnUse(items, lambda it: render(tokenizer, task.prompt(self.tasks, it, role)))
 
-    def rlvr_problems(self, cfg: RLVRConfig, rank: int = 0, world: int = 1) -> list[CountdownProblem]:
+    def rlvr_problems(self, cfg: RLVRConfig, rank: int = 0, world: int = 1) -> list:
         """``cfg.train_prompts`` problems of ``cfg.task`` (test items removed), shuffled,
         and rank ``rank``'s stride of them (every ``world``-th)."""
         s, seeds = self.seed, self.seeds
@@ -207,9 +153,9 @@ def train_prompts(trial: TrialConfig, tokenizer, rank: int, role: str = "student
     return TaskData.of(trial).train_prompts(tokenizer, rank, role)
 
 
-__all__ = ["TaskData", "RenderedOnUse", "train_prompts", "countdown_spec", "countdown_test_split", "problem_key", "test_keys",
-           "countdown_prompt_ids", "item_key", "COUNTDOWN_TASKS", "SKILL_NAMES",
-           "PAPER_POOL", "SMALL_POOL", "CountdownSpec", "CountdownProblem", "generate_problems", "solve",
+__all__ = ["TaskData", "RenderedOnUse", "train_prompts", "Task", "countdown_spec", "countdown_test_split",
+           "ProblemKey", "problem_key", "test_keys", "countdown_prompt_ids", "item_key", "COUNTDOWN_TASKS",
+           "SKILL_NAMES", "PAPER_POOL", "SMALL_POOL", "CountdownSpec", "CountdownProblem", "generate_problems", "solve",
            "render_solution", "extract_answer", "verify_countdown", "score_countdown", "countdown_user_text",
-           "render_prompt", "skill_user_text", "SkillItem", "SKILLS", "generate_skill_items", "score_skill",
+           "render", "render_prompt", "skill_user_text", "SkillItem", "SKILLS", "generate_skill_items", "score_skill",
            "apply_op", "read_local_split"]

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from math_verify import parse, verify
-
-from distillab.config import SeedsConfig
+from distillab.config import EvaluationConfig, SeedsConfig, TasksConfig
+from distillab.config.tasks import task_entry
+from distillab.tasks.base import Task, recorded_offpd_exclusion, register
 from distillab.tasks.taskio import read_local_split, render_prompt
 
 
@@ -80,6 +81,8 @@ def math_equivalent(pred: str, gold: str, *, timeout_s: int = 5) -> bool:
     intervals with their open/closed ends). ``timeout_s`` bounds parsing and
     verification (signal-based, so only in the main thread; elsewhere no bound).
     """
+    from math_verify import parse, verify  # sympy underneath: 2 s of imports, paid by the first math score only
+
     t = timeout_s if threading.current_thread() is threading.main_thread() else None
     g = parse(f"${gold}$", parsing_timeout=t)
     p = parse(f"${pred}$", parsing_timeout=t)
@@ -166,22 +169,29 @@ def math_test_split(cfg, n: int, test_seed: int) -> list[MathItem]:
     return items[:n]
 
 
+def math_train_pool(cfg, seed: int) -> list[MathItem]:
+    """Every training problem of ``cfg``: ``cfg.train_items`` synthetic ones seeded by ``seed``, or the train file's."""
+    if cfg.source == "synthetic":
+        return generate_arithmetic_chains(cfg.train_items, seed, cfg.chain_length)
+    return load_math(cfg.train_path, split="train", field_map=cfg.field_map)
+
+
+def _without(items: list[MathItem], exclude: set) -> list[MathItem]:
+    out = [it for it in items if it.problem not in exclude]
+    if not out:
+        raise ValueError("math task: no training problem is left once the test items are excluded")
+    return out
+
+
 def math_train_items(cfg, exclude_test: int, test_seed: int, seed: int) -> list[MathItem]:
-    """Training problems of ``cfg`` without the first ``exclude_test`` test problems (by
-    problem text): ``cfg.train_items`` synthetic ones seeded by ``seed``, or the train file's.
+    """Training problems of ``cfg`` (`math_train_pool`) without the first ``exclude_test`` test
+    problems (by problem text).
 
     Raises:
         ValueError: nothing left after the exclusion (or the file errors of `load_math`).
     """
-    if cfg.source == "synthetic":
-        items = generate_arithmetic_chains(cfg.train_items, seed, cfg.chain_length)
-    else:
-        items = load_math(cfg.train_path, split="train", field_map=cfg.field_map)
     test = {it.problem for it in math_test_split(cfg, exclude_test, test_seed)} if exclude_test else set()
-    out = [it for it in items if it.problem not in test]
-    if not out:
-        raise ValueError("math task: no training problem is left once the test items are excluded")
-    return out
+    return _without(math_train_pool(cfg, seed), test)
 
 
 def math_prompt_ids(tokenizer, cfg, item: MathItem) -> list[int]:
@@ -196,5 +206,53 @@ def math_target_text(item: MathItem) -> str:
     return item.solution if item.solution else f"\\boxed{{{item.answer}}}"
 
 
+class MathTask(Task):
+    """Long-reasoning math as a `Task` (``trial.domain: math``): settings ``tasks.math`` (a
+    `config.MathTaskConfig`), the problem as the user text under ``system_prompt``, the verifier
+    `score_math` (the last ``\\boxed{}``, math-verify), the demonstration `math_target_text`;
+    its training pool (`math_train_pool`) without its own test problems (by text)."""
+
+    sft_order = 3
+
+    def __init__(self):
+        super().__init__(task_entry("math"))
+
+    def test_items(self, tasks: TasksConfig, n: int) -> list[MathItem]:
+        """`math_test_split`."""
+        return math_test_split(self.settings(tasks), n, tasks.test_seed)
+
+    def train_items(self, tasks: TasksConfig, n: int, seed: int, exclude: Iterable[Hashable] = ()) -> list[MathItem]:
+        """The whole pool (`math_train_pool`; ``n`` unused) without ``exclude``."""
+        return _without(math_train_pool(self.settings(tasks), seed), set(exclude))
+
+    def pooled(self, tasks: TasksConfig) -> bool:
+        """True: a synthetic pool of ``train_items``, or a file."""
+        return True
+
+    def item_key(self, item: MathItem) -> Hashable:
+        """The problem text."""
+        return item.problem
+
+    def user_text(self, tasks: TasksConfig, item: MathItem, role: str = "student") -> str:
+        """The problem."""
+        return item.problem
+
+    def score(self, completion: str, item: MathItem) -> bool:
+        """`score_math`."""
+        return score_math(completion, item)
+
+    def demonstration(self, tasks: TasksConfig, item: MathItem) -> str:
+        """`math_target_text`."""
+        return math_target_text(item)
+
+    def offpd_exclusion(self, ev: EvaluationConfig) -> list:
+        """`base.recorded_offpd_exclusion` and the math test split's size (the math domain's recorded key)."""
+        return recorded_offpd_exclusion(ev) + [ev.math_test_items]
+
+
+#: The math task, registered as ``math``.
+MATH_TASK = register(MathTask())
+
 __all__ = ["MathItem", "extract_boxed", "math_equivalent", "score_math", "load_math", "generate_arithmetic_chains",
-           "math_test_split", "math_train_items", "math_prompt_ids", "math_target_text"]
+           "math_test_split", "math_train_pool", "math_train_items", "math_prompt_ids", "math_target_text",
+           "MathTask", "MATH_TASK"]

@@ -1,6 +1,7 @@
 """Multiple-choice tasks (PROTOCOL.md §5: Science, MedReason): loading local files,
-rendering the prompt, extracting and scoring the option letter, and a synthetic
-multiple-choice task that micro models can learn.
+rendering the prompt, extracting and scoring the option letter, a synthetic
+multiple-choice task that micro models can learn, and `MCQTask` (the Task protocol's
+implementation, registered as ``mcq``).
 
 File schema (JSONL or Parquet, read with ``datasets``): one row per question with
 
@@ -22,9 +23,12 @@ import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Hashable, Iterable
 from typing import Mapping
 
-from distillab.config import MCQ_INSTRUCTION, SeedsConfig
+from distillab.config import MCQ_INSTRUCTION, EvaluationConfig, SeedsConfig, TasksConfig
+from distillab.config.tasks import task_entry
+from distillab.tasks.base import Task, recorded_offpd_exclusion, register
 from distillab.tasks.taskio import read_local_split, render_prompt
 
 LETTERS = ("A", "B", "C", "D")
@@ -170,22 +174,29 @@ def mcq_test_split(cfg, n: int, test_seed: int) -> list[MCQItem]:
     return items[:n]
 
 
+def mcq_train_pool(cfg, seed: int) -> list[MCQItem]:
+    """Every training question of ``cfg``: ``cfg.train_items`` synthetic ones seeded by ``seed``, or the
+    train file's."""
+    if cfg.source == "synthetic":
+        return generate_synthetic_mcq(cfg.train_items, seed)
+    return load_mcq(cfg.train_path, split="train", field_map=cfg.field_map)
+
+
+def _without(items: list[MCQItem], exclude: set) -> list[MCQItem]:
+    out = [it for it in items if item_key(it) not in exclude]
+    if not out:
+        raise ValueError("multiple-choice task: no training question is left once the test items are excluded")
+    return out
+
+
 def mcq_train_items(cfg, exclude_test: int, test_seed: int, seed: int) -> list[MCQItem]:
-    """Training questions of ``cfg``, with the first ``exclude_test`` test questions
-    removed: ``cfg.train_items`` synthetic ones seeded by ``seed``, or the train file's.
+    """Training questions of ``cfg`` (`mcq_train_pool`), with the first ``exclude_test`` test questions removed.
 
     Raises:
         ValueError: nothing left after the exclusion (or the file errors of `load_mcq`).
     """
-    if cfg.source == "synthetic":
-        items = generate_synthetic_mcq(cfg.train_items, seed)
-    else:
-        items = load_mcq(cfg.train_path, split="train", field_map=cfg.field_map)
     test = {item_key(it) for it in mcq_test_split(cfg, exclude_test, test_seed)} if exclude_test else set()
-    out = [it for it in items if item_key(it) not in test]
-    if not out:
-        raise ValueError("multiple-choice task: no training question is left once the test items are excluded")
-    return out
+    return _without(mcq_train_pool(cfg, seed), test)
 
 
 def mcq_prompt_ids(tokenizer, cfg, item: MCQItem) -> list[int]:
@@ -201,6 +212,53 @@ def mcq_target_text(item: MCQItem) -> str:
     return f"{think}<answer>{item.answer}</answer>"
 
 
+class MCQTask(Task):
+    """Multiple choice as a `Task` (``trial.domain: mcq``): settings ``tasks.mcq`` (a
+    `config.MCQTaskConfig`), the prompt `mcq_user_text` under ``system_prompt``, the verifier
+    `score_mcq`, the demonstration `mcq_target_text`; its training pool (`mcq_train_pool`)
+    without its own test questions (`item_key`)."""
+
+    sft_order = 2
+
+    def __init__(self):
+        super().__init__(task_entry("mcq"))
+
+    def test_items(self, tasks: TasksConfig, n: int) -> list[MCQItem]:
+        """`mcq_test_split`."""
+        return mcq_test_split(self.settings(tasks), n, tasks.test_seed)
+
+    def train_items(self, tasks: TasksConfig, n: int, seed: int, exclude: Iterable[Hashable] = ()) -> list[MCQItem]:
+        """The whole pool (`mcq_train_pool`; ``n`` unused) without ``exclude``."""
+        return _without(mcq_train_pool(self.settings(tasks), seed), set(exclude))
+
+    def pooled(self, tasks: TasksConfig) -> bool:
+        """True: a synthetic pool of ``train_items``, or a file."""
+        return True
+
+    def item_key(self, item: MCQItem) -> Hashable:
+        """`item_key`: (question, options)."""
+        return item_key(item)
+
+    def user_text(self, tasks: TasksConfig, item: MCQItem, role: str = "student") -> str:
+        """`mcq_user_text` with ``tasks.mcq.instruction``."""
+        return mcq_user_text(item, self.settings(tasks).instruction)
+
+    def score(self, completion: str, item: MCQItem) -> bool:
+        """`score_mcq`."""
+        return score_mcq(completion, item)
+
+    def demonstration(self, tasks: TasksConfig, item: MCQItem) -> str:
+        """`mcq_target_text`."""
+        return mcq_target_text(item)
+
+    def offpd_exclusion(self, ev: EvaluationConfig) -> list:
+        """`base.recorded_offpd_exclusion` (the recorded key of the multiple-choice domain)."""
+        return recorded_offpd_exclusion(ev)
+
+
+#: The multiple-choice task, registered as ``mcq``.
+MCQ_TASK = register(MCQTask())
+
 __all__ = ["MCQItem", "LETTERS", "load_mcq", "mcq_user_text", "extract_option_letter", "score_mcq",
-           "generate_synthetic_mcq", "item_key", "mcq_test_split", "mcq_train_items", "mcq_prompt_ids",
-           "mcq_target_text"]
+           "generate_synthetic_mcq", "item_key", "mcq_test_split", "mcq_train_pool", "mcq_train_items",
+           "mcq_prompt_ids", "mcq_target_text", "MCQTask", "MCQ_TASK"]

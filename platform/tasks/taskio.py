@@ -1,5 +1,6 @@
-"""Task input and output shared by every domain: a prompt rendered with the
-tokenizer's chat template, and a local task file read as one ``datasets`` split
+"""Task input and output shared by every task: the renderer (a task's `base.Prompt`, system
+prompt and user text, into token ids, the one place that knows the tokenizer's chat template
+or the micro tokenizer's plain format), and a local task file read as one ``datasets`` split
 (the multiple-choice and math files). Nothing in a file is executed.
 """
 
@@ -7,9 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from datasets import load_dataset
+__all__ = ["render", "render_prompt", "read_local_split"]
 
-__all__ = ["render_prompt", "read_local_split"]
+
+def render(tokenizer, prompt) -> list[int]:
+    """Prompt token ids of a task's `base.Prompt` (``prompt.system``, ``prompt.user``): `render_prompt`."""
+    return render_prompt(tokenizer, prompt.system, prompt.user)
 
 
 def render_prompt(tokenizer, system: str, user: str) -> list[int]:
@@ -25,26 +29,42 @@ def render_prompt(tokenizer, system: str, user: str) -> list[int]:
 
 def read_local_split(path, split: str, what: str):
     """A local ``.jsonl``/``.json``/``.parquet`` file as one ``datasets`` split
-    (``datasets.load_dataset`` with ``data_files``; nothing downloaded, nothing
-    executed). ``what`` names the file's role in messages ("multiple-choice file").
+    (``datasets.load_dataset`` with ``data_files``), or a ``datasets`` directory (written by
+    ``Dataset.save_to_disk``: that dataset; by ``DatasetDict.save_to_disk``: its split ``split``),
+    nothing downloaded, nothing executed. ``what`` names the file's role in messages
+    ("multiple-choice file").
 
     Returns:
         The ``datasets.Dataset`` (at least one row).
 
     Raises:
-        FileNotFoundError: no such file.
-        ValueError: unsupported extension (names the allowed ones); no rows.
+        FileNotFoundError: no such file or directory.
+        ValueError: unsupported extension (names the allowed ones); a directory that is no saved
+            dataset, or a saved DatasetDict without split ``split`` (names its splits); no rows.
     """
+    from datasets import DatasetDict, load_dataset, load_from_disk  # a second of imports, for file tasks only
+
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        try:
+            ds = load_from_disk(str(path))
+        except FileNotFoundError:
+            raise ValueError(f"{what} {path}: a directory, but no dataset saved with save_to_disk") from None
+        if isinstance(ds, DatasetDict):
+            if split not in ds:
+                raise ValueError(f"{what} {path}: no split {split!r}; it has {sorted(ds)}")
+            ds = ds[split]
+    elif not path.is_file():
         raise FileNotFoundError(f"{what} {path} does not exist")
-    kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix.lower())
-    if kind is None:
-        raise ValueError(f"{path}: unsupported file type {path.suffix!r} (allowed: .jsonl, .json, .parquet)")
-    try:
-        ds = load_dataset(kind, data_files={split: str(path)}, split=split)
-    except StopIteration:  # datasets' JSON reader on a file without rows
-        ds = []
+    else:
+        kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix.lower())
+        if kind is None:
+            raise ValueError(f"{path}: unsupported file type {path.suffix!r} (allowed: .jsonl, .json, .parquet, or a "
+                             "datasets directory)")
+        try:
+            ds = load_dataset(kind, data_files={split: str(path)}, split=split)
+        except StopIteration:  # datasets' JSON reader on a file without rows
+            ds = []
     if len(ds) == 0:
         raise ValueError(f"{path}: split {split!r} is empty")
     return ds

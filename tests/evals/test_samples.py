@@ -14,7 +14,7 @@ from distillab.config import EvaluationConfig, TasksConfig, TrialConfig
 from distillab.evals.sampling import sample_batched
 from distillab.evals.suite import SAMPLES_PER_TASK, Evaluator, evaluate_stage
 from distillab.models import build_char_tokenizer, micro_llama_config
-from distillab.tasks.countdown import render_solution, score_countdown, solve
+from distillab.tasks.countdown import countdown_prompt_ids, render_solution, score_countdown, solve
 
 EVAL = dict(id_items=12, pass_items=2, pass_n=2, pass_k=(1, 2), ood_items=2, max_tokens=8,
             countdown_tasks=("countdown3",))
@@ -24,7 +24,7 @@ def test_samples_hold_the_first_prompts_their_completions_and_rewards() -> None:
     tok = build_char_tokenizer()
     ev = Evaluator(tok, TasksConfig(), EvaluationConfig(**EVAL))
     problems = ev.data.test_split("countdown3")[:12]
-    prompts = [ev._prompts([p])[0] for p in problems]
+    prompts = [countdown_prompt_ids(tok, ev.tasks, p) for p in problems]
     score = lambda t, j: score_countdown(t, problems[j])  # noqa: E731
     first = f"<answer>{render_solution(solve(problems[0].operands, problems[0].target))}</answer>"
     done = sample_batched(AlwaysEngine(tok, first), ev.requests("countdown3", prompts, seed=0))
