@@ -56,6 +56,7 @@ from distillab.models import (
 )
 from distillab.recipe.payload import payload_bytes_per_token
 from distillab.recipe.prepare import prepare_key, refined_teacher_dir
+from distillab.registry import AXES, SPECTRUM
 from distillab.tasks.countdown import generate_skill_items
 from distillab.tasks.data import countdown_prompt_ids, countdown_test_split
 from distillab.tasks.math_task import math_prompt_ids, math_test_split
@@ -155,7 +156,7 @@ def check_checkpoints(sweep: SweepConfig, weights: bool = True) -> dict[str, Rol
     try:
         check_same_vocab(t.tokenizer, s.tokenizer)
         check_lm_heads(t.vocab_rows, s.vocab_rows, len(s.tokenizer), sweep.trial.loss.pad_vocab,
-                       spectrum=any(x.rollout.policy == "spectrum" for x in sweep.trials))
+                       spectrum=any(x.rollout.policy == SPECTRUM for x in sweep.trials))
     except ValueError as e:
         raise CheckpointError(f"models ({where}): {e}") from None
     return roles
@@ -351,17 +352,23 @@ def _models_lines(roles: dict[str, Role], sweep: SweepConfig) -> list[str]:
 
 
 def _trial_lines(sweep: SweepConfig) -> list[str]:
+    """The trials, one line each: its id (whose name shows the study axes that have a name part,
+    `registry.Axis.in_name`), then its steps, prompts, LR, precision and sampler, and the value of
+    every other swept axis as `registry.Axis.text` prints it (e.g. ``sample τ_T=1``)."""
     keys = sweep.search.grid_keys
     if sweep.search.kind == "grid":
         lines = [f"trials: {len(sweep.trials)} (grid over {', '.join(keys)})"]
     else:  # Optuna: the trials are not known before the search; each sample changes the base trial's keys
         lines = [f"trials: {sweep.search.num_samples} (optuna: samples over {', '.join(sweep.search.space)}; "
                  "listed: the base trial each sample starts from)"]
+    unnamed = [AXES[k] for k in keys if not AXES[k].in_name]
     for t in sweep.trials:
         r, o = t.rollout, t.optimizer
         rl = f", then RLVR {t.rlvr.steps} steps on {t.rlvr.task}" if t.rlvr is not None else ""
+        values = t.flat()
+        axes = "".join(f", {a.text(values[a.key])}" for a in unnamed)
         lines.append(f"  {t.trial_id}: {o.steps} steps x {o.prompts_per_step} prompts, lr {o.lr:g}, {t.precision}, "
-                     f"rollouts {r.engine}{rl}")
+                     f"rollouts {r.engine}{rl}{axes}")
     return lines
 
 
