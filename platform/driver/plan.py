@@ -56,7 +56,7 @@ from distillab.models import (
 )
 from distillab.recipe.payload import payload_bytes_per_token
 from distillab.recipe.prepare import prepare_key, refined_teacher_dir
-from distillab.registry import AXES, SPECTRUM
+from distillab.registry import AXES, OFFPD, ONPD, SPECTRUM
 from distillab.tasks.countdown import generate_skill_items
 from distillab.tasks.data import countdown_prompt_ids, countdown_test_split
 from distillab.tasks.math_task import math_prompt_ids, math_test_split
@@ -310,7 +310,7 @@ def estimate(trial: TrialConfig, tok, n_teacher: int, n_student: int) -> Estimat
     p = est.prompt_tokens
     seq = p[trial.domain if trial.domain in ("mcq", "math") else "countdown3"] + r.max_tokens
     n_seq = o.steps * o.prompts_per_step * o.rollouts_per_prompt
-    sampler = {"offpd": n_teacher, "onpd": n_student, "spectrum": n_teacher + n_student}[r.policy]
+    sampler = {OFFPD: n_teacher, ONPD: n_student, SPECTRUM: n_teacher + n_student}[r.policy]
     update = (8 if trial.gradient_checkpointing else 6) * n_student
     est.tokens["distill"] = n_seq * seq
     est.flops["distill"] = est.tokens["distill"] * (2 * sampler + 2 * n_teacher + update)
@@ -428,7 +428,7 @@ def _estimate_lines(sweep: SweepConfig, roles: dict[str, Role], p: Placement, tf
     elif not p.gpus:
         lines.append("  (this sweep asks for no GPUs: the GPU-hours give its size at the assumed GPU throughput; "
                      "on CPU it runs far slower)")
-    if any(t.rollout.offpd_reuse and t.rollout.policy == "offpd" for t in sweep.trials):
+    if any(t.rollout.offpd_reuse and t.rollout.policy == OFFPD for t in sweep.trials):
         lines.append("  (OffPD trials with rollout.offpd_reuse share one rollout set; each is counted as sampling "
                      "its own)")
     return lines
