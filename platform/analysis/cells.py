@@ -211,7 +211,8 @@ def cell_table(trials: pl.DataFrame) -> pl.DataFrame:
     out = out.with_columns(pl.concat_list([pl.when(pl.col(f"__n_{c}") > 1).then(pl.lit(c)) for c in others])
                            .list.drop_nulls().alias("mixed") if others else pl.lit([], pl.List(pl.String)).alias("mixed"))
     out = out.select(*_CELL, "n_trials", "n_failed", "failed", "mixed")
-    per_seed = trials.filter(done).group_by([*_CELL, "seed"]).agg(pl.col(q).mean() for q in QUANTITIES)
+    per_seed = (trials.filter(done).group_by([*_CELL, "seed"]).agg(pl.col(q).mean() for q in QUANTITIES)
+                .sort([*_CELL, "seed"], nulls_last=True))  # seeds in order: a cell's mean sums them alike every run
     for q in QUANTITIES:
         agg = aggregate(per_seed, _CELL, value=q).rename({"mean": f"{q}_mean", "sem": f"{q}_sem", "n": f"{q}_n"})
         out = out.join(agg, on=_CELL, how="left", nulls_equal=True).with_columns(pl.col(f"{q}_n").fill_null(0))
