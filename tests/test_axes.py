@@ -115,13 +115,14 @@ def test_staleness_is_named_away_from_its_default_only() -> None:
     assert registry.AXES["rollout.lambda"].in_name and not registry.AXES["optimizer.steps"].in_name
 
 
-def test_the_dry_run_lists_the_swept_axes_the_trial_name_does_not_show(tmp_path, capsys):
-    """``sweep --dry-run``: a trial line ends with the value of each swept axis that its id does not
-    name (`registry.Axis.text`: the short name and value); named axes stay in the id only."""
-    sets = ["--set", "search.grid={rollout.tau_t: [0.5, 1.0], optimizer.lr: [0.001]}",
-            "--set", f"models.cache_dir={tmp_path / 'models'}"]
-    assert main(["sweep", str(SMOKE), "--dry-run", *sets, "--node-cpus", "2", "--node-gpus", "0"]) == 0
-    out = capsys.readouterr().out
-    lines = [x for x in out.splitlines() if x.startswith("  offpd-forward-lr0.001-s42-")]
-    assert len(lines) == 2 and [x.rsplit(", ", 1)[1] for x in lines] == ["sample τ_T=0.5", "sample τ_T=1"]
-    assert "trials: 2 (grid over rollout.tau_t, optimizer.lr)" in out
+def test_the_dry_run_lists_the_swept_axes_the_trial_name_does_not_show() -> None:
+    """``sweep --dry-run``'s trial lines (`driver.plan`): each ends with the value of every swept axis
+    that its id does not name (`registry.Axis.text`: the short name and value); named axes (the LR
+    here) stay in the id only."""
+    from distillab.driver.plan import _trial_lines
+
+    sweep = load_sweep(SMOKE, {"search.grid": {"rollout.tau_t": [0.5, 1.0], "optimizer.lr": [0.001]}})
+    head, *lines = _trial_lines(sweep)
+    assert head == "trials: 2 (grid over rollout.tau_t, optimizer.lr)"
+    assert [x.split(": ", 1)[0].rsplit("-", 1)[0] for x in lines] == ["  offpd-forward-lr0.001-s42"] * 2
+    assert [x.rsplit(", ", 1)[1] for x in lines] == ["sample τ_T=0.5", "sample τ_T=1"]
