@@ -1,6 +1,6 @@
 """Write the generated reference pages of the docs site from the code.
 
-    python docs/generate.py          # (re)write docs/reference/{config,cli,metrics}.md
+    python docs/generate.py          # (re)write docs/reference/{config,cli,metrics,rules}.md
     python docs/generate.py --check  # exit 1 naming every page that differs (tests/test_docs.py)
 
 - ``reference/config.md``: every field of the sweep YAML, read from the pydantic models of
@@ -13,6 +13,12 @@
   its argparse parser (`distillab.driver.cli._parser`).
 - ``reference/metrics.md``: every metric key a trial emits, read from
   `distillab.registry.METRICS` (key, producer, scope, Ray gauge, meaning).
+- ``reference/rules.md``: the verdict rules of PROTOCOL.md §9 and §9.1 as `distillab findings`
+  applies and prints them, read from `distillab.analysis.rules` (`RULES`, `PAPER`, the numbers of
+  the rules, how §9 is read, the confidence note).
+
+``reference/config.md`` also lists the study axes (`distillab.registry.AXES`) and every
+cross-field rule of the config (`distillab.config.rules.RULES`).
 
 Nothing is listed by hand here: a field, option or metric added to the code appears after the
 next run, and tests/test_docs.py fails until the committed pages are regenerated.
@@ -194,8 +200,40 @@ def _docstring(model: type) -> str:
     return doc if model.__doc__ else ""  # not pydantic's inherited BaseModel docstring
 
 
+def axes_section() -> list[str]:
+    """The study axes (`distillab.registry.AXES`): the keys a grid or Optuna space may sweep, each with
+    its short name, whether it splits a report row and whether the trial name shows it."""
+    from distillab import registry
+
+    out = ["(config-axes)=\n## Study axes\n\n",
+           "The keys `search.grid`, `search.grids[].grid` and `search.space` may sweep (`distillab.registry.AXES`). "
+           "*Short* is the name a figure's labels and the dry-run's trial lines use; *report row*: whether its "
+           "values split a row of `distillab report` (the seed does not: a row is a mean over seeds); *trial name*: "
+           "whether the trial id shows the value (always, only away from the default trial's value, through "
+           "another axis's part, or only in the id's hash).\n\n",
+           "| key | short | report row | trial name |\n|---|---|---|---|\n"]
+    for a in registry.AXES.values():
+        name = ("always" if a.name_if_default else "when not the default") if a.name is not None else (
+            f"with `{a.shown_by}`" if a.shown_by else "hash only")
+        out.append(f"| `{a.key}` | {_cell(a.short)} | {'yes' if a.groups else 'no (averaged over)'} | {name} |\n")
+    return [*out, "\n"]
+
+
+def config_rules_section() -> list[str]:
+    """Every cross-field rule of the config (`distillab.config.rules.RULES`), by section."""
+    from distillab.config import rules
+
+    out = ["(config-rules)=\n## Cross-field rules\n\n",
+           "Checked when the YAML is loaded, before Ray or any model starts (`distillab.config.rules`); a config that "
+           "breaks one is refused with a message naming the fields and the allowed values. Fields are dotted from "
+           "the section (`trial`: `trial.<field>` in the YAML).\n\n",
+           "| section | fields | rule |\n|---|---|---|\n"]
+    for r in rules.RULES:
+        out.append(f"| `{r.section}` | {', '.join(f'`{f}`' for f in r.fields)} | {_cell(r.doc)} |\n")
+    return [*out, "\n"]
+
+
 def config_page() -> str:
-    from distillab import config
 
     models = config_models()
     out = [HEADER.format(src="the pydantic models of distillab.config"),
@@ -206,8 +244,7 @@ def config_page() -> str:
            "overrides one from the command line (see the {doc}`CLI reference <cli>`). "
            "*Allowed* lists the choices of a field with a fixed set of values and its numeric "
            "bounds; a section's class checks more across fields (its description says which).\n\n",
-           "Searchable keys (`search.grid`, `search.grids[].grid`, `search.space`): "
-           + ", ".join(f"`{k}`" for k in config.SEARCHABLE) + ".\n\n"]
+           *axes_section(), *config_rules_section()]
     for model, paths in models.items():
         out.append(f"({_label(model)})=\n## `{model.__name__}`\n\n")
         out.append("At: " + ", ".join(f"`{p}`" for p in paths) + "\n\n")
@@ -302,12 +339,36 @@ def metrics_page() -> str:
     return "".join(out).rstrip() + "\n"
 
 
+# ---------------------------------------------------------------- verdict rules
+
+def rules_page() -> str:
+    from distillab.analysis import rules
+
+    out = [HEADER.format(src="distillab.analysis.rules"), "# Verdict rules\n\n",
+           "The pre-registered rules that decide findings F1-F5 (PROTOCOL.md §9) and the confidence of each "
+           "verdict (§9.1), as `distillab findings` applies and prints them: this page and the command read the "
+           "same strings (`distillab.analysis.rules`). Each finding's claim (§7), then the clauses of its rule; "
+           f"a cell needs at least {rules.MIN_SEEDS} seeds, and the spectrum is λ ∈ "
+           f"{{{', '.join(f'{x:g}' for x in rules.SPECTRUM)}}}.\n\n"]
+    for f, r in rules.RULES.items():
+        out.append(f"(rules-{f.lower()})=\n## {f}\n\n{r.claim}\n\n")
+        out += [f"- {k + ' ' if k else ''}{v}\n" for k, v in r.clauses.items()]
+        out += [f"- reported, not required: {r.reported}\n"] if r.reported else []
+        paper = [f"{q}: {v} ({src})" for g, q, v, src in rules.PAPER if g == f]
+        out += ["\nThe paper: " + "; ".join(paper) + ".\n"] if paper else []
+        out.append("\n")
+    how = (rules.__doc__ or "").split("How §9 is read", 1)[1]
+    out += ["(rules-reading)=\n## How the rules are read\n\n", "How §9 is read" + how.rstrip() + "\n\n",
+            "(rules-confidence)=\n## Confidence (§9.1)\n\n", rules.confidence_note() + "\n"]
+    return "".join(out).rstrip() + "\n"
+
+
 # ---------------------------------------------------------------- entry point
 
 def pages() -> dict[Path, str]:
     """``{path under docs/: text}`` of every generated page."""
     return {Path("reference/config.md"): config_page(), Path("reference/cli.md"): cli_page(),
-            Path("reference/metrics.md"): metrics_page()}
+            Path("reference/metrics.md"): metrics_page(), Path("reference/rules.md"): rules_page()}
 
 
 def stale(root: Path = DOCS) -> list[str]:

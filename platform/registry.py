@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
 __all__ = ["Metric", "METRICS", "PLACEHOLDERS", "register", "unregister", "find", "require", "check_report_metric",
            "training_keys", "gauges", "REPORTER_COLUMNS", "FORGETTING_KEY", "FORGETTING_EVAL", "FORGETTING_STAGES",
@@ -98,6 +99,11 @@ TOPK_SOURCES: tuple[str, ...] = ("teacher", "student", "union")
 K_GRADIENTS: tuple[str, ...] = ("auto", "score", "pathwise")
 #: How per-token losses reduce to the batch loss (`ops.kl.reduce_loss`).
 REDUCTIONS: tuple[str, ...] = ("seq_mean", "token_mean", "sum")
+#: Rollout policies ρ (PROTOCOL.md §1, §3): ``offpd`` the teacher samples, ``onpd`` the student samples,
+#: ``spectrum`` π_λ between them (`rollout.spectrum`; λ = −1 the teacher, λ = 1 the student).
+OFFPD, ONPD, SPECTRUM = "offpd", "onpd", "spectrum"
+POLICIES: tuple[str, ...] = (OFFPD, ONPD, SPECTRUM)
+__all__ += ["OFFPD", "ONPD", "SPECTRUM", "POLICIES"]
 #: Environment switches distillab reads, with their allowed values (`driver.checks.env_errors` checks them
 #: before anything starts). ``DISTILLAB_BF16_MATMULS``: `models.precision.bf16_matmuls_choice`.
 ENV_SWITCHES: dict[str, tuple[str, ...]] = {"DISTILLAB_BF16_MATMULS": ("auto", "native", "float32")}
@@ -365,3 +371,150 @@ def with_forgetting(report: dict[str, float]) -> dict[str, float]:
     if pre is None or post is None:
         return dict(report)
     return {**report, FORGETTING_KEY: forgetting(pre, post)}
+
+
+# --------------------------------------------------------------------------------------------- study axes
+# What a sweep varies, declared once: the config keys a grid or an Optuna space may sweep (`SEARCHABLE`),
+# how each prints, whether its values split a report row, and its part of the trial name. Read by the
+# config (`config.SearchConfig`, `config.TrialConfig.trial_id`), the report and the plots
+# (`analysis.results.group_columns`), `distillab findings --by` and the dry-run's trial lines.
+__all__ += ["Axis", "AXES", "SEARCHABLE", "axis", "value_text", "trial_name", "estimator_label", "teacher_label"]
+
+
+def value_text(v: Any) -> str:
+    """How an axis value prints unless its `Axis` says otherwise: "–" for null, ``%g`` for a float."""
+    if v is None:
+        return "–"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One searchable study axis.
+
+    ``key``: the dotted path into `config.TrialConfig` (YAML names: ``rollout.lambda``), which is also
+    its column in the ``trials`` table; ``short``: its short name in labels and the dry-run's trial
+    lines; ``fmt``: how a value prints; ``bare``: a label shows the value alone (its values say which
+    axis: ``offpd``, ``forward``); ``groups``: whether its values split a report row (the seed does not:
+    a row is a mean over seeds); ``name``: its part of the trial name, from the trial's values by
+    dotted key (``""``: none), placed by ``name_at`` (ascending), left out while the value is the
+    trial default unless ``name_if_default``; ``shown_by``: the axis whose name part shows this one's
+    value (λ in ``spectrum-2``)."""
+
+    key: str
+    short: str
+    fmt: Callable[[Any], str] = value_text
+    bare: bool = False
+    groups: bool = True
+    name: Callable[[Mapping[str, Any]], str] | None = None
+    name_at: int = 0
+    name_if_default: bool = True
+    shown_by: str | None = None
+
+    def text(self, value: Any) -> str:
+        """The value as a label prints it: ``λ=0.5``, ``lr=0.0003``, ``offpd`` (``bare``); "–" for null."""
+        if value is None:
+            return "–"
+        return self.fmt(value) if self.bare else f"{self.short}={self.fmt(value)}"
+
+    @property
+    def in_name(self) -> bool:
+        """Whether the trial name shows the value (its own part, or ``shown_by``'s)."""
+        return self.name is not None or self.shown_by is not None
+
+
+AXES: dict[str, Axis] = {}
+#: The keys a grid (``search.grid``, ``search.grids[].grid``) or an Optuna space may sweep: `AXES`'s
+#: keys (a live view: an axis registered later is searchable at once).
+SEARCHABLE = AXES.keys()
+
+
+def axis(key: str, short: str, **kw: Any) -> Axis:
+    """Register the study axis ``key`` (`Axis` fields as keywords). Returns it.
+
+    Raises:
+        ValueError: ``key`` registered twice."""
+    if key in AXES:
+        raise ValueError(f"axis {key!r} is registered twice")
+    AXES[key] = Axis(key, short, **kw)
+    return AXES[key]
+
+
+def estimator_label(estimator: str, top_k: int, topk_source: str, topk_tail: bool, k_gradient: str) -> str:
+    """The estimator in a trial name: "" for ``full``, else e.g. ``sampled``, ``topk8-teacher``,
+    ``topk8-union-tail``, ``k3``, ``k1-pathwise`` (``k_gradient`` named unless ``auto``)."""
+    if estimator == "full":
+        return ""
+    if estimator == "topk":
+        return f"topk{top_k}-{topk_source}" + ("-tail" if topk_tail else "")
+    if estimator == "sampled":
+        return "sampled"
+    return estimator + ("" if k_gradient == "auto" else f"-{k_gradient}")
+
+
+def teacher_label(serve: str, payload: str | None, top_k: int | None) -> str:
+    """The teacher in a trial name: "" in the worker, ``hidden`` or ``topk<k>`` when shared."""
+    if serve == "worker":
+        return ""
+    return "hidden" if payload == "hidden" else f"topk{top_k}"
+
+
+def trial_name(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> str:
+    """The readable part of a trial id: the name parts of `AXES` in ``name_at`` order, joined by ``-``
+    (empty parts, and the parts of axes at their ``defaults`` value that are not ``name_if_default``,
+    left out). ``values``, ``defaults``: a trial's and the default trial's values by dotted key
+    (`config.TrialConfig.flat`). E.g. ``onpd-forward-stale4-lr0.0003-s42``."""
+    parts = []
+    for a in sorted((a for a in AXES.values() if a.name is not None), key=lambda a: a.name_at):
+        if a.name_if_default or values[a.key] != defaults[a.key]:
+            parts.append(a.name(values))
+    return "-".join(p for p in parts if p)
+
+
+def _loss_label(v: Mapping[str, Any]) -> str:
+    return estimator_label(*(v[f"loss.{k}"] for k in ("estimator", "top_k", "topk_source", "topk_tail", "k_gradient")))
+
+
+axis("seed", "seed", groups=False, name=lambda v: f"s{v['seed']}", name_at=90)
+axis("domain", "domain")
+axis("precision", "precision")
+axis("master_weights", "master")
+axis("rollout.policy", "policy", bare=True, name_at=10,
+     name=lambda v: f"{SPECTRUM}{v['rollout.lambda']:g}" if v["rollout.policy"] == SPECTRUM else v["rollout.policy"])
+axis("rollout.lambda", "λ", shown_by="rollout.policy")
+axis("rollout.alpha", "α")
+axis("rollout.clip_c", "clip_c")
+axis("rollout.tau_t", "sample τ_T")
+axis("rollout.tau_s", "sample τ_S")
+axis("rollout.top_p", "top_p")
+axis("rollout.max_tokens", "max_tokens")
+axis("rollout.engine", "engine")
+axis("rollout.sync_every", "sync_every")
+axis("rollout.offpd_reuse", "offpd_reuse")
+axis("rollout.max_staleness", "staleness", name=lambda v: f"stale{v['rollout.max_staleness']}", name_at=50,
+     name_if_default=False)
+axis("rollout.staleness_correction", "correction", name=lambda v: v["rollout.staleness_correction"], name_at=51,
+     name_if_default=False)
+axis("rollout.tis_cap", "tis_cap")
+axis("loss.kind", "KL", bare=True, name_at=20,
+     name=lambda v: f"jsd{v['loss.beta']:g}" if v["loss.kind"] == "jsd" else v["loss.kind"])
+axis("loss.beta", "β", shown_by="loss.kind")
+axis("loss.importance_weight", "importance_weight")
+axis("loss.estimator", "estimator", name=_loss_label, name_at=30)
+axis("loss.tau_t", "loss τ_T")
+axis("loss.tau_s", "loss τ_S")
+axis("loss.reduction", "reduction")
+for _k in ("top_k", "topk_source", "topk_tail", "k_gradient"):
+    axis(f"loss.{_k}", _k, shown_by="loss.estimator")
+axis("teacher.serve", "serve", name_at=40,
+     name=lambda v: teacher_label(v["teacher.serve"], v["teacher.payload"], v["teacher.top_k"]))
+axis("teacher.payload", "payload", shown_by="teacher.serve")
+axis("teacher.top_k", "payload_k", shown_by="teacher.serve")
+axis("optimizer.lr", "lr", name=lambda v: f"lr{v['optimizer.lr']:g}", name_at=80)
+axis("optimizer.clip", "clip")
+axis("optimizer.steps", "steps")
+axis("optimizer.warmup_steps", "warmup")
+axis("optimizer.zero_stage", "zero")
+axis("optimizer.weight_decay", "wd")
+axis("optimizer.prompts_per_step", "prompts")
+axis("optimizer.rollouts_per_prompt", "rollouts")

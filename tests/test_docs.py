@@ -447,3 +447,30 @@ def test_kuberay_manifest_fills_with_envsubst() -> None:
         env = {e["name"]: e["value"] for e in container["env"]}
         assert container["image"] == "registry.example.com/distillab:0.1"
         assert env["HF_HUB_OFFLINE"] == "0" and env["HF_HOME"].startswith("/shared/")
+
+
+def test_the_rules_page_renders_the_strings_findings_prints(monkeypatch):
+    """reference/rules.md is rendered from `distillab.analysis.rules`, the strings `distillab findings`
+    prints: each finding's claim and every clause of its rule; a rule changed there changes the page."""
+    from distillab.analysis import rules
+
+    gen = _generator()
+    page = gen.rules_page()
+    for f, r in rules.RULES.items():
+        assert f"## {f}\n\n{r.claim}\n" in page
+        assert all(f"- {k + ' ' if k else ''}{v}\n" in page for k, v in r.clauses.items()), f
+    assert rules.confidence_note() in page and "How §9 is read" in page
+    monkeypatch.setitem(rules.RULES, "F4", rules.Rule("A CLAIM", {"": "A RULE"}))
+    assert "## F4\n\nA CLAIM\n\n- A RULE\n" in gen.rules_page()
+
+
+def test_the_config_reference_lists_the_study_axes_and_the_cross_field_rules():
+    from distillab.config.rules import RULES
+    from distillab.registry import AXES
+
+    page = _generator().config_page()
+    assert all(f"| `{key}` | " in page for key in AXES)
+    assert "| `rollout.max_staleness` | staleness | yes | when not the default |" in page
+    assert "| `seed` | seed | no (averaged over) | always |" in page
+    assert all(r.doc.replace("|", "\\|") in page for r in RULES)
+    assert "`rollout.max_staleness` > 0 needs `optimizer.zero_stage` 0, 1 or 2" in page

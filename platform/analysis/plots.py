@@ -44,18 +44,18 @@ from matplotlib.figure import Figure
 from distillab.analysis.results import (
     Results,
     aggregate,
-    config_columns,
     filter_trials,
     final_evals,
     final_table,
     forgetting,
     format_table,
     generalisation_gain,
+    group_columns,
     mean_sem_text,
     rlvr_gain,
     trial_counts,
 )
-from distillab.registry import require
+from distillab.registry import AXES, OFFPD, ONPD, SPECTRUM, require
 
 __all__ = [
     "POLICY", "KL", "LR", "LAMBDA", "SEED",
@@ -80,8 +80,8 @@ TEACHER_LOGLIK = require("rollout/teacher_loglik")
 #: ``metrics`` names (stage ``distill``, every ``loss.oracle_every`` steps) of the oracle (`ops.oracle`).
 ESTIMATOR_BIAS = require("estimator/bias")
 ESTIMATOR_GRAD_COS = require("estimator/grad_cos")
-_DIMS = (POLICY, KL, LR, LAMBDA)
-_SHORT = {POLICY: "", KL: "", LR: "lr=", LAMBDA: "λ=", SEED: "seed=", "stage": "", "metric": "", "sweep": ""}
+#: Label columns that are not study axes and print their value alone (an axis prints as `registry.Axis.text`).
+_BARE = ("stage", "metric", "sweep")
 _STAGE_ORDER = {"pre": 0, "distill": 1, "rlvr": 2}
 _PASS_RE = re.compile(r"pass@(\d+)")
 
@@ -89,15 +89,12 @@ _PASS_RE = re.compile(r"pass@(\d+)")
 # --------------------------------------------------------------------------- data
 
 
-def swept_columns(res: Results, exclude: Sequence[str] = (SEED,)) -> list[str]:
-    """Config columns that take more than one value across the trials (the swept
-    dimensions), in column order, without ``exclude`` (the seed by default). With
-    several sweeps loaded, ``sweep`` comes first when sweeps differ."""
-    trials = res.trials.collect()
-    cols = [c for c in config_columns(res) if c not in exclude]
-    if "sweep" in trials.columns:
-        cols = ["sweep", *cols]
-    return [c for c in cols if trials.height and trials[c].n_unique() > 1]
+def swept_columns(res: Results, exclude: Sequence[str] = ()) -> list[str]:
+    """The columns the figures lay out and label: `analysis.results.group_columns` (the swept study
+    axes of `registry.AXES` that group, ``sweep`` when several sweeps differ, and any other config
+    column that would otherwise pool two configurations), without ``exclude``; never the seed, which
+    every mean is over."""
+    return group_columns(res, exclude)
 
 
 def _with_dims(df: pl.DataFrame, dims: Sequence[str]) -> pl.DataFrame:
@@ -206,12 +203,14 @@ def _no_data(fig: Figure, ax, title: str, why: str) -> None:
 
 
 def _fmt(col: str, v: Any) -> str:
+    """A label's text of column ``col`` at value ``v``: the axis's `registry.Axis.text` (``λ=0.5``,
+    ``offpd``), the value alone for stage, metric and sweep, else ``<last part of the key>=<value>``."""
+    if col in AXES:
+        return AXES[col].text(v)
     if v is None:
         return "–"
-    if isinstance(v, float):
-        v = f"{v:g}"
-    prefix = _SHORT.get(col, f"{col.rsplit('.', 1)[-1]}=")
-    return f"{prefix}{v}"
+    v = f"{v:g}" if isinstance(v, float) else v
+    return f"{v}" if col in _BARE else f"{col.rsplit('.', 1)[-1]}={v}"
 
 
 def _label(cols: Sequence[str], values: Sequence[Any]) -> str:
@@ -574,7 +573,7 @@ def fig_coverage_gap(res: Results, task: str = ID_TASK) -> Figure:
     fig, axes = _new_figure(2, f"coverage gap on {task}: pass@k − pass@1", width=6.0)
     label = "pass@k − pass@1"
     has_policy = POLICY in res.trials.collect_schema().names()
-    for ax, x, policies in ((axes[0], LR, ["offpd", "onpd"]), (axes[1], LAMBDA, ["spectrum"])):
+    for ax, x, policies in ((axes[0], LR, [OFFPD, ONPD]), (axes[1], LAMBDA, [SPECTRUM])):
         title = f"{label} along λ" if x == LAMBDA else f"{label} against LR"
         part = filter_trials(res, **{POLICY: policies}) if has_policy else res
         df = _coverage_gap(part, task)

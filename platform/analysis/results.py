@@ -1,7 +1,8 @@
 """Results of a sweep read as Polars LazyFrames and aggregated as mean ± SEM over seeds
 (DESIGN.md "Results schema", PROTOCOL.md §4). The tables are written by the recipe through
 `distillab.tables` (schema, atomic writes); this module reads them: `load` (one sweep or
-several, with a ``sweep`` column), `joined_evals`, `aggregate`, `final_table`, the per-trial
+several, with a ``sweep`` column), `joined_evals`, `aggregate`, `group_columns` (what a report row
+is), `final_table`, the per-trial
 derived quantities (`forgetting`, `generalisation_gain`, `rlvr_gain`, `stage_delta`), the
 search objectives (`trial_metrics`, `pareto_front`) and the table formatting of the CLI.
 
@@ -24,7 +25,7 @@ from typing import Any, Iterable, Sequence
 
 import polars as pl
 
-from distillab.registry import FORGETTING_EVAL, FORGETTING_STAGES, require
+from distillab.registry import AXES, FORGETTING_EVAL, FORGETTING_STAGES, require
 from distillab.registry import forgetting as forgetting_value
 from distillab.tables import EVAL_COLUMNS, STAGES, TABLES, TRIAL_COLUMNS, report_dict, scan_table, table_files
 
@@ -105,6 +106,27 @@ def _trial_keys(res: Results) -> list[str]:
 def config_columns(res: Results) -> list[str]:
     """The config columns of ``res.trials``: all but the fixed ones and ``sweep``."""
     return [c for c in _names(res.trials) if c not in TRIAL_COLUMNS and c != "sweep"]
+
+
+def group_columns(res: Results, exclude: Sequence[str] = ()) -> list[str]:
+    """The columns a report row is (`distillab report`, ``--full``, the plots' series and labels):
+    with several sweeps, ``sweep`` when they differ; every study axis (`registry.AXES`) that groups
+    and takes more than one value; then, so that no two configurations are ever averaged together,
+    each other config column that still varies inside those groups. In trials-column order,
+    without ``exclude``. An axis that does not group (the seed) is what a row's mean is over."""
+    trials = res.trials.collect()
+    if not trials.height:
+        return []
+    names = config_columns(res) + (["sweep"] if "sweep" in trials.columns else [])
+    varies = [c for c in names if c not in exclude and trials[c].n_unique() > 1]
+    keys = [c for c in varies if c == "sweep" or (c in AXES and AXES[c].groups)]
+    for c in varies:
+        if c in AXES or c in keys:
+            continue
+        inside = trials.group_by(keys).agg(pl.col(c).n_unique())[c].max() if keys else 2
+        if inside > 1:
+            keys.append(c)
+    return (["sweep"] if "sweep" in keys else []) + [c for c in names if c in keys and c != "sweep"]
 
 
 def joined_evals(res: Results) -> pl.LazyFrame:

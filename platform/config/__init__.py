@@ -8,6 +8,7 @@ out-of-range values are errors that name the field.
 The package, by concern (each module imports only those above it):
 
     base        the strict pydantic bases, dotted-key helpers
+    rules       every rule that relates two or more fields, in one place (the validators call it)
     tasks       the task registry's config half (`TaskEntry`) and the tasks' settings (`TasksConfig`)
     training    rollout policy, divergence and estimator, teacher, optimizer, RLVR
     models      teacher and student sources, the micro models' architecture and SFT

@@ -60,9 +60,12 @@ def _read_yaml_mapping(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot be read as a sweep YAML: {e.strerror if isinstance(e, OSError) else e}") \
             from None
     try:
-        data = load_yaml(text) or {}
+        data = load_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {yaml_error_line(e)}") from None
+    if data is None or data == {}:  # a sweep of every default is never what an empty file meant
+        what = "is empty" if not text.strip() else "holds only comments" if data is None else "is an empty mapping"
+        raise ConfigError(f"{path}: the sweep file {what}: give at least its name, or extends: <another sweep YAML>")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     return data

@@ -8,20 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from distillab.config.base import _Strict, _StrictAliased
-from distillab.registry import check_report_metric
-
-#: Paths a grid may sweep (dotted into `TrialConfig`).
-SEARCHABLE = (
-    "seed", "domain", "precision", "master_weights",
-    "rollout.policy", "rollout.lambda", "rollout.alpha", "rollout.clip_c", "rollout.tau_t", "rollout.tau_s",
-    "rollout.top_p", "rollout.max_tokens", "rollout.engine", "rollout.sync_every", "rollout.offpd_reuse",
-    "rollout.max_staleness", "rollout.staleness_correction", "rollout.tis_cap",
-    "loss.kind", "loss.beta", "loss.importance_weight", "loss.estimator", "loss.tau_t", "loss.tau_s", "loss.reduction",
-    "loss.top_k", "loss.topk_source", "loss.topk_tail", "loss.k_gradient",
-    "teacher.serve", "teacher.payload", "teacher.top_k",
-    "optimizer.lr", "optimizer.clip", "optimizer.steps", "optimizer.warmup_steps", "optimizer.zero_stage",
-    "optimizer.weight_decay", "optimizer.prompts_per_step", "optimizer.rollouts_per_prompt",
-)
+from distillab.registry import OFFPD, ONPD, SEARCHABLE, check_report_metric
 
 
 class Domain(_StrictAliased):
@@ -132,7 +119,7 @@ class SearchConfig(_Strict):
     #: ``grid``: every point of ``grid`` (or of each of ``grids``); ``optuna``: Bayesian search over ``space``
     kind: Literal["grid", "optuna"] = "grid"
     #: the cross product swept: a searchable key to the list of its values
-    grid: dict[str, list[Any]] = {"rollout.policy": ["offpd", "onpd"], "loss.kind": ["forward", "reverse"]}
+    grid: dict[str, list[Any]] = {"rollout.policy": [OFFPD, ONPD], "loss.kind": ["forward", "reverse"]}
     #: a union of grids, each with fixed overrides ``set`` (exclusive with ``grid``)
     grids: tuple[GridConfig, ...] | None = None
     #: ``kind: optuna``: a searchable key to its domain (uniform, loguniform, int or choice)

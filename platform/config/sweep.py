@@ -18,8 +18,8 @@ from distillab.config.errors import ConfigError, _errors
 from distillab.config.grid import _apply_set, apply_point
 from distillab.config.identity import config_hash
 from distillab.config.models import ModelsConfig
+from distillab.config.rules import check
 from distillab.config.search import SearchConfig
-from distillab.config.tasks import task_entries
 from distillab.config.trial import TrialConfig
 
 
@@ -58,10 +58,8 @@ class ResourcesConfig(_Strict):
     compile: bool = False
 
     @model_validator(mode="after")
-    def _check_local_mode(self) -> "ResourcesConfig":
-        if self.local_mode and self.num_workers != 1:
-            raise ValueError("resources.local_mode runs a trial in one process: it needs resources.num_workers 1 "
-                             f"(got {self.num_workers}); allowed with several workers: local_mode false")
+    def _rules(self) -> "ResourcesConfig":
+        check("resources", self)  # local_mode with one worker (config.rules)
         return self
 
     def trial_actor(self) -> dict[str, float]:
@@ -198,47 +196,6 @@ def expand_trials(sweep: SweepConfig) -> list[TrialConfig]:
     return trials
 
 
-def _check_warmup(trials: list["TrialConfig"], base: "TrialConfig") -> None:
-    """Every trial's warm-up ends before its last step: ``optimizer.warmup_steps <
-    optimizer.steps``, and the RLVR stage's ``max(1, round(warmup_ratio × steps))`` below its
-    ``steps`` (a stage of more than one step). Raises ValueError naming both values (and the
-    trial, where a grid point changed them from the base trial ``base``'s)."""
-    def rlvr(t: "TrialConfig") -> tuple | None:
-        return None if t.rlvr is None else (t.rlvr.warmup_ratio, t.rlvr.steps)
-
-    for t in trials:
-        o, b = t.optimizer, base.optimizer
-        if o.warmup_steps >= o.steps:
-            where = "" if (o.warmup_steps, o.steps) == (b.warmup_steps, b.steps) else f"trial {t.trial_id}: "
-            raise ValueError(f"{where}trial.optimizer.warmup_steps ({o.warmup_steps}) must be below "
-                             f"trial.optimizer.steps ({o.steps}): the LR would never reach optimizer.lr "
-                             f"(e.g. --set trial.optimizer.warmup_steps={o.steps // 10})")
-        r = t.rlvr
-        if r is not None and r.steps > 1 and max(1, round(r.warmup_ratio * r.steps)) >= r.steps:
-            where = "" if rlvr(t) == rlvr(base) else f"trial {t.trial_id}: "
-            raise ValueError(f"{where}trial.rlvr.warmup_ratio ({r.warmup_ratio:g}) x trial.rlvr.steps ({r.steps}) "
-                             f"is a warm-up of {max(1, round(r.warmup_ratio * r.steps))} steps, not below the stage's "
-                             f"{r.steps}: give a smaller warmup_ratio")
-
-
-def _check_demonstrations(sweep: "SweepConfig") -> None:
-    """Each task's demonstrations (``models.micro_*.<task>_examples``) within the training pool its
-    settings hold when that is known before reading a file (`config.tasks.TaskEntry.max_examples`:
-    a synthetic source's ``trial.tasks.<task>.train_items``, the pool `prepare` takes them from;
-    more would be cut to the pool silently). A ``files`` source is checked by `prepare` against the
-    file's length.
-
-    Raises:
-        ValueError: a role asks for more demonstrations than the pool holds (both numbers named)."""
-    for role in ("micro_teacher", "micro_student"):
-        for e in task_entries():
-            n, pool = e.examples(getattr(sweep.models, role)), e.max_examples(sweep.trial.tasks[e.name])
-            if pool is not None and n > pool:
-                raise ValueError(f"models.{role}.{e.examples_field} is {n}, more than the {pool} training problems "
-                                 f"of trial.tasks.{e.key}.train_items: lower it or raise train_items (at most "
-                                 f"train_items; the test items are excluded from them)")
-
-
 class SweepConfig(_Strict):
     """A sweep YAML, validated. Validation expands the grid once (`expand_trials`):
     `trials` is that list, which the sweep runs."""
@@ -263,30 +220,9 @@ class SweepConfig(_Strict):
 
     @model_validator(mode="after")
     def _validate_grid(self) -> "SweepConfig":
-        m = self.models
-        styled = [r for r, c in (("micro_teacher", m.micro_teacher), ("micro_student", m.micro_student))
-                  if c.styled_examples]
-        if styled and not self.trial.tasks.teacher_conditioned:
-            raise ValueError(f"models.{styled[0]}.styled_examples needs trial.tasks.teacher_system_prompt or "
-                             "teacher_user_template (the prompt the styled demonstrations are written under)")
-        _check_demonstrations(self)
+        check("sweep", self)  # the micro models' demonstrations against the tasks (config.rules)
         self._trials = expand_trials(self)  # every grid point (and every edge of a Bayesian domain) validates first
-        w = self.resources.num_workers
-        # the base trial's RLVR stage, and any other one a grid's ``set`` gives
-        stages = {"trial.rlvr": self.trial.rlvr, **{f"trial {t.trial_id}: rlvr": t.rlvr for t in self._trials
-                                                    if t.rlvr is not None and t.rlvr != self.trial.rlvr}}
-        for where, r in stages.items():
-            if r is not None and r.prompts_per_step % w:
-                raise ValueError(f"{where}.prompts_per_step ({r.prompts_per_step}) must be a multiple of resources."
-                                 f"num_workers ({w}): each worker samples prompts_per_step / num_workers prompts")
-            if r is not None and r.lora is not None and r.lora.load_in_4bit and w != 1:
-                raise ValueError(f"{where}.lora.load_in_4bit runs on one worker (plain AdamW, no gradient "
-                                 f"all-reduce): set resources.num_workers to 1 (got {w})")
-        _check_warmup(self._trials, self.trial)
-        zero3 = [t.trial_id for t in self._trials if t.optimizer.zero_stage == 3]
-        if self.resources.compile and zero3:
-            raise ValueError(f"resources.compile does not run with trial.optimizer.zero_stage 3 (trial {zero3[0]}): "
-                             "set resources.compile to false, or zero_stage to 0, 1 or 2")
+        check("sweep trials", self)  # RLVR stages against the workers, warm-ups, compile (config.rules)
         return self
 
     @property

@@ -11,14 +11,18 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from distillab.config.base import _Strict, _StrictAliased
+from distillab.config.rules import check
 from distillab.registry import (
     COUNTDOWN_TASKS,
     ESTIMATORS,
     K_GRADIENTS,
     KINDS,
+    OFFPD,
+    POLICIES,
     REDUCTIONS,
     TOPK_SOURCES,
-    check_estimator,
+    estimator_label,
+    teacher_label,
 )
 
 
@@ -50,7 +54,7 @@ class RolloutConfig(_StrictAliased):
     """
 
     #: who samples the rollouts: ``offpd`` the teacher, ``onpd`` the student, ``spectrum`` π_λ between them
-    policy: Literal["offpd", "onpd", "spectrum"] = "offpd"
+    policy: Literal[POLICIES] = OFFPD
     #: λ of ``policy: spectrum`` (−1 teacher, 1 student, beyond on either side); YAML key ``lambda``
     lambda_: float | None = Field(default=None, ge=-2.0, le=2.0, alias="lambda")
     #: π_λ's plausibility threshold (tokens below ``alpha`` × the max probability of either model are dropped)
@@ -87,27 +91,8 @@ class RolloutConfig(_StrictAliased):
     tis_cap: float = Field(default=2.0, gt=0)
 
     @model_validator(mode="after")
-    def _check_lambda(self) -> "RolloutConfig":
-        if self.policy == "spectrum" and self.lambda_ is None:
-            raise ValueError("rollout.lambda is required when rollout.policy is 'spectrum' (a value in [-2, 2])")
-        if self.policy != "spectrum" and self.lambda_ is not None:
-            raise ValueError(
-                f"rollout.lambda is only used with rollout.policy 'spectrum' (got policy {self.policy!r}; "
-                "offpd is λ = -1 and onpd is λ = 1)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _check_staleness(self) -> "RolloutConfig":
-        if self.max_staleness and self.policy == "offpd":
-            raise ValueError("rollout.max_staleness > 0 needs a student that samples (policy 'onpd' or 'spectrum'): "
-                             "OffPD rollouts come from the frozen teacher, so they are never stale")
-        if self.max_staleness and self.engine == "vllm":
-            raise ValueError("rollout.max_staleness > 0 samples with the transformers engine in a background thread "
-                             "(rollout.stale); the vLLM actor path is not built: set rollout.engine 'transformers'")
-        if self.staleness_correction == "tis" and self.policy == "spectrum":
-            raise ValueError("rollout.staleness_correction 'tis' needs rollout.policy 'onpd' (π_λ has no "
-                             "trainer-side distribution to compare with), got 'spectrum'")
+    def _rules(self) -> "RolloutConfig":
+        check("rollout", self)  # λ with the spectrum only; staleness (config.rules)
         return self
 
 
@@ -182,24 +167,15 @@ class LossConfig(_Strict):
     importance_weight: bool = False
 
     @model_validator(mode="after")
-    def _estimator_kind(self) -> "LossConfig":
-        check_estimator(self.estimator, self.kind, prefix="loss.")  # the rule the ops check too
-        if self.impl == "triton" and self.estimator != "full":
-            raise ValueError(f"loss.impl 'triton' has kernels for loss.estimator 'full' only; estimator "
-                             f"{self.estimator!r} runs with loss.impl 'chunked' or 'reference'")
+    def _rules(self) -> "LossConfig":
+        check("loss", self)  # the estimator/kind rule the ops check too; Triton's estimators (config.rules)
         return self
 
     @property
     def label(self) -> str:
-        """The estimator in a trial id: "" for ``full``, else e.g. ``sampled``, ``topk8-teacher``,
-        ``topk8-union-tail``, ``k3``, ``k1-pathwise`` (k_gradient named unless ``auto``)."""
-        if self.estimator == "full":
-            return ""
-        if self.estimator == "topk":
-            return f"topk{self.top_k}-{self.topk_source}" + ("-tail" if self.topk_tail else "")
-        if self.estimator == "sampled":
-            return "sampled"
-        return self.estimator + ("" if self.k_gradient == "auto" else f"-{self.k_gradient}")
+        """The estimator in a trial id (`registry.estimator_label`): "" for ``full``, else e.g.
+        ``sampled``, ``topk8-teacher``, ``topk8-union-tail``, ``k3``, ``k1-pathwise``."""
+        return estimator_label(self.estimator, self.top_k, self.topk_source, self.topk_tail, self.k_gradient)
 
 
 class TeacherConfig(_Strict):
@@ -222,25 +198,15 @@ class TeacherConfig(_Strict):
     top_k: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
-    def _check_payload(self) -> "TeacherConfig":
-        if self.payload is not None and self.serve != "shared":
-            raise ValueError(f"teacher.payload {self.payload!r} needs teacher.serve 'shared' (the worker scores "
-                             "in-process: leave teacher.payload null with teacher.serve 'worker')")
-        if self.serve == "shared" and self.payload is None:
-            raise ValueError("teacher.serve 'shared' needs teacher.payload (allowed: hidden, topk)")
-        if self.payload == "topk" and self.top_k is None:
-            raise ValueError("teacher.payload 'topk' needs teacher.top_k (an integer >= 1)")
-        if self.top_k is not None and self.payload != "topk":
-            raise ValueError(f"teacher.top_k is read by teacher.payload 'topk' only (got payload {self.payload!r}): "
-                             "leave it null")
+    def _rules(self) -> "TeacherConfig":
+        check("teacher", self)  # payload with a shared teacher, top_k with payload topk (config.rules)
         return self
 
     @property
     def label(self) -> str:
-        """The teacher's part of a trial id: "" in the worker, ``hidden`` or ``topk<k>`` when shared."""
-        if self.serve == "worker":
-            return ""
-        return "hidden" if self.payload == "hidden" else f"topk{self.top_k}"
+        """The teacher's part of a trial id (`registry.teacher_label`): "" in the worker, ``hidden`` or
+        ``topk<k>`` when shared."""
+        return teacher_label(self.serve, self.payload, self.top_k)
 
 
 class OptimizerConfig(_Strict):

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any, Literal
 
 from pydantic import field_validator, model_validator
@@ -10,10 +11,11 @@ from pydantic import field_validator, model_validator
 from distillab.config.base import _Strict, flatten
 from distillab.config.evaluation import EvaluationConfig
 from distillab.config.identity import config_hash
+from distillab.config.rules import check
 from distillab.config.seeds import SeedsConfig
-from distillab.config.tasks import TasksConfig, domain_entry, task_entries
+from distillab.config.tasks import TasksConfig, domain_entry
 from distillab.config.training import LossConfig, OptimizerConfig, RLVRConfig, RolloutConfig, TeacherConfig
-from distillab.registry import ROLLOUT_ESTIMATORS
+from distillab.registry import trial_name
 
 
 class TrialConfig(_Strict):
@@ -60,94 +62,17 @@ class TrialConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _check_domain(self) -> "TrialConfig":
-        task = domain_entry(self.domain)
-        if task.items(self.evaluation) == 0:
-            raise ValueError(f"domain {self.domain!r} needs {task.scored_when} so that the task it distils is scored")
-        for e in task_entries():  # the settings of every task the trial uses
-            if e is task or e.items(self.evaluation) > 0:
-                e.check(self.tasks[e.name])
-        if self.tasks.teacher_conditioned and not task.teacher_prompts:
-            raise ValueError("tasks.teacher_system_prompt / teacher_user_template condition the Countdown prompts; "
-                             f"they do not apply to domain {self.domain!r}")
-        return self
-
-    @model_validator(mode="after")
-    def _check_precision(self) -> "TrialConfig":
-        if self.master_weights == "bf16" and self.precision != "bf16":
-            raise ValueError("master_weights 'bf16' needs precision 'bf16' (allowed with precision 'fp32': "
-                             f"master_weights 'fp32'; got precision {self.precision!r})")
-        return self
-
-    @model_validator(mode="after")
-    def _check_zero3(self) -> "TrialConfig":
-        if self.optimizer.zero_stage == 3 and self.rlvr is not None:
-            raise ValueError("optimizer.zero_stage 3 does not run an rlvr stage (its engine would wrap the "
-                             "partitioned student again): use zero_stage 0-2 or rlvr: null")
-        return self
-
-    @model_validator(mode="after")
-    def _check_rlvr_task_evaluated(self) -> "TrialConfig":
-        if self.rlvr is not None and self.rlvr.task not in self.evaluation.countdown_tasks:
-            raise ValueError(
-                f"rlvr.task {self.rlvr.task!r} must be in evaluation.countdown_tasks "
-                f"{list(self.evaluation.countdown_tasks)} so that it is scored at pre, distill and rlvr"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _check_teacher_conditioning(self) -> "TrialConfig":
-        if self.tasks.teacher_conditioned and self.rollout.policy == "spectrum":
-            raise ValueError("tasks.teacher_system_prompt / teacher_user_template (teacher conditioning) do not work "
-                             "with rollout.policy 'spectrum' (its pair sampler needs one prompt); use offpd or onpd")
-        return self
-
-    @model_validator(mode="after")
-    def _check_rollout_token_estimator(self) -> "TrialConfig":
-        est = self.loss.estimator
-        if est in ROLLOUT_ESTIMATORS and self.rollout.policy != "onpd":
-            raise ValueError(
-                f"loss.estimator {est!r} scores the rollout token, an estimate of KL(π_S‖π_T) only on the student's "
-                f"own samples: it needs rollout.policy 'onpd' (got {self.rollout.policy!r}; with OffPD rollouts "
-                "E[k1] = -KL(π_T‖π_S)); use estimator 'full', 'sampled' or 'topk' for other policies"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _check_teacher_payload(self) -> "TrialConfig":
-        if self.teacher.payload != "topk":
-            return self
-        if self.loss.importance_weight and self.rollout.policy == "offpd":
-            raise ValueError("loss.importance_weight with rollout.policy 'offpd' needs the teacher's log-probability "
-                             "of every sampled token, which teacher.payload 'topk' does not send: use payload 'hidden'")
-        if self.loss.impl == "triton":
-            raise ValueError("teacher.payload 'topk' runs the loss on the rebuilt teacher logits (loss.impl "
-                             "'reference' or 'chunked'), not the Triton kernels; got loss.impl 'triton'")
-        return self
-
-    @model_validator(mode="after")
-    def _check_importance_weight(self) -> "TrialConfig":
-        if self.loss.importance_weight and self.rollout.policy == "spectrum":
-            raise ValueError(
-                "loss.importance_weight needs rollout.policy 'offpd' or 'onpd' (π_λ has no trainer-side "
-                "distribution to compare with), got 'spectrum'"
-            )
+    def _rules(self) -> "TrialConfig":
+        check("trial", self)  # every cross-field rule of a trial (config.rules)
         return self
 
     @property
     def trial_id(self) -> str:
-        """Readable and deterministic: policy, divergence (``jsd<β>`` for JSD), the estimator
-        unless ``full`` (`LossConfig.label`), the shared teacher's payload (`TeacherConfig.label`),
-        LR, seed and a config hash."""
-        r, L = self.rollout, self.loss
-        policy = f"spectrum{r.lambda_:g}" if r.policy == "spectrum" else r.policy
-        kind = f"jsd{L.beta:g}" if L.kind == "jsd" else L.kind
-        est = f"-{L.label}" if L.label else ""
-        est += f"-{self.teacher.label}" if self.teacher.label else ""
-        return (
-            f"{policy}-{kind}{est}-lr{self.optimizer.lr:g}-s{self.seed}-"
-            f"{config_hash(self.model_dump(mode='json', exclude=self._unhashed()))[:8]}"
-        )
+        """Readable and deterministic: the name parts of the study axes (`registry.trial_name`:
+        policy, divergence (``jsd<β>`` for JSD), the estimator unless ``full``, the shared teacher's
+        payload, the staleness when not 0, LR, seed) and a config hash."""
+        name = trial_name(self.flat(), _default_values())
+        return f"{name}-{config_hash(self.model_dump(mode='json', exclude=self._unhashed()))[:8]}"
 
     def _unhashed(self) -> set[str] | None:
         """Sections left out of the id's hash: ``teacher`` at its default (``serve: worker``), so that a
@@ -158,3 +83,10 @@ class TrialConfig(_Strict):
     def flat(self) -> dict[str, Any]:
         """Every field as a dotted-key column (lists and dicts as JSON text)."""
         return flatten(self.model_dump(mode="json"))
+
+
+@cache
+def _default_values() -> dict[str, Any]:
+    """The default trial's `TrialConfig.flat` values: an axis named only away from its default
+    (`registry.Axis.name_if_default`) is compared with these."""
+    return TrialConfig().flat()

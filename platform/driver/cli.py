@@ -507,12 +507,13 @@ def _run_sweep(args, sweep, verbose: int, ray_s: float, perf0: float, wall0: flo
 
 
 def _print_tables(res, full: bool) -> None:
-    """The headline table (`analysis.plots.summary_table`: one row per swept configuration) or,
-    with ``full``, every final metric (`analysis.results.final_table`); then the RLVR rewards."""
+    """The headline table (`analysis.plots.summary_table`) or, with ``full``, every final metric
+    (`analysis.results.final_table`), both with one row per swept configuration
+    (`analysis.results.group_columns`: the study axes that vary, never the seed); then the RLVR rewards."""
     from distillab.analysis.plots import summary_table  # lazy: see the module docstring
-    from distillab.analysis.results import final_table, format_table
+    from distillab.analysis.results import final_table, format_table, group_columns
 
-    table = final_table(res, group_by=default_group_by(res)) if full else summary_table(res)
+    table = final_table(res, group_by=group_columns(res)) if full else summary_table(res)
     print(format_table(table), flush=True)
     _print_rlvr_rewards(res)
 
@@ -540,13 +541,6 @@ def load_resumable(path: str):
         return SweepConfig.saved(path)
     except ConfigError as e:
         raise ConfigError(f"--resume {e}") from None
-
-
-def default_group_by(res) -> list[str]:
-    """The swept config columns other than the seed (what a row of the report is)."""
-    cols = res.trials.collect_schema().names()
-    keys = ["rollout.policy", "rollout.lambda", "loss.kind", "loss.estimator", "optimizer.lr", "optimizer.clip"]
-    return [c for c in keys if c in cols]
 
 
 def run() -> None:

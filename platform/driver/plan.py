@@ -56,6 +56,7 @@ from distillab.models import (
 )
 from distillab.recipe.payload import payload_bytes_per_token
 from distillab.recipe.prepare import prepare_key, refined_teacher_dir
+from distillab.registry import AXES, OFFPD, ONPD, SPECTRUM
 from distillab.tasks.registry import Task, domain_task, get, registered
 from distillab.tasks.taskio import render
 
@@ -152,7 +153,7 @@ def check_checkpoints(sweep: SweepConfig, weights: bool = True) -> dict[str, Rol
     try:
         check_same_vocab(t.tokenizer, s.tokenizer)
         check_lm_heads(t.vocab_rows, s.vocab_rows, len(s.tokenizer), sweep.trial.loss.pad_vocab,
-                       spectrum=any(x.rollout.policy == "spectrum" for x in sweep.trials))
+                       spectrum=any(x.rollout.policy == SPECTRUM for x in sweep.trials))
     except ValueError as e:
         raise CheckpointError(f"models ({where}): {e}") from None
     return roles
@@ -296,7 +297,7 @@ def estimate(trial: TrialConfig, tok, n_teacher: int, n_student: int) -> Estimat
     p = est.prompt_tokens
     seq = p[domain.name] + r.max_tokens
     n_seq = o.steps * o.prompts_per_step * o.rollouts_per_prompt
-    sampler = {"offpd": n_teacher, "onpd": n_student, "spectrum": n_teacher + n_student}[r.policy]
+    sampler = {OFFPD: n_teacher, ONPD: n_student, SPECTRUM: n_teacher + n_student}[r.policy]
     update = (8 if trial.gradient_checkpointing else 6) * n_student
     est.tokens["distill"] = n_seq * seq
     est.flops["distill"] = est.tokens["distill"] * (2 * sampler + 2 * n_teacher + update)
@@ -338,17 +339,23 @@ def _models_lines(roles: dict[str, Role], sweep: SweepConfig) -> list[str]:
 
 
 def _trial_lines(sweep: SweepConfig) -> list[str]:
+    """The trials, one line each: its id (whose name shows the study axes that have a name part,
+    `registry.Axis.in_name`), then its steps, prompts, LR, precision and sampler, and the value of
+    every other swept axis as `registry.Axis.text` prints it (e.g. ``sample τ_T=1``)."""
     keys = sweep.search.grid_keys
     if sweep.search.kind == "grid":
         lines = [f"trials: {len(sweep.trials)} (grid over {', '.join(keys)})"]
     else:  # Optuna: the trials are not known before the search; each sample changes the base trial's keys
         lines = [f"trials: {sweep.search.num_samples} (optuna: samples over {', '.join(sweep.search.space)}; "
                  "listed: the base trial each sample starts from)"]
+    unnamed = [AXES[k] for k in keys if not AXES[k].in_name]
     for t in sweep.trials:
         r, o = t.rollout, t.optimizer
         rl = f", then RLVR {t.rlvr.steps} steps on {t.rlvr.task}" if t.rlvr is not None else ""
+        values = t.flat()
+        axes = "".join(f", {a.text(values[a.key])}" for a in unnamed)
         lines.append(f"  {t.trial_id}: {o.steps} steps x {o.prompts_per_step} prompts, lr {o.lr:g}, {t.precision}, "
-                     f"rollouts {r.engine}{rl}")
+                     f"rollouts {r.engine}{rl}{axes}")
     return lines
 
 
@@ -408,7 +415,7 @@ def _estimate_lines(sweep: SweepConfig, roles: dict[str, Role], p: Placement, tf
     elif not p.gpus:
         lines.append("  (this sweep asks for no GPUs: the GPU-hours give its size at the assumed GPU throughput; "
                      "on CPU it runs far slower)")
-    if any(t.rollout.offpd_reuse and t.rollout.policy == "offpd" for t in sweep.trials):
+    if any(t.rollout.offpd_reuse and t.rollout.policy == OFFPD for t in sweep.trials):
         lines.append("  (OffPD trials with rollout.offpd_reuse share one rollout set; each is counted as sampling "
                      "its own)")
     return lines

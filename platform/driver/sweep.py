@@ -78,7 +78,7 @@ from distillab.analysis.results import load, pareto_front, trial_metrics
 from distillab.config import RuntimeContext, SweepConfig, TrialConfig, TrialLaunch, apply_point, point_of
 from distillab.driver.imports import without_unused_integrations
 from distillab.recipe.telemetry import TrialTimes, print_time
-from distillab.registry import REPORTER_COLUMNS
+from distillab.registry import OFFPD, REPORTER_COLUMNS
 from distillab.tables import report_metrics, write_rows
 
 log = logging.getLogger(__name__)
@@ -473,7 +473,7 @@ def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: i
     world = sweep.resources.num_workers
     todo: dict[Path, tuple[TrialConfig, int]] = {}
     for t in sweep.trials:
-        if t.rollout.policy == "offpd" and t.rollout.offpd_reuse:
+        if t.rollout.policy == OFFPD and t.rollout.offpd_reuse:
             for rank in range(world):
                 path = offpd_rollout_path(sweep.shared_cache_dir(), t, teacher_path, rank, world)
                 if not path.exists():

@@ -65,7 +65,7 @@ from distillab.recipe.rlvr import run_rlvr_stage
 from distillab.recipe.session import RaySession, Session
 from distillab.recipe.teacher import LocalTeacher, samples_with_teacher, shared_teacher
 from distillab.recipe.telemetry import MetricsLog, RayGauges, TrialTimes, quiet_report_log
-from distillab.registry import with_forgetting
+from distillab.registry import OFFPD, ONPD, SPECTRUM, with_forgetting
 from distillab.rollout.source import RolloutSource, TeacherPrompts, step_prompts
 from distillab.rollout.stale import StaleRollouts, stale_source
 from distillab.rollout.types import Rollouts
@@ -152,7 +152,7 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
     tok, teacher, student = setup_models(ctx, trial)
     scorer = LocalTeacher(teacher) if trial.teacher.serve == "worker" else shared_teacher(trial, ctx, trial_id)
     check_lm_heads(scorer.vocab_size, student.config.vocab_size, len(tok), trial.loss.pad_vocab,
-                   spectrum=trial.rollout.policy == "spectrum")
+                   spectrum=trial.rollout.policy == SPECTRUM)
     init_state = {k: v.detach().float().clone() for k, v in student.state_dict().items()}
     resume: Resume | None = session.restore(
         lambda d: load_checkpoint(d, rank, DTYPES[trial.precision], trial.attn_implementation))
@@ -176,7 +176,7 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
     prompts = data.train_prompts(tok, rank)
     conditioning = TeacherPrompts(prompts, data.train_prompts(tok, rank, role="teacher")) \
         if trial.tasks.teacher_conditioned else None
-    with gathered_for_generation(engine, trial.rollout.policy == "onpd") as module:  # its first weight sync
+    with gathered_for_generation(engine, trial.rollout.policy == ONPD) as module:  # its first weight sync
         source = RolloutSource(trial, ctx, tok, teacher, module, rank, world, conditioning)
         source = stale_source(trial, source, module, prompts, per_worker, start_step)  # rollout.max_staleness
     gen = torch.Generator(device=engine.device).manual_seed(trial.seeds.loss_seed(trial.seed, rank))
@@ -320,7 +320,7 @@ def run_worker(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session: 
     with bf16_matmuls(trial.precision, "cuda" if torch.cuda.is_available() else "cpu"):
         w = setup_trial(trial, ctx, trial_id, session, times)
         o = trial.optimizer
-        samples = trial.rollout.policy != "offpd"  # the student samples (ZeRO 3: gathered whole for it)
+        samples = trial.rollout.policy != OFFPD  # the student samples (ZeRO 3: gathered whole for it)
         for step in range(w.start_step, o.steps):
             t0 = time.perf_counter()
             prompts = step_prompts(w.prompts, step, w.per_worker, o.rollouts_per_prompt)

@@ -40,6 +40,7 @@ from distillab.config import LossConfig, TrialConfig
 from distillab.ops.chunked import chunked_distill_loss, estimator_rows, pad_vocab, token_logprobs_from_hidden
 from distillab.ops.kl import STAT_NAMES, engine_mismatch_weights, estimator_loss, row_coefficients, token_stats
 from distillab.ops.oracle import chunked_oracle, logits_oracle
+from distillab.registry import OFFPD
 from distillab.rollout.types import Rollouts, engine_logprobs, model_device, pack_rollouts, position_ids
 
 __all__ = ["Batch", "Forward", "LossOutput", "LOSSES", "DIAGNOSTICS", "pack_batch", "forward", "loss_impl",
@@ -268,7 +269,7 @@ def _policy_logp(trial: TrialConfig, fwd: Forward) -> torch.Tensor:
     """log p_θ (B, T) of each sampled token under the rollout policy at its sampling τ
     (the teacher at τ_T for OffPD, the student at τ_S for OnPD), 0 off the completions."""
     r, b = trial.rollout, fwd.batch
-    h, w, bias, tau = (fwd.h_t, fwd.w_t, fwd.b_t, r.tau_t) if r.policy == "offpd" else (
+    h, w, bias, tau = (fwd.h_t, fwd.w_t, fwd.b_t, r.tau_t) if r.policy == OFFPD else (
         fwd.h_s.detach(), fwd.w_s.detach(), fwd.b_s, r.tau_s)
     logp = torch.zeros(b.cmask.shape, dtype=torch.float32, device=b.cmask.device)
     logp[b.cmask] = token_logprobs_from_hidden(h[b.cmask], w, b.targets[b.cmask], tau,

@@ -52,6 +52,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from distillab.config import RuntimeContext, TeacherConfig, TrialConfig
 from distillab.models import DTYPES, bf16_matmuls, load_model
 from distillab.recipe.payload import payload_bytes_per_token
+from distillab.registry import OFFPD, SPECTRUM
 from distillab.rollout.actor import resolve_engine
 
 __all__ = ["SERVICE_NAMESPACE", "TeacherRequest", "TeacherAnswer", "TeacherScorer", "SharedTeacher",
@@ -364,7 +365,7 @@ def samples_with_teacher(trial: TrialConfig) -> bool:
     the service all the same."""
     r = trial.rollout
     in_process = resolve_engine(r.engine, batched=False) == "transformers"
-    return r.policy == "spectrum" or (r.policy == "offpd" and not r.offpd_reuse and in_process)
+    return r.policy == SPECTRUM or (r.policy == OFFPD and not r.offpd_reuse and in_process)
 
 
 def shared_teacher(trial: TrialConfig, ctx: RuntimeContext, trial_id: str) -> SharedTeacher:

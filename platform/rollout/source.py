@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 import ray
 
 from distillab.config import TrialConfig, cache_key, checkpoint_identity
+from distillab.registry import OFFPD, ONPD, SPECTRUM
 from distillab.rollout.actor import ActorSampler, resolve_engine, start_vllm_actor
 from distillab.rollout.engine import TransformersEngine
 from distillab.rollout.spectrum import SpectrumEngine
@@ -45,12 +46,12 @@ def sample_rollouts(trial: TrialConfig, teacher, student, tokenizer, prompts: li
     student and teacher log-likelihood). No gradients."""
     r = trial.rollout
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    if r.policy == "spectrum":
+    if r.policy == SPECTRUM:
         engine = SpectrumEngine(student, teacher, eos, pad, lam=r.lambda_, tau_s=r.tau_s, tau_t=r.tau_t,
                                 alpha=r.alpha, c=r.clip_c)
         tau = 1.0  # unused by the spectrum (its τ_S, τ_T are the engine's)
     else:
-        policy, tau = (teacher, r.tau_t) if r.policy == "offpd" else (student, r.tau_s)
+        policy, tau = (teacher, r.tau_t) if r.policy == OFFPD else (student, r.tau_s)
         engine = TransformersEngine(policy, eos, pad)
     sp = SamplingParams(tau, r.top_p, r.max_tokens, trial.optimizer.rollouts_per_prompt, seed)
     return engine.generate(prompts, sp)
@@ -78,12 +79,12 @@ class TeacherPrompts:
 
     def sampling_prompts(self, trial: TrialConfig, batch: list[list[int]]) -> list[list[int]]:
         """The prompts the rollout policy samples from: the teacher's for OffPD."""
-        return [self.to_teacher[tuple(p)] for p in batch] if trial.rollout.policy == "offpd" else batch
+        return [self.to_teacher[tuple(p)] for p in batch] if trial.rollout.policy == OFFPD else batch
 
     def condition(self, trial: TrialConfig, rollouts: Rollouts) -> Rollouts:
         """``rollouts`` (sampled from the teacher's prompts for OffPD, the student's
         otherwise) with ``prompt_ids`` the student's and ``teacher_prompt_ids`` the teacher's."""
-        if trial.rollout.policy == "offpd":
+        if trial.rollout.policy == OFFPD:
             teacher = [list(p) for p in rollouts.prompt_ids]
             student = [self.to_student[tuple(p)] for p in teacher]
         else:
@@ -151,8 +152,8 @@ def offpd_rollout_set(trial: TrialConfig, teacher_path: str | Path, tokenizer, r
         FileNotFoundError: nothing cached and no ``generate`` given.
     """
     r, o = trial.rollout, trial.optimizer
-    if r.policy != "offpd":
-        raise ValueError(f"offpd_rollout_set: rollout.policy must be 'offpd', got {r.policy!r}")
+    if r.policy != OFFPD:
+        raise ValueError(f"offpd_rollout_set: rollout.policy must be {OFFPD!r}, got {r.policy!r}")
     path = offpd_rollout_path(cache_dir, trial, teacher_path, rank, world_size)
     if not path.exists():
         if generate is None and generate_many is None:
@@ -191,23 +192,23 @@ class RolloutSource:
         self.trial, self.ctx, self.tok, self.teacher, self.rank = trial, ctx, tokenizer, teacher, rank
         self.conditioning, self.actor, self.cached = conditioning, None, None
         r = trial.rollout
-        if r.policy == "offpd" and r.offpd_reuse:
+        if r.policy == OFFPD and r.offpd_reuse:
             self.cached = offpd_rollout_set(trial, ctx.teacher_path, tokenizer, rank, world, ctx.shared_cache,
                                             generate_many=lambda jobs: self._fresh().generate_many(jobs))
             self.close()
-        elif resolve_engine(r.engine, batched=False) == "vllm" and r.policy in ("offpd", "onpd"):
+        elif resolve_engine(r.engine, batched=False) == "vllm" and r.policy in (OFFPD, ONPD):
             self._fresh()
-            if r.policy == "onpd":  # the engine starts from the same weights as the trainer (also after a resume)
+            if r.policy == ONPD:  # the engine starts from the same weights as the trainer (also after a resume)
                 self.sync(module, force=True)
 
     def _fresh(self):
         """The engine for this worker's policy, started on first use: a `RolloutActor`
         (vLLM) or an in-process `TransformersEngine` over the held model."""
         r = self.trial.rollout
-        if resolve_engine(r.engine, batched=r.policy == "offpd" and r.offpd_reuse) != "vllm":
+        if resolve_engine(r.engine, batched=r.policy == OFFPD and r.offpd_reuse) != "vllm":
             return TransformersEngine(self.teacher, self.tok.eos_token_id, self.tok.pad_token_id)
         if self.actor is None:
-            path = self.ctx.teacher_path if r.policy == "offpd" else self.ctx.student_path
+            path = self.ctx.teacher_path if r.policy == OFFPD else self.ctx.student_path
             self.actor = start_vllm_actor(self.trial, path, self.tok, self.ctx.torch_threads)
             self._remote = ActorSampler(self.actor)
         return self._remote
@@ -227,7 +228,7 @@ class RolloutSource:
             sampling_prompts = c.sampling_prompts(self.trial, prompts) if c is not None else prompts
             seed = rollout_seed(self.trial, step, self.rank)
             if self.actor is not None:
-                tau = r.tau_t if r.policy == "offpd" else r.tau_s
+                tau = r.tau_t if r.policy == OFFPD else r.tau_s
                 sp = SamplingParams(tau, r.top_p, r.max_tokens, self.trial.optimizer.rollouts_per_prompt, seed)
                 rollouts = self._remote.generate(sampling_prompts, sp)
             else:
@@ -238,7 +239,7 @@ class RolloutSource:
         """Weight sync into the vLLM engine (OnPD) after optimizer step ``step`` (1-based)
         when due. Full parameters are read from ``module`` (ZeRO 0-2 keep them whole on
         every rank). Returns seconds spent (0.0 when none was due)."""
-        if self.actor is None or self.trial.rollout.policy != "onpd":
+        if self.actor is None or self.trial.rollout.policy != ONPD:
             return 0.0
         if not force and step % self.trial.rollout.sync_every:
             return 0.0
@@ -247,7 +248,7 @@ class RolloutSource:
     @property
     def syncs(self) -> bool:
         """True when `sync` moves weights (OnPD with an engine actor)."""
-        return self.actor is not None and self.trial.rollout.policy == "onpd"
+        return self.actor is not None and self.trial.rollout.policy == ONPD
 
     def close(self) -> None:
         """End the engine actor, if one was started."""

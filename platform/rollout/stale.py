@@ -26,9 +26,9 @@ the thread (tests/rollout/test_staleness.py).
 Threads: the sampler seeds the process-global RNG per chunk (`rollout.engine.sample_chunks`);
 the learner's step draws only from its own generator, so the two do not interleave.
 Torch function modes are per thread, so the producer enters `models.bf16_matmuls` itself.
-Limits: ZeRO 3 (the student is partitioned) and the vLLM actor are refused; a resumed
-trial restarts the queue at its step (its first k batches are fresher than the
-uninterrupted trial's).
+Limits: ZeRO 3 (the student is partitioned) and the vLLM actor are refused when the config is
+loaded (`config.rules`); a resumed trial restarts the queue at its step (its first k batches are
+fresher than the uninterrupted trial's).
 """
 
 from __future__ import annotations
@@ -137,13 +137,12 @@ def stale_source(trial: TrialConfig, source: RolloutSource, module, prompts: Seq
     """The worker's rollout source for ``rollout.max_staleness``: ``source`` itself for k = 0
     (the synchronous trial) unless ``force``, else a `StaleRollouts` over it.
 
+    ZeRO 3 (the student partitioned; the copy needs it whole) is refused when the config is
+    loaded (`config.rules`), before anything starts.
+
     Raises:
-        ValueError: k ≥ 1 with ZeRO 3 (the student is partitioned; the copy needs it whole)
-            or with an engine actor (`StaleRollouts`)."""
+        ValueError: k ≥ 1 with an engine actor (`StaleRollouts`)."""
     k = trial.rollout.max_staleness
     if k == 0 and not force:
         return source
-    if trial.optimizer.zero_stage == 3:
-        raise ValueError("rollout.max_staleness > 0 copies the whole student for the producer thread; "
-                         "optimizer.zero_stage 3 partitions it: use a stage 0-2")
     return StaleRollouts(trial, source, module, prompts, per_worker, start_step, k)

@@ -734,3 +734,83 @@ def test_run_records_with_and_without_cpu_and_arithmetic_side_by_side(tmp_path) 
         "ation 1.00) | coverage pass@k at similar pass@1: higher for forward KL than for reverse KL |"]
     assert "(AMD EPYC 7B13; bf16 products: float32 (no native bf16))" in md
     assert "on 2 CPUs (not recorded; bf16 products: not recorded)" in md
+
+
+# --------------------------------------------------------------------------- the rule text, from one place
+
+
+def test_printed_rule_text_comes_from_the_rules_mapping(monkeypatch) -> None:
+    """Every claim and rule `distillab findings` prints (its text, findings.md and the verdict table's
+    reason) is `analysis.rules.RULES`' string: replaced there, it changes everywhere. F1 here fails
+    (b) only: reverse KL's accuracy equals forward KL's, so its range over η is not twice forward's."""
+    from distillab.analysis import rules
+    from distillab.analysis.findings import reason
+
+    cells = base_cells()
+    for (p, lam, k, lr), v in cells.items():
+        if p != "spectrum" and k == "reverse":
+            v["acc"] = cells[p, lam, "forward", lr]["acc"]
+    monkeypatch.setitem(rules.RULES, "F1", rules.Rule("CLAIM-1", {"(a)": "CLAUSE-1A", "(b)": "CLAUSE-1B"}))
+    monkeypatch.setitem(rules.RULES, "F4", rules.Rule("CLAIM-4", {"": "CLAUSE-4"}, reported="REPORTED-4"))
+    result = decide(study(cells), only=["F1", "F4"])
+    f1_, f4_ = result["all"]
+    assert (f1_.verdict, f4_.verdict) == (NOT_REPRODUCED, REPRODUCED)
+    assert (f1_.claim, f1_.rule) == ("CLAIM-1", "(a) CLAUSE-1A, and (b) CLAUSE-1B")
+    assert f4_.rule == "CLAUSE-4; reported: REPORTED-4"
+    text = format_verdicts(result)
+    assert "F1  NOT REPRODUCED  (confidence" in text and ")  — CLAIM-1\n    rule (§9): (a) CLAUSE-1A, and (b) CLAUSE-1B\n" in text
+    assert reason(f1_) == "fails (b): CLAUSE-1B" and reason(f4_) == "the rule holds"
+    md = findings_markdown(study(cells), result, {}, ["runs/x"])
+    assert "Finding (PROTOCOL.md §7): CLAIM-1\n\nRule (§9): (a) CLAUSE-1A, and (b) CLAUSE-1B." in md
+    assert "| fails (b): CLAUSE-1B |" in md and "Rule (§9): CLAUSE-4; reported: REPORTED-4." in md
+
+
+def test_findings_md_opens_with_a_compact_verdict_table_and_a_title_naming_the_study() -> None:
+    """One group: a table of finding, verdict, confidence, firm/fragile, replication and a one-line reason
+    (all reproduced here; the least confident clause named), then our values one per row, not in a
+    column of the verdict table; the title names the sweep directories (unique per study page)."""
+    from distillab.analysis.findings import confidence_text, findings_title, verdict_table_lines
+
+    res = study()
+    result = decide(res, only=["F2", "F4"])
+    md = findings_markdown(res, result, {}, ["runs/micro_findings"])
+    assert md.startswith("# Findings: micro_findings\n\nThe verdicts of PROTOCOL.md §9 on findings F2, F4, generated "
+                         "by `distillab findings runs/micro_findings --only F2,F4` from 66 trials")
+    lines = verdict_table_lines(result)
+    table, values, ours = lines[0], lines[2], lines[4].splitlines()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()]
+    assert rows[0] == ["finding", "verdict", "confidence", "firm/fragile", "replication", "reason"]
+    f2_, f4_ = result["all"]
+    weakest = min(f2_.clauses, key=lambda c: c.confidence)
+    assert rows[2][:2] == ["F2", "reproduced"] and rows[2][5] == (
+        f"every clause holds; least confident: {weakest.name} ({confidence_text(weakest.confidence)})")
+    assert rows[3][:2] == ["F4", "reproduced"] and rows[3][5] == "the rule holds"
+    assert values.startswith("Our values of the quantities the paper reports")
+    assert [c.strip() for c in ours[0].strip("|").split("|")] == ["finding", "quantity", "ours (mean ± SEM)"]
+    assert sum(line.startswith("| F2 ") for line in ours) == len(f2_.ours) == 4
+    assert findings_title(["docs/data/micro_replicates_s42", "docs/data/micro_replicates_s43"]) == (
+        "Findings: micro_replicates_s42, micro_replicates_s43")
+    assert findings_title(["runs/a", "runs/b"], by="sweep", task="math") == "Findings: a, b by sweep, read on math"
+
+
+def test_regime_skips_cells_of_one_seed() -> None:
+    """A cell with one seed has no SEM (null in `cell_table`): `regime` skips it, as its docstring says,
+    instead of failing on it (``distillab findings`` on one replicate directory, or ``--by sweep`` over
+    directories of one seed each)."""
+    from distillab.analysis.findings import regime
+
+    one_seed = _staged_cells(0.45).with_columns(pl.lit(None, pl.Float64).alias("hard10_sem"),
+                                                pl.lit(1).alias("hard10_n"))
+    assert regime(one_seed) == ("", "no cell has the value before and after distillation with an SEM")
+
+
+def test_a_cell_mean_is_the_same_bits_whatever_order_its_trials_come_in() -> None:
+    """`cell_table` sums a cell's seeds in seed order, so the same trials give the same bits in any row
+    order (a group_by's output order varies from run to run; a last-bit difference flipped a printed
+    "about 433 seeds" to 432 between two runs on docs/data/micro_findings). 0.1, 0.2, 0.3 sum to
+    0.6000000000000001 in that order and to 0.6 as 0.3 + 0.2 + 0.1."""
+    cell = ("offpd", None, "forward", 1e-4)
+    tv = trial_values(study({cell: dict(acc=0.2, f=-0.1, S=0.9, cover=0.3, hard=0.0)}))
+    tv = tv.with_columns(pl.col("seed").replace_strict({42: 0.1, 43: 0.2, 44: 0.3}, return_dtype=pl.Float64).alias("acc"))
+    rows = [cell_table(tv.sample(fraction=1.0, shuffle=True, seed=s)).row(0, named=True)["acc_mean"] for s in range(8)]
+    assert rows == [(0.1 + 0.2 + 0.3) / 3] * 8
