@@ -10,9 +10,9 @@ from typing import Any
 
 #: Bytes read at a time when hashing a file (`file_sha256`)
 _HASH_BLOCK = 1 << 24
-#: sha256 of files already hashed in this process, by (path, size, mtime_ns): the key is the bytes' hash; the
-#: stat only says when the hash must be taken again
-_HASHED: dict[tuple[str, int, int], str] = {}
+#: sha256 of files already hashed in this process, by (path, inode, size, mtime_ns, ctime_ns): the key is the
+#: bytes' hash; the stat only says when it must be taken again (any write changes ctime, which utime cannot set back)
+_HASHED: dict[tuple[str, int, int, int, int], str] = {}
 
 
 def config_hash(data: Any) -> str:
@@ -34,14 +34,14 @@ def cache_key(job: str, version: int, **inputs: Any) -> str:
 
 def file_sha256(path: str | Path) -> str:
     """sha256 (hex) of the bytes of the file ``path``, read in 16 MiB blocks (~0.3 s for a
-    90 MB GGUF file). Taken once per process for a file whose size and mtime have not
-    changed since (the stat only decides when to hash again; the value is the bytes' hash).
+    90 MB GGUF file). Taken once per process for a file whose inode, size, mtime and ctime
+    have not changed since (the stat only decides when to hash again; the value is the bytes' hash).
 
     Raises:
         OSError: the file cannot be read."""
     path = Path(path).resolve()
     st = path.stat()
-    memo = (str(path), st.st_size, st.st_mtime_ns)
+    memo = (str(path), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if memo not in _HASHED:
         h = hashlib.sha256()
         with open(path, "rb") as f:
