@@ -176,3 +176,128 @@ def test_pad_vocab_on_a_tied_student_head() -> None:
     (g_plain,) = torch.autograd.grad(plain, emb.weight)
     assert abs(padded.item() - plain.item()) <= tol() * abs(plain.item())
     assert _rel(g_pad, g_plain) <= tol() and g_pad.shape == (V, H)
+
+
+# --------------------------------------------------------------------------------------------------
+# A tiny pair with SmolLM2's tokenizer and vocabulary (tests/_checkpoints.smol_pair)
+# --------------------------------------------------------------------------------------------------
+
+
+def _prompts(tok) -> list[list[int]]:
+    """Three chat-template prompts of different lengths, as SmolLM2 renders them."""
+    texts = ["Using the numbers 25, 7 and 3, make 96.", "Hi", "Name two prime numbers between 10 and 20, please."]
+    return [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
+                                    return_dict=False) for t in texts]
+
+
+def test_the_checks_accept_the_tied_pair_at_the_real_vocabulary(smol_pair) -> None:
+    """The pair as ``hf`` sources: one tokenizer of 49,152 tokens, both lm_heads of 49,152 rows (the
+    tied embedding matrices), the student's 2 layers; no padding needed."""
+    from distillab.config import load_sweep
+    from distillab.driver.plan import check_checkpoints
+
+    from _helpers import REPO
+
+    sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {"models.teacher": {"hf": str(smol_pair[0])},
+                                                               "models.student": {"hf": str(smol_pair[1])}})
+    roles = check_checkpoints(sweep)
+    assert [(r.vocab_rows, len(r.tokenizer), r.config.tie_word_embeddings, r.config.num_hidden_layers)
+            for r in roles.values()] == [(V, V, True, 3), (V, V, True, 2)]
+
+
+@pytest.mark.parametrize("tau, top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_static_kv_sampler_equals_generate_at_the_real_vocabulary(smol_pair, tau, top_p) -> None:
+    """`rollout.decode.sample_tokens` (the transformers engine's static KV cache) on the tied
+    3-layer model: the tokens of ``generate(do_sample=True)`` under the same seed, and the
+    logprobs of its raw logits within 2·`tol`(H)·max|z|: the prefill's lm_head is one GEMM of
+    another height than generate's (tests/rollout/test_decode.py), so each logit may round
+    differently over its H = 64 products, and a logprob z_y − lse carries two such errors."""
+    from distillab.models import load_model, load_tokenizer
+    from distillab.ops.kl import token_logprobs
+    from distillab.rollout.decode import sample_tokens, static_decode_supported
+    from distillab.rollout.types import left_pad
+
+    tok, model = load_tokenizer(smol_pair[0]), load_model(smol_pair[0]).eval()
+    assert static_decode_supported(model) and model.get_output_embeddings().weight is model.model.embed_tokens.weight
+    ids, attn = left_pad(_prompts(tok), tok.pad_token_id)
+    for seed in range(2):
+        torch.manual_seed(seed)
+        res = model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=tau, top_p=top_p, top_k=0,
+                             max_new_tokens=8, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                             output_logits=True, return_dict_in_generate=True)
+        want = res.sequences[:, ids.shape[1]:]
+        torch.manual_seed(seed)
+        with torch.inference_mode():
+            got, lp = sample_tokens(model, ids, attn, temperature=tau, top_p=top_p, max_new=8,
+                                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        assert torch.equal(got, want) and int(want.max()) < V
+        logits = torch.stack(res.logits, 1)
+        atol = 2 * tol(H) * float(logits.abs().max()) / tau
+        torch.testing.assert_close(lp, token_logprobs(logits, want, tau), rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("loss", [{"kind": "forward", "impl": "chunked"}, {"kind": "reverse", "impl": "reference"},
+                                  {"kind": "forward", "estimator": "topk", "top_k": 8, "topk_tail": True}],
+                         ids=lambda x: "-".join(map(str, x.values())))
+def test_hidden_payload_equals_in_worker_scoring_at_the_real_vocabulary(smol_pair, loss) -> None:
+    """``teacher.serve: shared`` with the ``hidden`` payload on the tied teacher: the lm_head read
+    from the checkpoint's safetensors (`teacher.load_lm_head`: stored once, as the input embedding)
+    is the model's, and the loss, diagnostics (the oracle's included) and every student gradient
+    equal in-worker scoring to 1e-6 (tests/test_teacher.py at micro scale)."""
+    from _helpers import EngineStandIn, random_rollouts
+
+    from distillab.config import TrialConfig
+    from distillab.models import load_model, load_tokenizer
+    from distillab.recipe.loss import loss_step
+    from distillab.recipe.teacher import LocalTeacher, SharedTeacher, TeacherScorer, load_lm_head
+
+    teacher_dir, student_dir = smol_pair
+    pad = load_tokenizer(teacher_dir).pad_token_id
+    in_worker = load_model(teacher_dir).eval().requires_grad_(False)
+    w, b = load_lm_head(teacher_dir, torch.float32)
+    assert b is None and torch.equal(w, in_worker.model.embed_tokens.weight)
+    cfg = {"rollout": {"policy": "onpd"}, "loss": {**loss, "oracle_every": 1}}
+    results = []
+    for trial, teacher in (
+        (TrialConfig.model_validate(cfg), LocalTeacher(in_worker)),
+        (TrialConfig.model_validate({**cfg, "teacher": {"serve": "shared", "payload": "hidden"}}), None),
+    ):
+        if teacher is None:
+            teacher = SharedTeacher(trial.teacher, w, b, TeacherScorer(str(teacher_dir)), "t")
+        student = load_model(student_dir)
+        value, diag = loss_step(trial, EngineStandIn(student), teacher, random_rollouts(V, 3), pad,
+                                torch.Generator().manual_seed(0), step=1)
+        value.backward()
+        results.append((value.item(), {k: v for k, v in diag.items() if not k.startswith("teacher/")},
+                        {n: p.grad for n, p in student.named_parameters()}))
+    (want, want_diag, want_grads), (got, got_diag, got_grads) = results
+    assert got == pytest.approx(want, rel=1e-6) and "estimator/bias" in got_diag
+    assert got_diag == pytest.approx(want_diag, rel=1e-6, abs=1e-6, nan_ok=True)
+    assert "model.embed_tokens.weight" in got_grads and "lm_head.weight" not in got_grads  # tied: one parameter
+    for n, g in got_grads.items():
+        torch.testing.assert_close(g, want_grads[n], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("lam", [0.5, -2.0])
+def test_spectrum_sampler_at_the_real_vocabulary_matches_a_float64_rescoring(smol_pair, lam) -> None:
+    """`rollout.spectrum.SpectrumEngine` between the derived student and its teacher: each sampled
+    token's recorded logprob is log π_λ of full teacher-forced passes of both models, recomputed in
+    float64, to 1e-4 (tests/rollout/test_spectrum.py at micro scale)."""
+    from distillab.models import load_model, load_tokenizer
+    from distillab.rollout.spectrum import SpectrumEngine
+    from distillab.rollout.types import SamplingParams, pack_rollouts, position_ids
+
+    tok = load_tokenizer(smol_pair[0])
+    teacher, student = load_model(smol_pair[0]).eval(), load_model(smol_pair[1]).eval()
+    tau_s, tau_t = 1.0, 0.7
+    eng = SpectrumEngine(student, teacher, tok.eos_token_id, tok.pad_token_id, lam=lam, tau_s=tau_s, tau_t=tau_t)
+    ro = eng.generate(_prompts(tok), SamplingParams(max_tokens=8, n=2, seed=11))
+    ids, attn, cmask = pack_rollouts(ro.prompt_ids, ro.completion_ids, tok.pad_token_id)
+    with torch.no_grad():
+        kw = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
+        ls = torch.log_softmax(student(**kw).logits.double() / tau_s, -1)
+        lt = torch.log_softmax(teacher(**kw).logits.double() / tau_t, -1)
+    lz = torch.log_softmax(spectrum_logits(ls, lt, lam), -1).gather(-1, torch.roll(ids, -1, 1).unsqueeze(-1)).squeeze(-1)
+    assert ls.shape[-1] == V and sum(map(len, ro.completion_ids)) > 0
+    for b, lp in enumerate(ro.logprobs):
+        torch.testing.assert_close(torch.tensor(lp, dtype=torch.float64), lz[b][cmask[b]], rtol=0, atol=1e-4)
