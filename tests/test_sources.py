@@ -235,3 +235,21 @@ def test_the_conversion_check_catches_a_directory_that_differs(tmp_path) -> None
     save_file(w, tmp_path / "moved" / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(RuntimeError, match="does not reproduce the GGUF load"):
         _verify_saved(model, tok, tmp_path / "moved")
+
+
+def test_a_runs_check_reads_the_directory_it_makes_and_the_dry_run_makes_none(tmp_path) -> None:
+    """`plan.check_checkpoints` of a derived student not made yet: the dry-run (``weights=False``)
+    plans from the teacher's config cut to the kept layers and writes nothing; a run's check makes
+    the directory (once, as ``prepare`` would) and reads it; both give the same parameter count."""
+    from distillab.driver.plan import check_checkpoints
+
+    model, tok = _llama(True, layers=3)
+    model.save_pretrained(tmp_path / "teacher")
+    tok.save_pretrained(tmp_path / "teacher")
+    sweep = _sweep(teacher={"hf": str(tmp_path / "teacher")}, cache_dir=str(tmp_path / "cache"),
+                   student={"derive": {"from": "teacher", "keep_layers": [1]}})
+    planned = check_checkpoints(sweep, weights=False)["student"]
+    assert planned.path is None and not planned.path_if_prepared.exists() and planned.config.num_hidden_layers == 1
+    checked = check_checkpoints(sweep)["student"]
+    assert (checked.path_if_prepared / PREPARED_FILE).exists() and checked.params == planned.params
+    assert checked.directory == model_dir(sweep, "student") and checked.source == "derive"

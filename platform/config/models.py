@@ -95,7 +95,8 @@ class GGUFPackageFile(_Strict):
 
 
 class DeriveSpec(_StrictAliased):
-    """A depth-pruned copy of the teacher (Minitron's depth pruning, Sreenivas et al. 2024,
+    """The student's source only (``models.student.derive``): a depth-pruned copy of the teacher
+    (Minitron's depth pruning, Sreenivas et al. 2024,
     "LLM Pruning and Distillation in Practice: The Minitron Approach", arXiv 2407.14679, §2):
     the kept layers' weights copied in order and renumbered 0..len(keep_layers)-1, the
     embeddings, final norm and lm_head kept."""
@@ -121,9 +122,11 @@ SOURCE_KINDS = ("micro", "hf", "gguf", "derive")
 
 
 class ModelSource(_Strict):
-    """Where a model comes from (DESIGN.md "Model sources"), written in YAML as one of
-    `SOURCE_SPELLINGS`; `distillab.models.sources` resolves each into one Hugging Face
-    directory, and every consumer reads only that directory.
+    """Where a model comes from (DESIGN.md "Model sources"), written in YAML as ``micro``,
+    ``{hf: DIR}``, ``{gguf: FILE}``, ``{gguf: {package: NAME, file: FILE}}`` or (the student)
+    ``{derive: {from: teacher, keep_layers: [...]}}``; ``prepare`` resolves each into one Hugging
+    Face directory (`distillab.models.sources`), and every consumer reads only that directory
+    (docs/real_checkpoints.md).
 
     - ``micro``: built from ``models.micro_<role>`` and trained by ``prepare``;
     - ``{hf: DIR}``: a local Hugging Face directory, used where it is (nothing copied);
@@ -215,14 +218,15 @@ class ModelsConfig(_Strict):
     teacher_path: str | None = None
     #: the student's checkpoint directory: the spelling of ``student: {hf: DIR}``; null: ``student`` decides
     student_path: str | None = None
-    #: where ``prepare`` caches the micro models (``<cache_dir>/<config hash>``) and trials share OffPD sets
+    #: where ``prepare`` caches the models it makes (``<cache_dir>/<role>-<key>`` micro, ``gguf-<key>``,
+    #: ``derive-<key>``) and trials share OffPD sets
     cache_dir: str = ".cache/models"
-    #: the micro teacher's architecture and SFT (used when ``teacher_path`` is null)
+    #: the micro teacher's architecture and SFT (used when the teacher's source is micro)
     micro_teacher: MicroModelConfig = MicroModelConfig(
         hidden_size=128, num_layers=4, num_heads=4, intermediate_size=256, sft_steps=3000,
         countdown_examples={"countdown3": 40_000, "countdown4e": 20_000},
     )
-    #: the micro student's architecture and SFT (used when ``student_path`` is null)
+    #: the micro student's architecture and SFT (used when the student's source is micro)
     micro_student: MicroModelConfig = MicroModelConfig(
         hidden_size=128, num_layers=3, num_heads=4, intermediate_size=256, sft_steps=800,
         countdown_examples={"countdown3": 500}, skill_examples=20_000,

@@ -7,12 +7,15 @@ nothing started (no Ray, no `prepare`, no model weights read).
 
 Three parts, each a function:
 
-- `check_checkpoints`: every ``models.*_path`` is a checkpoint directory (a
-  ``config.json`` and a tokenizer ``from_pretrained`` reads), teacher and student share a
-  tokenizer (`models.check_same_vocab`; a micro role stands for the character tokenizer
-  it would be prepared with) and their lm_heads fit it (`models.check_lm_heads`, with
+- `check_checkpoints`: each model's source (``models.teacher`` / ``student``, `config.ModelSource`)
+  read as the directory the trials will load: an ``hf`` directory (``models.*_path``) must be a
+  checkpoint directory (a ``config.json`` and a tokenizer ``from_pretrained`` reads); a ``gguf``
+  or ``derive`` source is read from the directory ``prepare`` made (a run makes it first, once;
+  the dry-run reads the GGUF file's metadata or the teacher's config instead); teacher and
+  student share a tokenizer (`models.check_same_vocab`; a micro role stands for the character
+  tokenizer it would be prepared with) and their lm_heads fit it (`models.check_lm_heads`, with
   ``trial.loss.pad_vocab``). `distillab sweep` and `distillab prepare` run it too, before
-  anything starts; a failure is a `CheckpointError` naming the path or the mismatch.
+  anything trains; a failure is a `CheckpointError` naming the field and the path or the mismatch.
 - `placement`: each trial's Ray resources (``resources``: Train workers × CPUs/GPUs per
   worker, the Tune trainable's CPUs, the vLLM engine sharing its worker's GPU) against a
   cluster of ``nodes`` equal nodes (default: this machine): how many trials run at a time,
@@ -56,7 +59,7 @@ from distillab.models import (
 )
 from distillab.recipe.payload import payload_bytes_per_token
 from distillab.models.sources import PREPARED_FILE, check_keep_layers, count_params, pruned_config, source_header
-from distillab.recipe.prepare import model_dir, refined_teacher_dir
+from distillab.recipe.prepare import model_dir, refined_teacher_dir, resolve_source
 from distillab.tasks.countdown import generate_skill_items
 from distillab.tasks.data import countdown_prompt_ids, countdown_test_split
 from distillab.tasks.math_task import math_prompt_ids, math_test_split
@@ -133,17 +136,21 @@ def _micro_role(sweep: SweepConfig, role: str) -> Role:
                 "micro", config)
 
 
-def _prepared_role(sweep: SweepConfig, role: str, teacher: Role | None) -> Role:
+def _prepared_role(sweep: SweepConfig, role: str, teacher: Role | None, weights: bool) -> Role:
     """A ``gguf`` or ``derive`` role: read from its prepared directory where ``prepare`` has
-    made it, else from the GGUF file's metadata (`models.sources.source_header`) or the
-    teacher's config pruned to ``keep_layers`` (with the teacher's tokenizer); the kept layers
-    are checked against the teacher's either way."""
+    made it; else, for a run (``weights``), made now (`prepare.resolve_source`: the file is
+    converted once, then the trials' directory is what the checks read), and for the dry-run
+    read from the GGUF file's metadata (`models.sources.source_header`) or the teacher's config
+    pruned to ``keep_layers`` (with the teacher's tokenizer). The kept layers are checked against
+    the teacher's first, either way."""
     m = sweep.models
     src, field_ = m.source(role), m.source_field(role)
     try:
         where = model_dir(sweep, role)
         if src.kind == "derive":
             check_keep_layers(src.derive.keep_layers, int(teacher.config.num_hidden_layers), field_)
+        if weights and not (where / PREPARED_FILE).exists():
+            resolve_source(sweep, role)
     except ValueError as e:
         raise CheckpointError(str(e)) from None
     if (where / PREPARED_FILE).exists():
@@ -179,7 +186,8 @@ def check_checkpoints(sweep: SweepConfig, weights: bool = True) -> dict[str, Rol
             continue  # the teacher's own error is said; a student cut from it cannot be checked
         try:
             roles[r] = (_checkpoint_role(r, src.hf, weights, m.source_field(r)) if src.kind == "hf" else
-                        _micro_role(sweep, r) if src.kind == "micro" else _prepared_role(sweep, r, roles.get("teacher")))
+                        _micro_role(sweep, r) if src.kind == "micro" else
+                        _prepared_role(sweep, r, roles.get("teacher"), weights))
         except CheckpointError as e:  # check both, so that one run names every bad path
             errors.append(str(e))
     if errors:

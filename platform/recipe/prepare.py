@@ -288,14 +288,21 @@ def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = Fal
         ValueError: a gguf package or file that is not there, keep_layers out of range.
     """
     threads = threads or max(1, os.cpu_count() or 1)
-    paths = [_resolve(sweep, role, threads, force) for role in ("teacher", "student")]
+    paths = [resolve_source(sweep, role, threads, force) for role in ("teacher", "student")]
     if sweep.models.teacher_refine is not None:
         paths[0] = _refined(sweep, paths[0], threads, force)
     return paths[0], paths[1]
 
 
-def _resolve(sweep: SweepConfig, role: str, threads: int, force: bool) -> Path:
-    """``role``'s directory (`prepare`), built under its lock unless cached, with its ``[prepare]`` line."""
+def resolve_source(sweep: SweepConfig, role: str, threads: int | None = None, force: bool = False) -> Path:
+    """``role``'s directory (`model_dir`), built under its lock unless cached (or ``force``), with its
+    ``[prepare]`` line: `prepare` for one role (a derived student needs the teacher's directory
+    there first).
+
+    Raises:
+        FileNotFoundError: an ``hf`` directory that does not exist.
+        ValueError: a gguf package or file that is not there, keep_layers out of range."""
+    threads = threads or max(1, os.cpu_count() or 1)
     m = sweep.models
     src, field, out = m.source(role), m.source_field(role), model_dir(sweep, role)
     if src.kind == "hf":
@@ -341,4 +348,4 @@ def _refined(sweep: SweepConfig, base: Path, threads: int, force: bool) -> Path:
     return out
 
 
-__all__ = ["prepare", "prepare_key", "model_dir", "refine_key", "refine_teacher", "refined_teacher_dir", "scored_evaluation"]
+__all__ = ["prepare", "prepare_key", "model_dir", "resolve_source", "refine_key", "refine_teacher", "refined_teacher_dir", "scored_evaluation"]
