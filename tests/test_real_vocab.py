@@ -286,23 +286,20 @@ def test_spectrum_sampler_at_the_real_vocabulary_matches_a_float64_rescoring(smo
     token's recorded logprob is log π_λ of full teacher-forced passes of both models, recomputed in
     float64, to 1e-4 (tests/rollout/test_spectrum.py at micro scale)."""
     from distillab.models import load_model, load_tokenizer
+    from _helpers import spectrum_rescored
+
     from distillab.rollout.spectrum import SpectrumEngine
-    from distillab.rollout.types import SamplingParams, pack_rollouts, position_ids
+    from distillab.rollout.types import SamplingParams
 
     tok = load_tokenizer(smol_pair[0])
     teacher, student = load_model(smol_pair[0]).eval(), load_model(smol_pair[1]).eval()
     tau_s, tau_t = 1.0, 0.7
     eng = SpectrumEngine(student, teacher, tok.eos_token_id, tok.pad_token_id, lam=lam, tau_s=tau_s, tau_t=tau_t)
     ro = eng.generate(_prompts(tok), SamplingParams(max_tokens=8, n=2, seed=11))
-    ids, attn, cmask = pack_rollouts(ro.prompt_ids, ro.completion_ids, tok.pad_token_id)
-    with torch.no_grad():
-        kw = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
-        ls = torch.log_softmax(student(**kw).logits.double() / tau_s, -1)
-        lt = torch.log_softmax(teacher(**kw).logits.double() / tau_t, -1)
-    lz = torch.log_softmax(spectrum_logits(ls, lt, lam), -1).gather(-1, torch.roll(ids, -1, 1).unsqueeze(-1)).squeeze(-1)
-    assert ls.shape[-1] == V and sum(map(len, ro.completion_ids)) > 0
-    for b, lp in enumerate(ro.logprobs):
-        torch.testing.assert_close(torch.tensor(lp, dtype=torch.float64), lz[b][cmask[b]], rtol=0, atol=1e-4)
+    want = spectrum_rescored(student, teacher, ro, tok.pad_token_id, lam, tau_s, tau_t)
+    assert sum(map(len, ro.completion_ids)) > 0 and student.config.vocab_size == V
+    for lp, lz in zip(ro.logprobs, want):
+        torch.testing.assert_close(torch.tensor(lp, dtype=torch.float64), lz, rtol=0, atol=1e-4)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -388,32 +385,6 @@ def test_vllm_engine_loads_the_derived_student_and_is_synced_every_step(smol_pai
         ray.shutdown()
 
 
-def _zero_worker(rank: int, world: int, port: int, teacher: str, student: str, root: str) -> None:
-    import json
-
-    import torch.distributed as dist
-
-    from distillab.config import RuntimeContext, TrialConfig
-    from distillab.recipe.distill import run_worker
-    from distillab.recipe.session import LocalSession
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        for zero in (0, 3):
-            t = _smol_trial(zero_stage=zero, zero3_persistence_threshold=0)
-            ctx = RuntimeContext(teacher_path=teacher, student_path=student, results_root=f"{root}/zero{zero}",
-                                 shared_cache=f"{root}/shared")
-            final = run_worker(TrialConfig.model_validate(t), ctx, "t", LocalSession(rank=rank, world=world))
-            if rank == 0:
-                with open(f"{root}/final{zero}.json", "w") as f:
-                    json.dump(final, f)
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.slow
 def test_zero3_trains_the_tied_student_as_zero0(smol_pair, tmp_path) -> None:
     """ZeRO-3 on two gloo ranks, every parameter partitioned, the tied lm_head kept whole for the
@@ -424,11 +395,13 @@ def test_zero3_trains_the_tied_student_as_zero0(smol_pair, tmp_path) -> None:
     import socket
 
     import torch.multiprocessing as mp
+    from test_zero3 import _worker
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_zero_worker, args=(2, port, str(smol_pair[0]), str(smol_pair[1]), str(tmp_path)), nprocs=2, join=True)
+    trial = json.dumps(_smol_trial())
+    mp.spawn(_worker, args=(2, port, str(smol_pair[0]), str(smol_pair[1]), str(tmp_path), trial), nprocs=2, join=True)
     z0, z3 = _per_step(tmp_path / "zero0"), _per_step(tmp_path / "zero3")
     assert sorted(z0["loss"]) == [1, 2]
     for name in ("loss", "grad_norm"):
