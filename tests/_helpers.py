@@ -78,3 +78,19 @@ def one_gloo_rank():
         dist.destroy_process_group()
     else:
         ds_comm.destroy_process_group()
+
+
+def spectrum_rescored(student, teacher, ro, pad_id: int, lam: float, tau_s: float, tau_t: float) -> list[torch.Tensor]:
+    """log π_λ (float64) of each rollout's completion tokens of ``ro``, from full teacher-forced
+    passes of both models (no KV cache) at their temperatures: the reference a
+    `rollout.spectrum.SpectrumEngine`'s recorded logprobs are checked against."""
+    from distillab.rollout.spectrum import spectrum_logits
+    from distillab.rollout.types import pack_rollouts, position_ids
+
+    ids, attn, cmask = pack_rollouts(ro.prompt_ids, ro.completion_ids, pad_id)
+    with torch.no_grad():
+        kw = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
+        ls = torch.log_softmax(student(**kw).logits.double() / tau_s, -1)
+        lt = torch.log_softmax(teacher(**kw).logits.double() / tau_t, -1)
+    lz = torch.log_softmax(spectrum_logits(ls, lt, lam), -1).gather(-1, torch.roll(ids, -1, 1).unsqueeze(-1)).squeeze(-1)
+    return [lz[b][cmask[b]] for b in range(ids.shape[0])]

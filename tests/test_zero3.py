@@ -25,7 +25,9 @@ from distillab.recipe.session import LocalSession
 STEPS = 3
 
 
-def _worker(rank: int, world: int, port: int, teacher: str, student: str, root: str) -> None:
+def _worker(rank: int, world: int, port: int, teacher: str, student: str, root: str, trial: str = "") -> None:
+    """One gloo rank running the trial at ZeRO 0, then ZeRO 3 (rank 0 writes each final report);
+    ``trial``: its JSON (default: the golden OnPD forward-KL trial of `STEPS` steps)."""
     import torch
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
@@ -34,8 +36,9 @@ def _worker(rank: int, world: int, port: int, teacher: str, student: str, root: 
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         for zero in (0, 3):
-            t = golden_trial("onpd", "forward")
-            t["optimizer"].update(steps=STEPS, prompts_per_step=4, zero_stage=zero, zero3_persistence_threshold=0)
+            t = json.loads(trial) if trial else golden_trial("onpd", "forward")
+            t["optimizer"].update(**({} if trial else {"steps": STEPS, "prompts_per_step": 4}), zero_stage=zero,
+                                  zero3_persistence_threshold=0)
             ctx = RuntimeContext(teacher_path=teacher, student_path=student, results_root=f"{root}/zero{zero}",
                                  shared_cache=f"{root}/shared")  # ZeRO 3 reuses the pre evaluation
             final = run_worker(TrialConfig.model_validate(t), ctx, "t", LocalSession(rank=rank, world=world))

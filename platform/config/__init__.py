@@ -38,9 +38,17 @@ from distillab.config.evaluation import (
     StyleConfig,
 )
 from distillab.config.grid import apply_point, point_of
-from distillab.config.identity import cache_key, checkpoint_identity, config_hash
+from distillab.config.identity import cache_key, checkpoint_identity, config_hash, content_identity, file_sha256
 from distillab.config.load import UniqueKeyLoader, load_sweep, load_yaml, yaml_error_line
-from distillab.config.models import MicroModelConfig, ModelsConfig
+from distillab.config.models import (
+    SOURCE_KINDS,
+    SOURCE_SPELLINGS,
+    DeriveSpec,
+    GGUFPackageFile,
+    MicroModelConfig,
+    ModelsConfig,
+    ModelSource,
+)
 from distillab.config.search import SEARCHABLE, Domain, GridConfig, SchedulerConfig, SearchConfig
 from distillab.config.seeds import SeedsConfig
 from distillab.config.sweep import (
@@ -89,6 +97,11 @@ __all__ = [
     "RLVRConfig",
     "MicroModelConfig",
     "ModelsConfig",
+    "ModelSource",
+    "GGUFPackageFile",
+    "DeriveSpec",
+    "SOURCE_SPELLINGS",
+    "SOURCE_KINDS",
     "LMEvalTask",
     "PAPER_OOD_SUITE",
     "CODE_EXECUTING_TASKS",
@@ -105,6 +118,8 @@ __all__ = [
     "config_hash",
     "cache_key",
     "checkpoint_identity",
+    "content_identity",
+    "file_sha256",
     "ConfigError",
     "expand_trials",
     "apply_point",

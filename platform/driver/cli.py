@@ -244,7 +244,7 @@ def _load(args):
 def static_checks(args, sweep) -> None:
     """What `checks` can say without Ray or torch, every bad input in one line: the numeric
     flags, the environment switches, the checkpoint folders' files (config, tokenizer and,
-    for a run, weights), and for a run (not ``--dry-run``, which plans from configs alone and
+    for a run, weights), a GGUF source's file (its package installed and holding it), and for a run (not ``--dry-run``, which plans from configs alone and
     writes nothing) ``storage_path`` (or the ``--resume`` directory), ``models.cache_dir`` and
     ``$DISTILLAB_CACHE``. Raises `config.ConfigError`."""
     from distillab.config import ConfigError  # lazy: see the module docstring
@@ -258,8 +258,9 @@ def static_checks(args, sweep) -> None:
         if os.environ.get("DISTILLAB_CACHE"):  # torch's compiled extensions (DeepSpeed's) go under it
             dirs["DISTILLAB_CACHE"] = os.environ["DISTILLAB_CACHE"]
         errors += [w for f, d in dirs.items() if (w := storage_error(d, f)) is not None]
-    paths = {f"models.{r}_path": getattr(sweep.models, f"{r}_path") for r in ("teacher", "student")}
-    errors += [w for f, p in paths.items() if p is not None and (w := checkpoint_files_error(p, f, run)) is not None]
+    paths = {sweep.models.source_field(r): s.hf for r in ("teacher", "student") if (s := sweep.models.source(r)).hf}
+    errors += [w for f, p in paths.items() if (w := checkpoint_files_error(p, f, run)) is not None]
+    errors += [w for r in ("teacher", "student") if (w := sweep.models.source_error(r)) is not None]
     if errors:
         raise ConfigError("; ".join(errors))
 

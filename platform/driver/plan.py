@@ -7,12 +7,15 @@ nothing started (no Ray, no `prepare`, no model weights read).
 
 Three parts, each a function:
 
-- `check_checkpoints`: every ``models.*_path`` is a checkpoint directory (a
-  ``config.json`` and a tokenizer ``from_pretrained`` reads), teacher and student share a
-  tokenizer (`models.check_same_vocab`; a micro role stands for the character tokenizer
-  it would be prepared with) and their lm_heads fit it (`models.check_lm_heads`, with
+- `check_checkpoints`: each model's source (``models.teacher`` / ``student``, `config.ModelSource`)
+  read as the directory the trials will load: an ``hf`` directory (``models.*_path``) must be a
+  checkpoint directory (a ``config.json`` and a tokenizer ``from_pretrained`` reads); a ``gguf``
+  or ``derive`` source is read from the directory ``prepare`` made (a run makes it first, once;
+  the dry-run reads the GGUF file's metadata or the teacher's config instead); teacher and
+  student share a tokenizer (`models.check_same_vocab`; a micro role stands for the character
+  tokenizer it would be prepared with) and their lm_heads fit it (`models.check_lm_heads`, with
   ``trial.loss.pad_vocab``). `distillab sweep` and `distillab prepare` run it too, before
-  anything starts; a failure is a `CheckpointError` naming the path or the mismatch.
+  anything trains; a failure is a `CheckpointError` naming the field and the path or the mismatch.
 - `placement`: each trial's Ray resources (``resources``: Train workers × CPUs/GPUs per
   worker, the Tune trainable's CPUs, the vLLM engine sharing its worker's GPU) against a
   cluster of ``nodes`` equal nodes (default: this machine): how many trials run at a time,
@@ -40,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig
 
 from distillab.config import ConfigError, SweepConfig, TrialConfig
 from distillab.driver.checks import checkpoint_files_error
@@ -54,8 +57,9 @@ from distillab.models import (
     load_tokenizer,
     micro_llama_config,
 )
+from distillab.models.sources import PREPARED_FILE, check_keep_layers, count_params, pruned_config, source_header
 from distillab.recipe.payload import payload_bytes_per_token
-from distillab.recipe.prepare import prepare_key, refined_teacher_dir
+from distillab.recipe.prepare import model_dir, refined_teacher_dir, resolve_source
 from distillab.registry import AXES, OFFPD, ONPD, SPECTRUM
 from distillab.tasks.registry import Task, domain_task, get, registered
 from distillab.tasks.taskio import render
@@ -85,8 +89,9 @@ class CheckpointError(ConfigError):
 
 @dataclass
 class Role:
-    """One model of the sweep: its checkpoint ``path`` (None: the micro model ``prepare``
-    would build, at ``path_if_prepared``), its tokenizer, lm_head rows and parameters."""
+    """One model of the sweep: its checkpoint ``path`` where it is read in place (an ``hf``
+    source; None where ``prepare`` makes it, at ``path_if_prepared``), its ``source`` kind
+    (``micro``, ``hf``, ``gguf``, ``derive``), tokenizer, lm_head rows, parameters and config."""
 
     role: str
     path: Path | None
@@ -95,18 +100,18 @@ class Role:
     params: int
     path_if_prepared: Path | None = None
     hidden_size: int = 0
+    source: str = "hf"
+    config: object = None
+
+    @property
+    def directory(self) -> Path:
+        """The directory the sweep's trials read: ``path`` or ``path_if_prepared``."""
+        return self.path or self.path_if_prepared
 
 
-def _count_params(config) -> int:
-    """Parameters of the causal LM of ``config`` (built on the meta device: no memory, no weights)."""
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
-
-
-def _checkpoint_role(role: str, raw: str, weights: bool = True) -> Role:
+def _checkpoint_role(role: str, raw: str | Path, weights: bool = True, field_: str | None = None) -> Role:
     path = Path(raw).expanduser()
-    field_ = f"models.{role}_path"
+    field_ = field_ or f"models.{role}_path"
     why = checkpoint_files_error(path, field_, weights)  # the files, named (before transformers reads them)
     if why is not None:
         raise CheckpointError(why)
@@ -116,8 +121,8 @@ def _checkpoint_role(role: str, raw: str, weights: bool = True) -> Role:
     except (OSError, ValueError, ImportError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"{field_}: {path}: cannot load its tokenizer or config: {first}") from None
-    return Role(role, path.resolve(), tok, int(config.vocab_size), _count_params(config),
-                hidden_size=int(config.hidden_size))
+    return Role(role, path.resolve(), tok, int(config.vocab_size), count_params(config),
+                hidden_size=int(config.hidden_size), config=config)
 
 
 def _micro_role(sweep: SweepConfig, role: str) -> Role:
@@ -125,8 +130,39 @@ def _micro_role(sweep: SweepConfig, role: str) -> Role:
     tok = build_char_tokenizer()
     config = micro_llama_config(len(tok), mcfg.hidden_size, mcfg.num_layers, mcfg.num_heads, mcfg.intermediate_size,
                                 mcfg.max_position_embeddings, tok)
-    where = Path(sweep.models.cache_dir).expanduser().resolve() / f"{role}-{prepare_key(sweep, role)}"
-    return Role(role, None, tok, config.vocab_size, _count_params(config), where, config.hidden_size)
+    return Role(role, None, tok, config.vocab_size, count_params(config), model_dir(sweep, role), config.hidden_size,
+                "micro", config)
+
+
+def _prepared_role(sweep: SweepConfig, role: str, teacher: Role | None, weights: bool) -> Role:
+    """A ``gguf`` or ``derive`` role: read from its prepared directory where ``prepare`` has
+    made it; else, for a run (``weights``), made now (`prepare.resolve_source`: the file is
+    converted once, then the trials' directory is what the checks read), and for the dry-run
+    read from the GGUF file's metadata (`models.sources.source_header`) or the teacher's config
+    pruned to ``keep_layers`` (with the teacher's tokenizer). The kept layers are checked against
+    the teacher's first, either way."""
+    m = sweep.models
+    src, field_ = m.source(role), m.source_field(role)
+    try:
+        where = model_dir(sweep, role)
+        if src.kind == "derive":
+            check_keep_layers(src.derive.keep_layers, int(teacher.config.num_hidden_layers), field_)
+        if weights and not (where / PREPARED_FILE).exists():
+            resolve_source(sweep, role)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    if (where / PREPARED_FILE).exists():
+        r = _checkpoint_role(role, where, True, field_)
+    elif src.kind == "gguf":
+        config, tok = source_header(src.locate_gguf(field_))
+        r = Role(role, None, tok, int(config.vocab_size), count_params(config), hidden_size=int(config.hidden_size),
+                 config=config)
+    else:
+        config = pruned_config(teacher.config, src.derive.keep_layers)
+        r = Role(role, None, teacher.tokenizer, int(config.vocab_size), count_params(config),
+                 hidden_size=int(config.hidden_size), config=config)
+    r.path, r.path_if_prepared, r.source = None, where, src.kind
+    return r
 
 
 def check_checkpoints(sweep: SweepConfig, weights: bool = True) -> dict[str, Role]:
@@ -136,20 +172,26 @@ def check_checkpoints(sweep: SweepConfig, weights: bool = True) -> dict[str, Rol
 
     Raises:
         CheckpointError: a missing path or one that is not a checkpoint directory (every
-            such field and its path named, teacher and student), tokenizers that differ, or lm_heads that do not
+            such field and its path named, teacher and student), a gguf package or file that
+            is not there, keep_layers outside the teacher's layers, tokenizers that differ, or lm_heads that do not
             fit the tokenizer or differ without ``trial.loss.pad_vocab`` (both sizes named).
     """
     m = sweep.models
     roles, errors = {}, []
-    for r, p in (("teacher", m.teacher_path), ("student", m.student_path)):
+    for r in ("teacher", "student"):
+        src = m.source(r)
+        if src.kind == "derive" and "teacher" not in roles:
+            continue  # the teacher's own error is said; a student cut from it cannot be checked
         try:
-            roles[r] = _checkpoint_role(r, p, weights) if p is not None else _micro_role(sweep, r)
+            roles[r] = (_checkpoint_role(r, src.hf, weights, m.source_field(r)) if src.kind == "hf" else
+                        _micro_role(sweep, r) if src.kind == "micro" else
+                        _prepared_role(sweep, r, roles.get("teacher"), weights))
         except CheckpointError as e:  # check both, so that one run names every bad path
             errors.append(str(e))
     if errors:
         raise CheckpointError("; ".join(errors))
     t, s = roles["teacher"], roles["student"]
-    where = ", ".join(f"{r.role} {r.path or 'micro (prepared)'}" for r in (t, s))
+    where = ", ".join(f"{r.role} {r.path or r.source + ' (prepared)'}" for r in (t, s))
     try:
         check_same_vocab(t.tokenizer, s.tokenizer)
         check_lm_heads(t.vocab_rows, s.vocab_rows, len(s.tokenizer), sweep.trial.loss.pad_vocab,
@@ -320,15 +362,30 @@ def _fmt(n: float) -> str:
     return f"{n:.3g}"
 
 
+def _source_line(r: Role, sweep: SweepConfig) -> str:
+    """Where ``r`` comes from and where its directory is (or would be, and whether it is cached)."""
+    if r.path:
+        return str(r.path)
+    cached = " (cached)" if (r.path_if_prepared / PREPARED_FILE).exists() else ""
+    src = sweep.models.source(r.role)
+    if src.kind == "gguf":
+        what = f"gguf {src.locate_gguf(sweep.models.source_field(r.role)).name}, dequantised to float32 by prepare"
+    elif src.kind == "derive":
+        what = (f"derived by prepare from the teacher: layers {list(src.derive.keep_layers)} "
+                f"(depth pruning)")
+    else:
+        what = "micro, would be prepared"
+    return f"{what} at {r.path_if_prepared}{cached}"
+
+
 def _models_lines(roles: dict[str, Role], sweep: SweepConfig) -> list[str]:
     lines = ["models:"]
     for r in roles.values():
-        where = str(r.path) if r.path else (f"micro, would be prepared at {r.path_if_prepared}"
-                                            + (" (cached)" if (r.path_if_prepared / "prepare.json").exists() else ""))
+        where = _source_line(r, sweep)
         lines.append(f"  {r.role:8s} {_fmt(r.params).replace('G', 'B')} parameters, lm_head {r.vocab_rows:,} rows: {where}")
         refine = sweep.models.teacher_refine
         if r.role == "teacher" and refine is not None:
-            out = refined_teacher_dir(sweep, r.path or r.path_if_prepared)
+            out = refined_teacher_dir(sweep, r.directory)
             lines.append(f"           then GRPO-refined by prepare ({refine.steps} steps on {refine.task}; the sweep's "
                          f"teacher), at {out}" + (" (cached)" if (out / "prepare.json").exists() else ""))
     tok = roles["student"].tokenizer

@@ -1,5 +1,7 @@
 """Models and tokenizers: the micro models (`micro`), how a trial computes in bf16 on this
-machine (`precision`), and loading any causal LM directory through ``from_pretrained`` (`load`).
+machine (`precision`), loading any causal LM directory through ``from_pretrained`` (`load`),
+and the real-checkpoint sources resolved into such directories (`sources`: a GGUF file
+dequantised, a depth-pruned student; imported as ``distillab.models.sources``).
 
 `trust_remote_code` is always off; weights are saved as safetensors.
 """

@@ -27,12 +27,20 @@ import time
 from pathlib import Path
 
 import torch
-from filelock import FileLock
 from transformers import LlamaForCausalLM
 
 from distillab.config import EvaluationConfig, MicroModelConfig, SeedsConfig, SweepConfig, cache_key
 from distillab.evals.suite import Evaluator
 from distillab.models import build_char_tokenizer, load_model, load_tokenizer, micro_llama_config
+from distillab.models.sources import (
+    PREPARED_FILE,
+    build_lock,
+    convert_gguf,
+    derive_base_identity,
+    derive_dir,
+    derive_pruned,
+    gguf_dir,
+)
 from distillab.recipe.optim import TorchStepper, rlvr_schedule
 from distillab.recipe.rlvr import lora_policy, run_rlvr
 from distillab.recipe.sft import Example, sft_train
@@ -212,70 +220,98 @@ def _summary(rows: list[dict]) -> dict[str, float]:
 
 def refined_teacher_dir(sweep: SweepConfig, base: Path) -> Path:
     """Where `prepare` caches the GRPO-refined teacher (``models.teacher_refine``) of teacher
-    directory ``base`` (the micro teacher's cache directory, or ``models.teacher_path``):
-    ``<cache_dir>/teacher-grpo-<refine_key>``."""
+    directory ``base`` (the teacher's resolved directory, `model_dir`):
+    ``<cache_dir>/teacher-grpo-<refine_key>``, keyed by ``base``'s name where ``prepare`` wrote it
+    (micro, gguf: named by their content keys) and by its absolute path for an ``hf`` directory."""
     m = sweep.models
-    base_id = str(Path(base).resolve()) if m.teacher_path is not None else Path(base).name
+    base_id = str(Path(base).resolve()) if m.source("teacher").kind == "hf" else Path(base).name
     return Path(m.cache_dir).expanduser().resolve() / f"teacher-grpo-{refine_key(sweep, base_id)}"
 
 
-def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = False) -> tuple[Path, Path]:
-    """Return ``(teacher_dir, student_dir)``, training the micro models if they are
-    not cached (or ``force``). Explicit ``models.teacher_path``/``student_path``
-    are returned as they are (nothing is trained for them), except that with
-    ``models.teacher_refine`` the teacher (micro or explicit) is GRPO-refined
-    (`refine_teacher`, cached under ``teacher-grpo-<refine_key>``) and that refined
-    directory is returned.
+def model_dir(sweep: SweepConfig, role: str) -> Path:
+    """The directory `prepare` resolves ``role``'s source into (``models.source(role)``; it may
+    not exist yet): micro ``<cache_dir>/<role>-<prepare_key>``, hf the directory itself, gguf
+    `models.sources.gguf_dir` (the file's sha256), derive `models.sources.derive_dir` (the
+    teacher's identity and the kept layers; the teacher before ``models.teacher_refine``).
 
     Raises:
-        FileNotFoundError: an explicit model path that does not exist.
-    """
+        ValueError: a gguf package not installed or a file not in it (the field named)."""
     m = sweep.models
-    cache = Path(m.cache_dir).expanduser().resolve()
+    src, cache = m.source(role), Path(m.cache_dir).expanduser().resolve()
+    if src.kind == "micro":
+        return cache / f"{role}-{prepare_key(sweep, role)}"
+    if src.kind == "hf":
+        return Path(src.hf).expanduser()
+    if src.kind == "gguf":
+        return gguf_dir(cache, src.locate_gguf(m.source_field(role)))
+    base = derive_base_identity(model_dir(sweep, "teacher"), m.source("teacher").kind)
+    return derive_dir(cache, base, src.derive.keep_layers)
+
+
+def prepare(sweep: SweepConfig, *, threads: int | None = None, force: bool = False) -> tuple[Path, Path]:
+    """Return ``(teacher_dir, student_dir)``: each role's source resolved into its Hugging Face
+    directory (`model_dir`), built unless cached (or ``force``): the micro models trained,
+    a GGUF file converted (`models.sources.convert_gguf`), a derived student cut from the
+    teacher (`models.sources.derive_pruned`); an ``hf`` directory (``models.teacher_path`` /
+    ``student_path``) is returned as it is. With ``models.teacher_refine`` the teacher is then
+    GRPO-refined (`refine_teacher`, cached under ``teacher-grpo-<refine_key>``) and that refined
+    directory is returned (a derived student is cut from the teacher before refinement).
+
+    Raises:
+        FileNotFoundError: an ``hf`` directory that does not exist.
+        ValueError: a gguf package or file that is not there, keep_layers out of range.
+    """
     threads = threads or max(1, os.cpu_count() or 1)
-    paths = []
-    for role, explicit, mcfg in (
-        ("teacher", m.teacher_path, m.micro_teacher),
-        ("student", m.student_path, m.micro_student),
-    ):
-        if explicit is not None:
-            p = Path(explicit).expanduser()
-            if not p.exists():
-                raise FileNotFoundError(f"models.{role}_path: {p} does not exist")
-            paths.append(p)
-            continue
-        out = cache / f"{role}-{prepare_key(sweep, role)}"
-        with _building(out):
-            if force or not (out / "prepare.json").exists():
-                t0 = time.perf_counter()
-                info = _train_one(role, sweep, mcfg, out, threads)
-                summary = _summary(info["evals"])
-                log.debug("prepared %s in %.0f s: %s", role, time.perf_counter() - t0, summary)  # the [prepare] line
-                print(f"[prepare] {role}: {info['params']/1e6:.2f}M params, {info['train_seconds']:.0f} s SFT, "
-                      f"{summary}", flush=True)
-            else:  # the scores it was prepared with (prepare.json), so a calibration reads them here
-                evals = json.loads((out / "prepare.json").read_text()).get("evals", [])
-                print(f"[prepare] {role}: cached at {out}, {_summary(evals)}", flush=True)
-        paths.append(out)
-    if m.teacher_refine is not None:
+    paths = [resolve_source(sweep, role, threads, force) for role in ("teacher", "student")]
+    if sweep.models.teacher_refine is not None:
         paths[0] = _refined(sweep, paths[0], threads, force)
     return paths[0], paths[1]
 
 
-def _building(out_dir: Path) -> FileLock:
-    """The lock held while ``out_dir`` is checked and, if missing, built: ``<out_dir>.lock``
-    beside it (a `filelock.FileLock`, released when its process ends however it ends). Two
-    sweeps or test workers that start at once on one machine train each model once; the
-    second waits, then finds it cached. Creates the cache folder."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    return FileLock(out_dir.parent / f".{out_dir.name}.lock")
+def resolve_source(sweep: SweepConfig, role: str, threads: int | None = None, force: bool = False) -> Path:
+    """``role``'s directory (`model_dir`), built under its lock unless cached (or ``force``), with its
+    ``[prepare]`` line: `prepare` for one role (a derived student needs the teacher's directory
+    there first).
+
+    Raises:
+        FileNotFoundError: an ``hf`` directory that does not exist.
+        ValueError: a gguf package or file that is not there, keep_layers out of range."""
+    threads = threads or max(1, os.cpu_count() or 1)
+    m = sweep.models
+    src, field, out = m.source(role), m.source_field(role), model_dir(sweep, role)
+    if src.kind == "hf":
+        if not out.exists():
+            raise FileNotFoundError(f"{field}: {out} does not exist")
+        return out
+    with build_lock(out):
+        if not force and (out / PREPARED_FILE).exists():
+            info = json.loads((out / PREPARED_FILE).read_text())  # the scores it was prepared with, for a calibration
+            said = f", {_summary(info['evals'])}" if "evals" in info else ""
+            print(f"[prepare] {role}: cached at {out}{said}", flush=True)
+            return out
+        torch.set_num_threads(threads)
+        if src.kind == "micro":
+            info = _train_one(role, sweep, m.micro(role), out, threads)
+            log.debug("prepared %s: %s", role, info)  # the [prepare] line below says it short
+            print(f"[prepare] {role}: {info['params']/1e6:.2f}M params, {info['train_seconds']:.0f} s SFT, "
+                  f"{_summary(info['evals'])}", flush=True)
+        elif src.kind == "gguf":
+            info = convert_gguf(src.locate_gguf(field), out)
+            print(f"[prepare] {role}: {Path(info['file']).name} dequantised to float32 in {info['seconds']:.0f} s "
+                  f"({info['params']/1e6:.1f}M params, {info['layers']} layers, vocabulary {info['vocab_size']:,}; "
+                  f"logits equal to the GGUF load's) at {out}", flush=True)
+        else:
+            info = derive_pruned(model_dir(sweep, "teacher"), src.derive.keep_layers, out, field)
+            print(f"[prepare] {role}: layers {info['keep_layers']} of the teacher's {info['teacher_layers']} "
+                  f"({info['params']/1e6:.1f}M params) in {info['seconds']:.0f} s at {out}", flush=True)
+    return out
 
 
 def _refined(sweep: SweepConfig, base: Path, threads: int, force: bool) -> Path:
     """``models.teacher_refine``: the GRPO-refined teacher of ``base`` (`refine_teacher`),
     trained unless cached (or ``force``), under the same lock as `prepare`'s models."""
     out = refined_teacher_dir(sweep, base)
-    with _building(out):
+    with build_lock(out):
         if force or not (out / "prepare.json").exists():
             info = refine_teacher(sweep, base, out, threads)
             print(f"[prepare] teacher GRPO: {info['steps']} steps in {info['train_seconds']:.0f} s, mean reward "
@@ -286,4 +322,4 @@ def _refined(sweep: SweepConfig, base: Path, threads: int, force: bool) -> Path:
     return out
 
 
-__all__ = ["prepare", "prepare_key", "refine_key", "refine_teacher", "refined_teacher_dir", "scored_evaluation"]
+__all__ = ["prepare", "prepare_key", "model_dir", "resolve_source", "refine_key", "refine_teacher", "refined_teacher_dir", "scored_evaluation"]

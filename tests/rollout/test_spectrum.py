@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from _helpers import REPO, load_script
+from _helpers import REPO, load_script, spectrum_rescored
 from transformers import LlamaForCausalLM
 
 from distillab.models import build_char_tokenizer, micro_llama_config
@@ -197,14 +197,9 @@ def test_recorded_logliks_and_logprobs_match_a_rescoring(tok, models, lam: float
     torch.testing.assert_close(torch.tensor(ro.extras["teacher_loglik"], dtype=torch.float64),
                                torch.tensor(_rescore(teacher, tok, ro, tau_t), dtype=torch.float64), rtol=0, atol=1e-5)
     # log π_λ of the sampled tokens, from full passes of both models
-    ids, attn, cmask = pack_rollouts(ro.prompt_ids, ro.completion_ids, tok.pad_token_id)
-    with torch.no_grad():
-        kw = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
-        ls = torch.log_softmax(student(**kw).logits.double() / tau_s, -1)
-        lt = torch.log_softmax(teacher(**kw).logits.double() / tau_t, -1)
-    lz = torch.log_softmax(spectrum_logits(ls, lt, lam), -1).gather(-1, torch.roll(ids, -1, 1).unsqueeze(-1)).squeeze(-1)
-    for b, lp in enumerate(ro.logprobs):
-        torch.testing.assert_close(torch.tensor(lp, dtype=torch.float64), lz[b][cmask[b]], rtol=0, atol=1e-4)
+    want = spectrum_rescored(student, teacher, ro, tok.pad_token_id, lam, tau_s, tau_t)
+    for lp, lz in zip(ro.logprobs, want):
+        torch.testing.assert_close(torch.tensor(lp, dtype=torch.float64), lz, rtol=0, atol=1e-4)
 
 
 def test_loglik_moves_with_lambda(tok, models) -> None:
