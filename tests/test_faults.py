@@ -169,6 +169,107 @@ def test_killed_worker_resumes_from_checkpoint(tmp_path: Path, local_mode: bool)
 
 
 # --------------------------------------------------------------------------------------
+# a Tune trial actor killed on a one-CPU Ray: its worker group's placement group (issue 48)
+# --------------------------------------------------------------------------------------
+
+
+def test_killed_trial_actor_frees_its_placement_group(tmp_path: Path) -> None:
+    """The wedge of issue 48 at its smallest: a Tune trial actor SIGKILLed while its worker
+    group runs, past a checkpoint, on a one-CPU Ray without a dashboard. Its Train controller
+    and worker die with it, but Ray keeps their placement group (0.99 CPU) while the job lives,
+    and Ray Train's cleaner cannot tell without the dashboard: the retried trial then waited for
+    its worker group for ever (0.98 CPU free). The sweep's driver removes the group
+    (`watchdog.remove_orphaned_placement_groups`); the trial resumes from its checkpoint and
+    completes. The watchdog's limits are a net: were the group kept, the trial would fail with
+    its line instead of the test hanging."""
+    import ray
+
+    from distillab.analysis.results import load
+    from distillab.driver.sweep import run_sweep
+    from distillab.recipe.prepare import prepare
+
+    steps, every = 20, 10
+    sweep = _sweep(tmp_path, **{"search.grid": {"rollout.policy": ["offpd"]}, "trial.optimizer.steps": steps,
+                                "trial.optimizer.checkpoint_every": every, "fault_tolerance.stall_warn_s": 120,
+                                "fault_tolerance.stall_fail_s": 300})
+    root = sweep.sweep_dir()
+    teacher, student = prepare(sweep, threads=1)
+    killed: dict[str, int] = {}
+
+    def killer() -> None:
+        deadline = time.time() + 900
+        while time.time() < deadline and not killed:
+            actors = _train_worker_pids("ray::ImplicitFunc")
+            if actors and _train_worker_pids() and _registered_checkpoints(root):
+                os.kill(actors[0], signal.SIGKILL)  # its worker group runs: its placement group is placed
+                killed["pid"] = actors[0]
+            time.sleep(0.2)
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False)
+    try:
+        t = threading.Thread(target=killer, daemon=True)
+        t.start()
+        run_sweep(sweep, teacher, student, verbose=0)
+        t.join(timeout=5)
+    finally:
+        ray.shutdown()
+    assert killed, "the trial actor was never killed"
+    res = load(root)
+    trial = res.trials.collect()
+    assert trial.height == 1 and trial["status"].item() == "completed", trial["error"].item()
+    m = _assert_metrics_once(res)
+    assert m.filter(pl.col("name") == "loss").sort("step")["step"].to_list() == list(range(1, steps + 1))
+    assert m.filter(pl.col("name") == "resume/start_step")["value"].to_list() == [every]  # from its checkpoint
+
+
+# --------------------------------------------------------------------------------------
+# the progress watchdog: a trial whose resources never come
+# --------------------------------------------------------------------------------------
+
+
+def test_watchdog_fails_a_trial_that_waits_for_ever(tmp_path: Path, capsys) -> None:
+    """A trial whose worker group (0.99 CPU) cannot be placed: an actor holds 1.5 of the 2 CPUs
+    for the whole sweep. After ``stall_warn_s`` without a step the driver prints one line (the
+    trial, what it waits for, who holds the CPUs), after ``stall_fail_s`` the trial fails with
+    that line, not retried although ``trial_retries`` allows 3, and the sweep ends."""
+    import ray
+
+    from distillab.analysis.results import load
+    from distillab.driver.sweep import run_sweep
+    from distillab.recipe.prepare import prepare
+
+    sweep = _sweep(tmp_path, **{"search.grid": {"rollout.policy": ["offpd"]}, "fault_tolerance.trial_retries": 3,
+                                "fault_tolerance.stall_warn_s": 10, "fault_tolerance.stall_fail_s": 30})
+    (tid,) = [t.trial_id for t in sweep.trials]
+    teacher, student = prepare(sweep, threads=1)
+
+    @ray.remote(num_cpus=1.5)
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        holder = Holder.remote()
+        ray.get(holder.ready.remote())
+        root = run_sweep(sweep, teacher, student, verbose=0)
+    finally:
+        ray.shutdown()
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if line.startswith("[watchdog] no trial reported a step for ")]
+    assert len(said) == 1, out  # once for this waiting trial
+    assert f"waiting for resources: {tid} (a worker group of 1 × {{CPU: 0.99}}, " in said[0], said
+    assert said[0].endswith("1.5 by actors or tasks outside placement groups"), said  # the holder
+    assert "; held: CPU 1.51 of 2 in use: 0.01 by Tune trial actor, " in said[0], said
+    failed = [line.split("): ", 1)[1] for line in out.splitlines() if line.startswith(f"[watchdog] failed trial {tid} (")]
+    assert len(failed) == 1, out  # once: Tune did not retry it
+    assert failed[0].startswith("[watchdog] no trial reported a step for ") and f"{tid} (a worker group" in failed[0]
+    assert "[sweep] 0 of 1 trials completed, 1 failed" in out, out
+    row = load(root).trials.collect()
+    assert row["status"].to_list() == ["failed"] and row["error"].to_list() == failed  # the line, in its row
+
+
+# --------------------------------------------------------------------------------------
 # the driver killed, then --resume
 # --------------------------------------------------------------------------------------
 

@@ -77,6 +77,7 @@ from tqdm.auto import tqdm
 from distillab.analysis.results import load, pareto_front, trial_metrics
 from distillab.config import RuntimeContext, SweepConfig, TrialConfig, TrialLaunch, apply_point, point_of
 from distillab.driver.imports import without_unused_integrations
+from distillab.driver.watchdog import RAY_PG_CLEANER, SweepWatch, WorkerGroupRecord, record_path
 from distillab.recipe.telemetry import TrialTimes, print_time
 from distillab.registry import REPORTER_COLUMNS
 from distillab.tables import report_metrics, write_rows
@@ -193,16 +194,18 @@ def drop_unraisable_sigterm_exits() -> None:
 
 
 class TrialTrainer(TorchTrainer):
-    """Ray Train's ``TorchTrainer`` without Ray Data's ``DatasetManager``: Train V2
-    starts that actor (a process importing Ray Data) for every run, datasets or not,
-    and a trial passes none. Reads Ray 2.60's private default-callback list; where
-    that changes, nothing is dropped."""
+    """Ray Train's ``TorchTrainer`` without two of Train V2's default callbacks: Ray Data's
+    ``DatasetManager`` (an actor, a process importing Ray Data, for every run, datasets or
+    not; a trial passes none) and the ``PlacementGroupCleaner`` (a detached actor per run that
+    asks the dashboard's state API whether the controller lives, and without a dashboard never
+    learns it: the sweep's driver removes a dead controller's placement group instead,
+    `watchdog.SweepWatch`). Reads Ray 2.60's private default-callback list; where that changes,
+    nothing is dropped."""
 
     def _create_default_callbacks(self):
         callbacks = super()._create_default_callbacks()
-        if self.datasets:
-            return callbacks
-        return [c for c in callbacks if type(c).__name__ != "DatasetsCallback"]
+        dropped = {RAY_PG_CLEANER} | (set() if self.datasets else {"DatasetsCallback"})
+        return [c for c in callbacks if type(c).__name__ not in dropped]
 
 
 def run_trial(params: dict[str, Any], trials: dict[str, TrialConfig], base: TrialConfig, ctx: RuntimeContext,
@@ -228,6 +231,7 @@ def run_trial(params: dict[str, Any], trials: dict[str, TrialConfig], base: Tria
         return
     for k, v in settings["env"].items():  # Ray Train hands the ones it knows on to its controller and workers
         os.environ.setdefault(k, v)
+    record_path(root, trial_id).unlink(missing_ok=True)  # an earlier attempt's worker group: not this one's
     row: dict[str, Any] = {"trial_id": trial_id, "start_time": time.time(), "checkpoint": None, "error": None}
     row.update({k: (str(v) if isinstance(v, (list, dict)) else v) for k, v in trial.flat().items()})
     write_rows(root, "trials", [{**row, "status": "running", "end_time": math.nan}], key=trial_id)
@@ -259,7 +263,7 @@ def _fit_worker_group(launch: TrialLaunch, settings: dict[str, Any]) -> str | No
         run_config=ray.train.RunConfig(
             name=trial_id,  # same name + storage: a retried trial resumes this run's checkpoints
             storage_path=str(Path(ctx.results_root) / "train"),
-            callbacks=[TuneReportCallback()],
+            callbacks=[TuneReportCallback(), WorkerGroupRecord(ctx.results_root, trial_id)],
             failure_config=ray.train.FailureConfig(max_failures=ctx.fault_tolerance.worker_restarts),
             logging_config=ray.train.LoggingConfig(log_level=settings["log_level"]),
         ),
@@ -695,7 +699,8 @@ def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, ver
         run_config=tune.RunConfig(
             name="tune", storage_path=str(root), progress_reporter=reporter, verbose=verbose,
             failure_config=tune.FailureConfig(max_failures=sweep.fault_tolerance.trial_retries),
-            callbacks=[CSVLoggerCallback(), JsonLoggerCallback(), *tracker_callbacks(sweep, quiet=verbose < 2)],
+            callbacks=[CSVLoggerCallback(), JsonLoggerCallback(), *tracker_callbacks(sweep, quiet=verbose < 2),
+                       sweep_watch(sweep, root)],
         ),
     )
     with shared_teacher_service(sweep, root, teacher_path):
@@ -713,10 +718,29 @@ def resume_sweep(root: str | Path, teacher_path: Path, student_path: Path, *, ve
     ctx = RuntimeContext.for_sweep(sweep, teacher_path, student_path)
     tuner = tune.Tuner.restore(str(root / "tune"), trainable=_trainable(sweep, ctx, verbose), resume_unfinished=True,
                                resume_errored=True)
+    _watch_restored(tuner, sweep_watch(sweep, root))
     driver_console(verbose)
     print_completed_before(root, sweep)
     with shared_teacher_service(sweep, root, teacher_path):
         return _fit(tuner, sweep, root)
+
+
+def sweep_watch(sweep: SweepConfig, root: Path) -> SweepWatch:
+    """The sweep's `watchdog.SweepWatch` (placement groups of dead controllers; the progress
+    watchdog of ``fault_tolerance``)."""
+    return SweepWatch(root, sweep.fault_tolerance, trial_name(sweep), sweep.resources.trial_actor().get("CPU"))
+
+
+def _watch_restored(tuner, watch: SweepWatch) -> None:
+    """Put ``watch`` among the callbacks of a restored Tuner's run (in place of the one its
+    saved run brought back: this sweep's folder and settings, and sweeps saved before it
+    existed). Reads the Tuner's private run config; where that moved, the sweep runs unwatched
+    and a warning says so."""
+    try:
+        run_config = tuner._local_tuner.get_run_config()
+        run_config.callbacks = [c for c in run_config.callbacks or [] if not isinstance(c, SweepWatch)] + [watch]
+    except Exception as e:  # noqa: BLE001 - Tune's internals moved
+        log.warning("the resumed sweep runs without its watchdog (%s)", e)
 
 
 def print_completed_before(root: Path, sweep: SweepConfig) -> None:
