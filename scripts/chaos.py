@@ -22,7 +22,9 @@ Then it checks (`check_sweep`):
   reference and none extra (but the ``resume/*`` metrics a resumed trial logs);
 - every trial's evals equal the reference's bitwise, and so do its per-step ``loss``;
 - every Parquet file under the sweep folder reads and every JSON file parses (a JSON-lines
-  file line by line); the hidden temporary files of interrupted atomic writes are counted.
+  file line by line); the hidden temporary files of interrupted atomic writes are counted;
+- the sweep never stalled: its progress watchdog (`STALL`: trials waiting for resources while
+  none reports a step) failed no trial (`stalls`; the lines it said are counted).
 
 The undisturbed run depends on the grid, steps and checkpoint interval, not on the kills: one
 (``--reference-only``) serves every seed (``--reference DIR``), and each chaos run then has
@@ -79,6 +81,11 @@ TITLES = {"worker": "ray::RayTrainWorker", "actor": "ray::ImplicitFunc"}
 KINDS = ("worker", "actor", "driver")
 #: the first byte of a pickle of protocol 2 or later
 PICKLE = b"\x80"
+#: the sweeps' progress watchdog (`distillab.driver.watchdog`): a stall is said after 2 min and its waiting trials
+#: fail after 10 (the driver then exits and is resumed), so that a wedge shows as a problem, not an hour's timeout
+STALL = {"fault_tolerance.stall_warn_s": 120, "fault_tolerance.stall_fail_s": 600}
+#: the chaos driver's log lines of the watchdog: a stall said, a trial failed
+STALL_SAID, STALL_FAILED = "[watchdog] no trial reported a step", "[watchdog] failed trial"
 
 
 @dataclass
@@ -124,7 +131,7 @@ def sweep_command(cfg: Chaos, storage: Path) -> list[str]:
     sets = {"name": NAME, "storage_path": str(storage), "models.cache_dir": str(REPO / ".cache" / "models"),
             "search.grid": grid, "trial.optimizer.steps": cfg.steps, "trial.optimizer.checkpoint_every": cfg.every,
             "fault_tolerance.worker_restarts": 4 * cfg.kills, "fault_tolerance.trial_retries": 4 * cfg.kills,
-            "resources.max_concurrent_trials": 2}
+            "resources.max_concurrent_trials": 2, **STALL}
     if cfg.cpus_per_worker is not None:
         sets["resources.cpus_per_worker"] = cfg.cpus_per_worker
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
@@ -416,6 +423,28 @@ def check_sweep(root: Path, reference: Path) -> dict:
             "temporaries": leftover_temporaries(root), "problems": problems}
 
 
+def stalls(log: Path) -> dict:
+    """The watchdog's lines in the chaos run's console log ``log``: ``said`` (a stall: trials
+    waiting for resources while none progressed) and ``failed`` (a trial it failed), and a
+    problem per trial failed: a sweep that had to be unwedged did not survive the kills."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    said = [x.strip() for x in lines if STALL_SAID in x]
+    failed = [x.strip() for x in lines if STALL_FAILED in x]
+    return {"said": said, "failed": failed, "problems": [f"the watchdog failed a stalled trial: {x}" for x in failed]}
+
+
+def checks(root: Path, reference: Path, out: Path) -> dict:
+    """`check_sweep` of ``root`` against ``reference``, and the watchdog's `stalls` in ``out/chaos.log``."""
+    result = check_sweep(root, reference)
+    result["stalls"] = stalls(out / "chaos.log")
+    result["problems"] += result["stalls"]["problems"]
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
 # --------------------------------------------------------------------------------------
 # the command
 # --------------------------------------------------------------------------------------
@@ -441,12 +470,15 @@ def print_check(result: dict) -> None:
           f"checkpoint (steps {sorted(v for _, v in res)})")
     print(f"[chaos] files corrupt: {len(result['corrupt'])}; temporaries left by interrupted writes: "
           f"{len(result['temporaries'])}")
+    if "stalls" in result:
+        print(f"[chaos] stalls said by the watchdog: {len(result['stalls']['said'])}; trials it failed: "
+              f"{len(result['stalls']['failed'])}")
     for p in result["problems"]:
         print(f"[chaos] PROBLEM {p}")
     print(f"[chaos] {'PASS' if not result['problems'] else 'FAIL'}", flush=True)
 
 
-def parse_args(argv: list[str] | None) -> tuple[Chaos, bool]:
+def parse_args(argv: list[str] | None) -> tuple[Chaos, str]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=20, help="grid size, a multiple of 4 (default 20)")
     p.add_argument("--kills", type=int, default=10, help="SIGKILLs in all (default 10)")
@@ -471,7 +503,7 @@ def parse_args(argv: list[str] | None) -> tuple[Chaos, bool]:
 def main(argv: list[str] | None = None) -> int:
     cfg, mode = parse_args(argv)
     if mode == "check":
-        result = check_sweep(cfg.out / "chaos" / NAME, (cfg.reference or cfg.out) / "reference" / NAME)
+        result = checks(cfg.out / "chaos" / NAME, (cfg.reference or cfg.out) / "reference" / NAME, cfg.out)
         print_check(result)
         return 0 if not result["problems"] else 1
     shutil.rmtree(cfg.out, ignore_errors=True)
@@ -492,10 +524,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cfg.reference:
         reference = finish_reference(cfg, reference, t0, figures)
     print_run(cfg, figures)
-    result = check_sweep(root, reference)
+    result = checks(root, reference, cfg.out)
     print_check(result)
     return 0 if not result["problems"] else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

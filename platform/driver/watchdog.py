@@ -287,26 +287,24 @@ class SweepWatch(tune.Callback):
         first limit; past ``stall_fail_s``, fail each trial that has waited that long."""
         warn = self.limits.stall_warn_s if self.limits.stall_warn_s is not None else math.inf
         fail = self.limits.stall_fail_s if self.limits.stall_fail_s is not None else math.inf
-        records = {t: self.trial_id_of(t) for t in trials if t.status == "RUNNING"}
-        records = {t: (tid, read_record(self.root, tid)) for t, tid in records.items()}
+        running = [(t, self.trial_id_of(t)) for t in trials if t.status == "RUNNING"]
+        records = [(t, tid, read_record(self.root, tid)) for t, tid in running]
         placed = {_creator(pg) for pg in placement_groups() or [] if _state(pg) == "CREATED"}
-        waiting = {t: (tid, rec) for t, (tid, rec) in records.items()
-                   if rec and rec.get("state") == "waiting" and rec.get("controller") not in placed}
-        for tid in set(self._waiting_since) - {tid for tid, _ in waiting.values()}:
-            del self._waiting_since[tid]
-        for tid, _ in waiting.values():
-            self._waiting_since.setdefault(tid, now)
+        waiting = [(t, tid, rec) for t, tid, rec in records
+                   if rec and rec.get("state") == "waiting" and rec.get("controller") not in placed]
+        ids = frozenset(tid for _, tid, _ in waiting)
+        self._waiting_since = {tid: self._waiting_since.get(tid, now) for tid in ids}
         stalled = now - self._progress_at
         if not waiting or stalled < min(warn, fail):
             self._said = frozenset()
             return
-        controllers = {rec["controller"]: tid for tid, rec in records.values() if rec and rec.get("controller")}
-        line = self.stall_line(list(waiting.values()), stalled, now, controllers)
-        if frozenset(tid for tid, _ in waiting.values()) != self._said:
-            self._said = frozenset(tid for tid, _ in waiting.values())
+        controllers = {rec["controller"]: tid for _, tid, rec in records if rec and rec.get("controller")}
+        line = self.stall_line([(tid, rec) for _, tid, rec in waiting], stalled, now, controllers)
+        if ids != self._said:
+            self._said = ids
             self._say(line)
         if stalled >= fail:
-            for trial, (tid, _) in waiting.items():
+            for trial, tid, _ in waiting:
                 if tid not in self._failing and now - self._waiting_since[tid] >= fail:
                     self.fail_trial(trial, tid, line)
 
