@@ -46,6 +46,7 @@ import json
 import os
 import pickletools
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -84,8 +85,9 @@ PICKLE = b"\x80"
 #: the sweeps' progress watchdog (`distillab.driver.watchdog`): a stall is said after 2 min and its waiting trials
 #: fail after 10 (the driver then exits and is resumed), so that a wedge shows as a problem, not an hour's timeout
 STALL = {"fault_tolerance.stall_warn_s": 120, "fault_tolerance.stall_fail_s": 600}
-#: the chaos driver's log lines of the watchdog: a stall said, a trial failed
+#: the chaos driver's log lines of the watchdog: a stall said, a trial failed, placement groups of dead controllers removed
 STALL_SAID, STALL_FAILED = "[watchdog] no trial reported a step", "[watchdog] failed trial"
+REMOVED = re.compile(r"removed (\d+) placement group\(s\) of dead Train controllers")
 
 
 @dataclass
@@ -425,12 +427,15 @@ def check_sweep(root: Path, reference: Path) -> dict:
 
 def stalls(log: Path) -> dict:
     """The watchdog's lines in the chaos run's console log ``log``: ``said`` (a stall: trials
-    waiting for resources while none progressed) and ``failed`` (a trial it failed), and a
-    problem per trial failed: a sweep that had to be unwedged did not survive the kills."""
+    waiting for resources while none progressed), ``failed`` (a trial it failed) and
+    ``removed`` (how many placement groups of dead Train controllers the drivers removed),
+    and a problem per trial failed: a sweep that had to be unwedged did not survive the kills."""
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
     said = [x.strip() for x in lines if STALL_SAID in x]
     failed = [x.strip() for x in lines if STALL_FAILED in x]
-    return {"said": said, "failed": failed, "problems": [f"the watchdog failed a stalled trial: {x}" for x in failed]}
+    removed = sum(int(m[1]) for x in lines if (m := REMOVED.search(x)))
+    return {"said": said, "failed": failed, "removed": removed,
+            "problems": [f"the watchdog failed a stalled trial: {x}" for x in failed]}
 
 
 def checks(root: Path, reference: Path, out: Path) -> dict:
@@ -471,8 +476,9 @@ def print_check(result: dict) -> None:
     print(f"[chaos] files corrupt: {len(result['corrupt'])}; temporaries left by interrupted writes: "
           f"{len(result['temporaries'])}")
     if "stalls" in result:
-        print(f"[chaos] stalls said by the watchdog: {len(result['stalls']['said'])}; trials it failed: "
-              f"{len(result['stalls']['failed'])}")
+        st = result["stalls"]
+        print(f"[chaos] placement groups of dead controllers removed: {st['removed']}; stalls said by the watchdog: "
+              f"{len(st['said'])}; trials it failed: {len(st['failed'])}")
     for p in result["problems"]:
         print(f"[chaos] PROBLEM {p}")
     print(f"[chaos] {'PASS' if not result['problems'] else 'FAIL'}", flush=True)

@@ -126,12 +126,14 @@ def test_stalls_found_in_the_log(tmp_path: Path) -> None:
     """`chaos.stalls`: a stall the watchdog said is counted, a trial it failed is a problem."""
     log = tmp_path / "chaos.log"
     said = "[watchdog] no trial reported a step for 130 s; waiting for resources: t1 (...); held: CPU 2 of 2 in use"
-    log.write_text(f"$ distillab sweep ...\n{said}\n(RayTrainWorker pid=1) [trial] t2 distill step 40: ...\n")
-    assert chaos.stalls(log) == {"said": [said], "failed": [], "problems": []}
+    removed = "2026-12-06 08:45:11,458 distillab.driver.watchdog removed {} placement group(s) of dead Train controllers: x"
+    log.write_text(f"$ distillab sweep ...\n{said}\n(RayTrainWorker pid=1) [trial] t2 distill step 40: ...\n"
+                   f"{removed.format(1)}\n{removed.format(2)}\n")
+    assert chaos.stalls(log) == {"said": [said], "failed": [], "removed": 3, "problems": []}
     failed = f"[watchdog] failed trial t1 (distillab sweep --resume /x runs it again): {said}"
     log.write_text(log.read_text() + failed + "\n")
     assert chaos.stalls(log)["problems"] == [f"the watchdog failed a stalled trial: {failed}"]
-    assert chaos.stalls(tmp_path / "none.log") == {"said": [], "failed": [], "problems": []}
+    assert chaos.stalls(tmp_path / "none.log") == {"said": [], "failed": [], "removed": 0, "problems": []}
 
 
 @pytest.mark.slow

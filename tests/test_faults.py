@@ -340,10 +340,9 @@ def test_two_node_cluster_loses_a_node(tmp_path: Path) -> None:
                                 "resources.cpus_per_worker": 0.9})
     root = sweep.sweep_dir()
     teacher, student = prepare(sweep, threads=1)
-    # the dashboard serves the state API that Ray Train's PlacementGroupCleaner needs to free a lost
-    # trial's placement group; without it the retried trials wait for CPUs forever
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": True,
-                                                            "dashboard_host": "127.0.0.1"})
+    # no dashboard: the sweep's driver frees a lost trial's placement group (`watchdog.SweepWatch`; Ray Train's
+    # PlacementGroupCleaner needed the dashboard's state API, and without it the retried trials waited for ever)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     node = cluster.add_node(num_cpus=1)  # each node fits one 0.9-CPU worker: one trial per node
     removed: dict[str, float] = {}
 
