@@ -104,6 +104,31 @@ def _registered_checkpoints(root: Path, local_mode: bool = False) -> int:
     return n
 
 
+def _sweep_beside(killer, sweep, teacher: Path, student: Path, num_cpus: int = 2, address: str | None = None) -> None:
+    """``run_sweep`` on a local Ray of ``num_cpus`` CPUs without the dashboard (or on the cluster at
+    ``address``), ``killer`` in a thread beside it; ``ray.shutdown()`` after."""
+    import ray
+
+    from distillab.driver.sweep import run_sweep
+
+    ray.init(**({"address": address} if address else {"address": "local", "num_cpus": num_cpus,
+                                                       "include_dashboard": False}))
+    try:
+        t = threading.Thread(target=killer, daemon=True)
+        t.start()
+        run_sweep(sweep, teacher, student, verbose=0)
+        t.join(timeout=5)
+    finally:
+        ray.shutdown()
+
+
+def _assert_one_trial_completed(res) -> pl.DataFrame:
+    """The sweep's one trial completed, each metric row once; returns the metrics."""
+    trial = res.trials.collect()
+    assert trial.height == 1 and trial["status"].item() == "completed", trial["error"].item()
+    return _assert_metrics_once(res)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -120,11 +145,8 @@ def test_killed_worker_resumes_from_checkpoint(tmp_path: Path, local_mode: bool)
     """The process running the trial, SIGKILLed past a checkpoint: a Train worker (Ray
     Train restarts its worker group) or, with ``resources.local_mode``, the Tune trial
     actor (Tune retries the trial). Either way the trial resumes from that checkpoint."""
-    import ray
-
     from distillab.analysis.results import load
     from distillab.recipe.prepare import prepare
-    from distillab.driver.sweep import run_sweep
 
     steps, every = 200, 50
     sweep = _sweep(tmp_path, **{"search.grid": {"rollout.policy": ["onpd"]}, "trial.optimizer.steps": steps,
@@ -145,19 +167,10 @@ def test_killed_worker_resumes_from_checkpoint(tmp_path: Path, local_mode: bool)
                 os.kill(pid, signal.SIGKILL)
             time.sleep(0.1)
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    try:
-        t = threading.Thread(target=killer, daemon=True)
-        t.start()
-        run_sweep(sweep, teacher, student, verbose=0)
-        t.join(timeout=5)
-    finally:
-        ray.shutdown()
+    _sweep_beside(killer, sweep, teacher, student, num_cpus=2)
     assert killed and killed["at_step"] < steps, killed  # the kill happened mid-trial
     res = load(root)
-    trial = res.trials.collect()
-    assert trial.height == 1 and trial["status"].item() == "completed", trial["error"].item()
-    m = _assert_metrics_once(res)
+    m = _assert_one_trial_completed(res)
     loss = m.filter(pl.col("name") == "loss").sort("step")
     assert loss["step"].to_list() == list(range(1, steps + 1))  # every step exactly once
     resumed = m.filter(pl.col("name") == "resume/start_step")["value"].to_list()
@@ -182,10 +195,7 @@ def test_killed_trial_actor_frees_its_placement_group(tmp_path: Path) -> None:
     (`watchdog.remove_orphaned_placement_groups`); the trial resumes from its checkpoint and
     completes. The watchdog's limits are a net: were the group kept, the trial would fail with
     its line instead of the test hanging."""
-    import ray
-
     from distillab.analysis.results import load
-    from distillab.driver.sweep import run_sweep
     from distillab.recipe.prepare import prepare
 
     steps, every = 20, 10
@@ -205,19 +215,9 @@ def test_killed_trial_actor_frees_its_placement_group(tmp_path: Path) -> None:
                 killed["pid"] = actors[0]
             time.sleep(0.2)
 
-    ray.init(address="local", num_cpus=1, include_dashboard=False)
-    try:
-        t = threading.Thread(target=killer, daemon=True)
-        t.start()
-        run_sweep(sweep, teacher, student, verbose=0)
-        t.join(timeout=5)
-    finally:
-        ray.shutdown()
+    _sweep_beside(killer, sweep, teacher, student, num_cpus=1)
     assert killed, "the trial actor was never killed"
-    res = load(root)
-    trial = res.trials.collect()
-    assert trial.height == 1 and trial["status"].item() == "completed", trial["error"].item()
-    m = _assert_metrics_once(res)
+    m = _assert_one_trial_completed(load(root))
     assert m.filter(pl.col("name") == "loss").sort("step")["step"].to_list() == list(range(1, steps + 1))
     assert m.filter(pl.col("name") == "resume/start_step")["value"].to_list() == [every]  # from its checkpoint
 
@@ -328,12 +328,10 @@ def test_killed_driver_then_resume(tmp_path: Path) -> None:
 
 
 def test_two_node_cluster_loses_a_node(tmp_path: Path) -> None:
-    import ray
     from ray.cluster_utils import Cluster
 
     from distillab.analysis.results import load
     from distillab.recipe.prepare import prepare
-    from distillab.driver.sweep import run_sweep
 
     steps, every = 200, 40
     sweep = _sweep(tmp_path, **{"trial.optimizer.steps": steps, "trial.optimizer.checkpoint_every": every,
@@ -356,13 +354,8 @@ def test_two_node_cluster_loses_a_node(tmp_path: Path) -> None:
             time.sleep(0.2)
 
     try:
-        ray.init(address=cluster.address)
-        t = threading.Thread(target=remover, daemon=True)
-        t.start()
-        run_sweep(sweep, teacher, student, verbose=0)
-        t.join(timeout=5)
+        _sweep_beside(remover, sweep, teacher, student, address=cluster.address)
     finally:
-        ray.shutdown()
         cluster.shutdown()
     assert removed, "the node was never removed"
     res = load(root)

@@ -17,11 +17,11 @@ every `REAP_EVERY_S`: a placement group of this job, not detached, whose creatin
 is removed (`SweepWatch`); `sweep.TrialTrainer` leaves Ray's cleaner out (a detached actor process
 per run that this replaces). The GCS's placement-group table (creator, its liveness) is a private
 Ray structure (``ray._private.state``); where it moved, nothing is removed and the sweep runs as
-before (tests/test_faults.py pins it).
+before (tests/test_sweep.py builds its records, tests/test_faults.py reads a live one).
 
 **Progress watchdog** (`SweepWatch`, ``fault_tolerance.stall_warn_s`` and ``stall_fail_s``).
-Progress is a trial's report of a step (a Tune result: every 10 steps and at its end) or a trial
-completing. A trial *waits for resources* while its Train controller asks for its worker group's
+Progress is a trial's report of a step (a Tune result: every 10 steps, at a checkpoint and at its
+end, `recipe.distill.log_step`) or a trial completing. A trial *waits for resources* while its Train controller asks for its worker group's
 placement group and holds none placed (`WorkerGroupRecord`: each run's controller writes
 ``<root>/worker_groups/<trial id>.json``; the GCS says which placement groups are placed); the
 start of its workers once placed is not waiting.
@@ -289,9 +289,10 @@ class SweepWatch(tune.Callback):
         fail = self.limits.stall_fail_s if self.limits.stall_fail_s is not None else math.inf
         running = [(t, self.trial_id_of(t)) for t in trials if t.status == "RUNNING"]
         records = [(t, tid, read_record(self.root, tid)) for t, tid in running]
-        placed = {_creator(pg) for pg in placement_groups() or [] if _state(pg) == "CREATED"}
-        waiting = [(t, tid, rec) for t, tid, rec in records
-                   if rec and rec.get("state") == "waiting" and rec.get("controller") not in placed]
+        waiting = [(t, tid, rec) for t, tid, rec in records if rec and rec.get("state") == "waiting"]
+        if waiting:  # not those whose group is placed (its workers start): only the GCS knows at once
+            placed = {_creator(pg) for pg in placement_groups() or [] if _state(pg) == "CREATED"}
+            waiting = [(t, tid, rec) for t, tid, rec in waiting if rec.get("controller") not in placed]
         ids = frozenset(tid for _, tid, _ in waiting)
         self._waiting_since = {tid: self._waiting_since.get(tid, now) for tid in ids}
         stalled = now - self._progress_at
@@ -329,14 +330,16 @@ class SweepWatch(tune.Callback):
         ended (``ray.kill``; its controller, workers and placement group go with it), Tune told
         not to retry it in this run (its ``max_failures`` set to the failures it has had, put
         back in `on_trial_error`), and its ``trials`` row ``failed`` with ``line`` as ``error``.
-        Reads Tune's private ``trial.temporary_state.ray_actor``; where that moved, the trial is
-        left as it is and the console says so."""
+        Reads Tune's private ``trial.temporary_state.ray_actor`` and ``trial.run_metadata``; where
+        they moved, the trial is left as it is and the console says so."""
         actor = getattr(getattr(trial, "temporary_state", None), "ray_actor", None)
-        if actor is None:
-            self._say(f"[watchdog] cannot fail trial {trial_id} (no handle on its Tune trial actor); it keeps waiting")
+        failures = getattr(getattr(trial, "run_metadata", None), "num_failures", None)
+        if actor is None or failures is None:
+            self._say(f"[watchdog] cannot fail trial {trial_id} (Tune's trial has no actor handle or failure "
+                      f"count here); it keeps waiting")
             return
         self._failing[trial_id] = line
-        trial.max_failures = trial.run_metadata.num_failures  # Tune's should_recover: this failure is its last
+        trial.max_failures = failures  # Tune's should_recover (failures + 1 <= max_failures): this failure is its last
         ray.kill(actor)
         fail_row(self.root, trial_id, line)
         self._say(f"[watchdog] failed trial {trial_id} (distillab sweep --resume {self.root} runs it again): {line}")
