@@ -82,9 +82,9 @@ TITLES = {"worker": "ray::RayTrainWorker", "actor": "ray::ImplicitFunc"}
 KINDS = ("worker", "actor", "driver")
 #: the first byte of a pickle of protocol 2 or later
 PICKLE = b"\x80"
-#: the sweeps' progress watchdog (`distillab.driver.watchdog`): a stall is said after 2 min and its waiting trials
-#: fail after 10 (the driver then exits and is resumed), so that a wedge shows as a problem, not an hour's timeout
-STALL = {"fault_tolerance.stall_warn_s": 120, "fault_tolerance.stall_fail_s": 600}
+#: the sweeps' progress watchdog (`distillab.driver.watchdog`): a stall is said after 5 min and its waiting trials
+#: fail after 20 (the driver then exits and is resumed), so that a wedge shows as a problem within the hour's timeout
+STALL = {"fault_tolerance.stall_warn_s": 300, "fault_tolerance.stall_fail_s": 1200}
 #: the chaos driver's log lines of the watchdog: a stall said, a trial failed, placement groups of dead controllers removed
 STALL_SAID, STALL_FAILED = "[watchdog] no trial reported a step", "[watchdog] failed trial"
 REMOVED = re.compile(r"removed (\d+) placement group\(s\) of dead Train controllers")
@@ -446,10 +446,6 @@ def checks(root: Path, reference: Path, out: Path) -> dict:
     return result
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 # --------------------------------------------------------------------------------------
 # the command
 # --------------------------------------------------------------------------------------
@@ -534,3 +530,6 @@ def main(argv: list[str] | None = None) -> int:
     print_check(result)
     return 0 if not result["problems"] else 1
 
+
+if __name__ == "__main__":
+    sys.exit(main())

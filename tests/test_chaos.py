@@ -116,7 +116,7 @@ def test_nan_equals_nan(tmp_path: Path) -> None:
 def test_sweep_command_grid() -> None:
     cmd = chaos.sweep_command(chaos.Chaos(trials=20), Path("/x"))
     assert "search.grid={seed: [1, 2, 3, 4, 5], optimizer.lr: [1.0e-3, 3.0e-3], rollout.policy: [offpd, onpd]}" in cmd
-    assert "fault_tolerance.stall_fail_s=600" in cmd and not any(a.startswith("resources.cpus_per_worker") for a in cmd)
+    assert "fault_tolerance.stall_fail_s=1200" in cmd and not any(a.startswith("resources.cpus_per_worker") for a in cmd)
     assert "resources.cpus_per_worker=1.5" in chaos.sweep_command(chaos.Chaos(trials=4, cpus_per_worker=1.5), Path("/x"))
     with pytest.raises(ValueError, match="multiple of 4"):
         chaos.sweep_command(chaos.Chaos(trials=6), Path("/x"))

@@ -257,13 +257,15 @@ def test_sweep_watch_says_once_then_fails_the_waiting_trial(tmp_path, monkeypatc
     t2 runs (its controller holds a placed group), t3 is pending in Tune. Nothing is said before
     60 s without a step; at 60 s one line names t1 alone (for 60 s: the watch first saw it
     waiting at 0), and is not said again while the set is the same; a step report resets the
-    stall; 300 s later t1 (waiting 300 s) is failed: its Tune actor killed, Tune told its failure
+    stall, and so does t2's worker group placed anew; 300 s after that t1 (waiting 500 s) is failed: its Tune actor killed, Tune told its failure
     is its last (max_failures = the 1 failure it had), its row failed with the line; the error
     puts the sweep's trial_retries back."""
     import ray
 
     import distillab.driver.watchdog as w
     from distillab.config import FaultToleranceConfig
+    from distillab.driver.watchdog import record_path
+    from distillab.tables import atomic_write_bytes
 
     t1, killed = _trial(tmp_path, "t1", "waiting", controller="c1")
     t2, _ = _trial(tmp_path, "t2", "running", controller="c2")
@@ -294,14 +296,19 @@ def test_sweep_watch_says_once_then_fails_the_waiting_trial(tmp_path, monkeypatc
     watch.on_trial_result(0, trials, t2, {})   # t2 reports a step at 120 s: the stall starts again
     at(179.0)
     assert said == [line]
-    at(420.0)  # 300 s without a step, t1 waiting 420 s
-    fail_line = line.replace("for 60 s", "for 300 s").replace("60 s);", "420 s);")
+    atomic_write_bytes(record_path(tmp_path, "t2"), json.dumps({"state": "placed", "controller": "c2", "at": 1.0}).encode())
+    at(200.0)  # t2's worker group placed anew (e.g. after a restart): progress too
+    at(499.0)  # a new stall, said anew; not failed yet
+    again = line.replace("for 60 s", "for 299 s").replace("60 s);", "499 s);")
+    assert killed == [] and said == [line, again]
+    at(500.0)  # 300 s without a step or a placing, t1 waiting 500 s
+    fail_line = line.replace("for 60 s", "for 300 s").replace("60 s);", "500 s);")
     assert killed == ["t1"] and t1.max_failures == 1
-    assert said == [line, fail_line, f"[watchdog] failed trial t1 (distillab sweep --resume {tmp_path} runs it "
-                                     f"again): {fail_line}"]
+    assert said == [line, again, f"[watchdog] failed trial t1 (distillab sweep --resume {tmp_path} runs it "
+                                 f"again): {fail_line}"]
     row = pl.read_parquet(tmp_path / "trials" / "t1.parquet").row(0, named=True)
     assert (row["status"], row["error"]) == ("failed", fail_line) and row["end_time"] > 0
-    at(421.0)
+    at(501.0)
     assert killed == ["t1"]  # failed once
     watch.on_trial_error(0, trials, t1)
     assert t1.max_failures == 3  # the sweep's trial_retries, as Tune saves it

@@ -21,7 +21,8 @@ before (tests/test_sweep.py builds its records, tests/test_faults.py reads a liv
 
 **Progress watchdog** (`SweepWatch`, ``fault_tolerance.stall_warn_s`` and ``stall_fail_s``).
 Progress is a trial's report of a step (a Tune result: every 10 steps, at a checkpoint and at its
-end, `recipe.distill.log_step`) or a trial completing. A trial *waits for resources* while its Train controller asks for its worker group's
+end, `recipe.distill.log_step`), a trial completing, or a trial's worker group placed (it got its
+resources: a slow start-up that follows is not a stall). A trial *waits for resources* while its Train controller asks for its worker group's
 placement group and holds none placed (`WorkerGroupRecord`: each run's controller writes
 ``<root>/worker_groups/<trial id>.json``; the GCS says which placement groups are placed); the
 start of its workers once placed is not waiting.
@@ -65,6 +66,8 @@ RECORDS = "worker_groups"
 REAP_EVERY_S = 5.0
 #: seconds between two checks of the sweep's progress
 CHECK_EVERY_S = 2.0
+#: the `WorkerGroupRecord` states of a worker group that got its resources: its placing counts as progress
+PLACED = ("placed", "running")
 #: Ray Train V2's default callback that starts a detached PlacementGroupCleaner actor per run
 #: (`sweep.TrialTrainer` leaves it out: `SweepWatch` removes the groups of dead controllers)
 RAY_PG_CLEANER = "PlacementGroupCleanerCallback"
@@ -260,6 +263,7 @@ class SweepWatch(tune.Callback):
         now = self._clock()
         self._progress_at, self._reaped_at, self._checked_at = now, -math.inf, -math.inf
         self._waiting_since: dict[str, float] = {}
+        self._placed_at: dict[str, float] = {}
         self._said: frozenset[str] = frozenset()
         self._failing: dict[str, str] = {}
 
@@ -289,6 +293,10 @@ class SweepWatch(tune.Callback):
         fail = self.limits.stall_fail_s if self.limits.stall_fail_s is not None else math.inf
         running = [(t, self.trial_id_of(t)) for t in trials if t.status == "RUNNING"]
         records = [(t, tid, read_record(self.root, tid)) for t, tid in running]
+        placed_at = {tid: rec.get("at") for _, tid, rec in records if rec and rec.get("state") in PLACED}
+        if any(self._placed_at.get(tid) != at for tid, at in placed_at.items()):
+            self._progress_at = now  # a worker group got its resources: the cluster is not stuck
+        self._placed_at = placed_at
         waiting = [(t, tid, rec) for t, tid, rec in records if rec and rec.get("state") == "waiting"]
         if waiting:  # not those whose group is placed (its workers start): only the GCS knows at once
             placed = {_creator(pg) for pg in placement_groups() or [] if _state(pg) == "CREATED"}
