@@ -274,6 +274,7 @@ def test_sweep_watch_says_once_then_fails_the_waiting_trial(tmp_path, monkeypatc
     monkeypatch.setattr(w, "_creator", lambda pg: "c2")  # t2's controller holds a placed group
     monkeypatch.setattr(w, "cluster_holders", lambda r, controllers, cpus: f"{r} held, controllers {controllers}")
     monkeypatch.setattr(ray, "kill", lambda actor: actor.kill())
+    monkeypatch.setattr(w, "remove_orphaned_placement_groups", list)  # no Ray here
     clock, said = [0.0], []
     watch = w.SweepWatch(tmp_path, FaultToleranceConfig(trial_retries=3, stall_warn_s=60, stall_fail_s=300),
                          lambda t: t.tid,
@@ -312,3 +313,7 @@ def test_sweep_watch_says_once_then_fails_the_waiting_trial(tmp_path, monkeypatc
     assert killed == ["t1"]  # failed once
     watch.on_trial_error(0, trials, t1)
     assert t1.max_failures == 3  # the sweep's trial_retries, as Tune saves it
+    t1.max_failures = 1  # saved while lowered (the driver killed in between), then resumed:
+    watch.setup()
+    watch.on_step_begin(0, trials)
+    assert [t.max_failures for t in trials] == [3, 3, 3]  # the sweep's setting again, for every trial

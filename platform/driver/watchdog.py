@@ -178,8 +178,10 @@ def remove_orphaned_placement_groups() -> list[str]:
     """Remove this job's placement groups whose creating actor is dead (`orphaned`); returns
     their ids (hex). Ray must be initialised."""
     pgs = placement_groups()
-    removed = []
-    for pg in orphaned(pgs or [], ray.get_runtime_context().get_job_id()):
+    removed: list[str] = []
+    if not pgs:
+        return removed
+    for pg in orphaned(pgs, ray.get_runtime_context().get_job_id()):
         try:
             remove_placement_group(PlacementGroup(ray.PlacementGroupID(pg.placement_group_id)))
             removed.append(pg.placement_group_id.hex())
@@ -266,9 +268,14 @@ class SweepWatch(tune.Callback):
         self._placed_at: dict[str, float] = {}
         self._said: frozenset[str] = frozenset()
         self._failing: dict[str, str] = {}
+        self._retries_set = False
 
     def on_step_begin(self, iteration: int, trials: list, **info) -> None:
         now = self._clock()
+        if not self._retries_set:  # a resumed sweep: a trial saved while `fail_trial` had lowered it gets them back
+            self._retries_set = True
+            for trial in trials:
+                trial.max_failures = self.limits.trial_retries
         if now - self._reaped_at >= REAP_EVERY_S:
             self._reaped_at = now
             remove_orphaned_placement_groups()
