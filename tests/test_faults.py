@@ -13,6 +13,7 @@ All on the smoke models (search_spaces/smoke.yaml), cached under ``.cache/models
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -104,9 +105,11 @@ def _registered_checkpoints(root: Path, local_mode: bool = False) -> int:
     return n
 
 
-def _sweep_beside(killer, sweep, teacher: Path, student: Path, num_cpus: int = 2, address: str | None = None) -> None:
+def _sweep_beside(killer, sweep, teacher: Path, student: Path, num_cpus: int = 2, address: str | None = None,
+                  then=None) -> None:
     """``run_sweep`` on a local Ray of ``num_cpus`` CPUs without the dashboard (or on the cluster at
-    ``address``), ``killer`` in a thread beside it; ``ray.shutdown()`` after."""
+    ``address``), ``killer`` in a thread beside it, then ``then()`` in the same Ray;
+    ``ray.shutdown()`` after."""
     import ray
 
     from distillab.driver.sweep import run_sweep
@@ -118,6 +121,8 @@ def _sweep_beside(killer, sweep, teacher: Path, student: Path, num_cpus: int = 2
         t.start()
         run_sweep(sweep, teacher, student, verbose=0)
         t.join(timeout=5)
+        if then is not None:
+            then()
     finally:
         ray.shutdown()
 
@@ -182,26 +187,30 @@ def test_killed_worker_resumes_from_checkpoint(tmp_path: Path, local_mode: bool)
 
 
 # --------------------------------------------------------------------------------------
-# a Tune trial actor killed on a one-CPU Ray: its worker group's placement group (issue 48)
+# a Tune trial actor killed on a one-CPU Ray: the wedge of issue 48, the watchdog, the fix
 # --------------------------------------------------------------------------------------
 
 
-def test_killed_trial_actor_frees_its_placement_group(tmp_path: Path) -> None:
-    """The wedge of issue 48 at its smallest: a Tune trial actor SIGKILLed while its worker
-    group runs, past a checkpoint, on a one-CPU Ray without a dashboard. Its Train controller
-    and worker die with it, but Ray keeps their placement group (0.99 CPU) while the job lives,
-    and Ray Train's cleaner cannot tell without the dashboard: the retried trial then waited for
-    its worker group for ever (0.98 CPU free). The sweep's driver removes the group
-    (`watchdog.remove_orphaned_placement_groups`); the trial resumes from its checkpoint and
-    completes. The watchdog's limits are a net: were the group kept, the trial would fail with
-    its line instead of the test hanging."""
+def test_killed_trial_actor_wedge_is_said_failed_and_freed(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The wedge of issue 48 at its smallest, then its fix. A Tune trial actor is SIGKILLed while
+    its worker group runs, past its step-10 checkpoint, on a one-CPU Ray without a dashboard: its
+    Train controller and worker die with it, but Ray keeps their placement group (0.99 CPU) while
+    the job lives. With the driver's removal of such groups switched off (as before the fix; Ray
+    Train's own cleaner cannot tell without the dashboard), the retried trial waits for its worker
+    group for ever (0.98 CPU free): the watchdog says so in one line, naming the dead actor's group
+    as the holder, after ``stall_warn_s``, fails the trial after ``stall_fail_s`` (once: not
+    retried, although ``trial_retries`` allows 3) and the sweep ends. ``resume_sweep`` in the same
+    Ray, the removal on, frees the group: the trial resumes from its checkpoint and completes."""
     from distillab.analysis.results import load
+    from distillab.driver import watchdog
+    from distillab.driver.sweep import resume_sweep
     from distillab.recipe.prepare import prepare
 
     steps, every = 20, 10
     sweep = _sweep(tmp_path, **{"search.grid": {"rollout.policy": ["offpd"]}, "trial.optimizer.steps": steps,
-                                "trial.optimizer.checkpoint_every": every, "fault_tolerance.stall_warn_s": 120,
-                                "fault_tolerance.stall_fail_s": 300})
+                                "trial.optimizer.checkpoint_every": every, "fault_tolerance.trial_retries": 3,
+                                "fault_tolerance.stall_warn_s": 10, "fault_tolerance.stall_fail_s": 30})
+    (tid,) = [t.trial_id for t in sweep.trials]
     root = sweep.sweep_dir()
     teacher, student = prepare(sweep, threads=1)
     killed: dict[str, int] = {}
@@ -215,58 +224,25 @@ def test_killed_trial_actor_frees_its_placement_group(tmp_path: Path) -> None:
                 killed["pid"] = actors[0]
             time.sleep(0.2)
 
-    _sweep_beside(killer, sweep, teacher, student, num_cpus=1)
+    def resume() -> None:
+        monkeypatch.undo()
+        resume_sweep(root, teacher, student, verbose=0)
+
+    monkeypatch.setattr(watchdog, "remove_orphaned_placement_groups", list)  # as before the fix
+    _sweep_beside(killer, sweep, teacher, student, num_cpus=1, then=resume)
     assert killed, "the trial actor was never killed"
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if line.startswith("[watchdog] no trial reported a step for ")]
+    failed = [line.split("): ", 1)[1] for line in out.splitlines() if line.startswith(f"[watchdog] failed trial {tid} (")]
+    assert len(said) == 1 and len(failed) == 1, out  # said once; failed once: Tune did not retry it
+    for line in (said[0], failed[0]):
+        assert f"; waiting for resources: {tid} (a worker group of 1 × {{CPU: 0.99}}, " in line, line
+        assert re.search(r"; held: CPU 1 of 1 in use: .*0\.99 by placement group \w{8} of actor \w{8} \(dead\)", line)
+    assert "[sweep] 0 of 1 trials completed, 1 failed" in out, out  # the first sweep ended
+    assert "[sweep] 1 of 1 trials completed, 0 failed" in out, out  # the resumed one completed it
     m = _assert_one_trial_completed(load(root))
     assert m.filter(pl.col("name") == "loss").sort("step")["step"].to_list() == list(range(1, steps + 1))
     assert m.filter(pl.col("name") == "resume/start_step")["value"].to_list() == [every]  # from its checkpoint
-
-
-# --------------------------------------------------------------------------------------
-# the progress watchdog: a trial whose resources never come
-# --------------------------------------------------------------------------------------
-
-
-def test_watchdog_fails_a_trial_that_waits_for_ever(tmp_path: Path, capsys) -> None:
-    """A trial whose worker group (0.99 CPU) cannot be placed: an actor holds 1.5 of the 2 CPUs
-    for the whole sweep. After ``stall_warn_s`` without a step the driver prints one line (the
-    trial, what it waits for, who holds the CPUs), after ``stall_fail_s`` the trial fails with
-    that line, not retried although ``trial_retries`` allows 3, and the sweep ends."""
-    import ray
-
-    from distillab.analysis.results import load
-    from distillab.driver.sweep import run_sweep
-    from distillab.recipe.prepare import prepare
-
-    sweep = _sweep(tmp_path, **{"search.grid": {"rollout.policy": ["offpd"]}, "fault_tolerance.trial_retries": 3,
-                                "fault_tolerance.stall_warn_s": 10, "fault_tolerance.stall_fail_s": 30})
-    (tid,) = [t.trial_id for t in sweep.trials]
-    teacher, student = prepare(sweep, threads=1)
-
-    @ray.remote(num_cpus=1.5)
-    class Holder:
-        def ready(self) -> bool:
-            return True
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    try:
-        holder = Holder.remote()
-        ray.get(holder.ready.remote())
-        root = run_sweep(sweep, teacher, student, verbose=0)
-    finally:
-        ray.shutdown()
-    out = capsys.readouterr().out
-    said = [line for line in out.splitlines() if line.startswith("[watchdog] no trial reported a step for ")]
-    assert len(said) == 1, out  # once for this waiting trial
-    assert f"waiting for resources: {tid} (a worker group of 1 × {{CPU: 0.99}}, " in said[0], said
-    assert said[0].endswith("1.5 by actors or tasks outside placement groups"), said  # the holder
-    assert "; held: CPU 1.51 of 2 in use: 0.01 by Tune trial actor, " in said[0], said
-    failed = [line.split("): ", 1)[1] for line in out.splitlines() if line.startswith(f"[watchdog] failed trial {tid} (")]
-    assert len(failed) == 1, out  # once: Tune did not retry it
-    assert failed[0].startswith("[watchdog] no trial reported a step for ") and f"{tid} (a worker group" in failed[0]
-    assert "[sweep] 0 of 1 trials completed, 1 failed" in out, out
-    row = load(root).trials.collect()
-    assert row["status"].to_list() == ["failed"] and row["error"].to_list() == failed  # the line, in its row
 
 
 # --------------------------------------------------------------------------------------

@@ -305,8 +305,8 @@ def test_sweep_watch_says_once_then_fails_the_waiting_trial(tmp_path, monkeypatc
     at(500.0)  # 300 s without a step or a placing, t1 waiting 500 s
     fail_line = line.replace("for 60 s", "for 300 s").replace("60 s);", "500 s);")
     assert killed == ["t1"] and t1.max_failures == 1
-    assert said == [line, again, f"[watchdog] failed trial t1 (distillab sweep --resume {tmp_path} runs it "
-                                 f"again): {fail_line}"]
+    failed = f"[watchdog] failed trial t1 (distillab sweep --resume {tmp_path} runs it again): {fail_line}"
+    assert said == [line, again, failed]
     row = pl.read_parquet(tmp_path / "trials" / "t1.parquet").row(0, named=True)
     assert (row["status"], row["error"]) == ("failed", fail_line) and row["end_time"] > 0
     at(501.0)
