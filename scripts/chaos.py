@@ -87,7 +87,7 @@ PICKLE = b"\x80"
 STALL = {"fault_tolerance.stall_warn_s": 300, "fault_tolerance.stall_fail_s": 1200}
 #: the chaos driver's log lines of the watchdog: a stall said, a trial failed, placement groups of dead controllers removed
 STALL_SAID, STALL_FAILED = "[watchdog] no trial reported a step", "[watchdog] failed trial"
-REMOVED = re.compile(r"removed (\d+) placement group\(s\) of dead Train controllers")
+REMOVED = re.compile(r"removed (\d+) placement group\(s\) of dead")
 
 
 @dataclass
@@ -428,7 +428,8 @@ def check_sweep(root: Path, reference: Path) -> dict:
 def stalls(log: Path) -> dict:
     """The watchdog's lines in the chaos run's console log ``log``: ``said`` (a stall: trials
     waiting for resources while none progressed), ``failed`` (a trial it failed) and
-    ``removed`` (how many placement groups of dead Train controllers the drivers removed),
+    ``removed`` (how many placement groups of dead actors, killed trials' Train controllers, the
+    drivers removed),
     and a problem per trial failed: a sweep that had to be unwedged did not survive the kills."""
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
     said = [x.strip() for x in lines if STALL_SAID in x]

@@ -188,7 +188,8 @@ def remove_orphaned_placement_groups() -> list[str]:
         except Exception as e:  # noqa: BLE001 - removed meanwhile, or the GCS is busy: tried again later
             log.debug("could not remove placement group %s: %s", pg.placement_group_id.hex(), e)
     if removed:
-        log.info("removed %d placement group(s) of dead Train controllers: %s", len(removed), ", ".join(removed))
+        log.info("removed %d placement group(s) of dead actors (a killed trial's Train controller): %s", len(removed),
+                 ", ".join(removed))
     return removed
 
 
@@ -199,7 +200,7 @@ def _amounts(resources: dict[str, float]) -> str:
 def cluster_holders(resource: str, controllers: dict[str, str], trial_actor_cpus: float | None = None) -> str:
     """Who holds ``resource`` (``"CPU"``, ``"GPU"``, ...) in the cluster now, as one clause:
     ``"CPU 2 of 2 in use: 0.99 by trial t1's worker group, 0.99 by placement group 3f2a… of
-    actor 9c1e… (alive; no trial's controller), 0.02 by 2 Tune trial actors"``. A placement
+    actor 9c1e… (alive; no trial controller), 0.02 by 2 Tune trial actors"``. A placement
     group is named by its creator: a trial's controller (``controllers``: controller actor id
     (hex) → trial id), a driver (Tune's trial actors when its bundle holds ``trial_actor_cpus``
     CPUs, else "the driver"), another job, or another actor (alive or dead); what is in use
