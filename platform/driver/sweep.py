@@ -19,8 +19,9 @@ watchdog fails the trials that wait for resources while no trial progresses
 
 Results land under ``<storage_path>/<name>/``: ``sweep.json`` (the validated
 config, for ``--resume``), the Tune experiment (``tune/``), the Train runs
-(``train/<trial_id>``) and the Parquet tables (``trials``, ``metrics``, ``evals``)
-that `distillab.analysis.results.load` reads.
+(``train/<trial_id>``), each run's worker-group state for the watchdog
+(``worker_groups/<trial_id>.json``) and the Parquet tables (``trials``, ``metrics``,
+``evals``) that `distillab.analysis.results.load` reads.
 
 Console (``verbose``, `raystart.init_ray`, `driver.console`): at the default level a sweep
 prints Tune's progress table when a trial changes status (`CalmReporter`), one line per finished
