@@ -317,3 +317,21 @@ def test_sweep_watch_says_once_then_fails_the_waiting_trial(tmp_path, monkeypatc
     watch.setup()
     watch.on_step_begin(0, trials)
     assert [t.max_failures for t in trials] == [3, 3, 3]  # the sweep's setting again, for every trial
+
+
+def test_trial_trainer_starts_no_placement_group_cleaner(tmp_path) -> None:
+    """`sweep.TrialTrainer` leaves out exactly two of Ray Train's default callbacks: Ray Data's
+    (no datasets) and the PlacementGroupCleaner's (`watchdog.RAY_PG_CLEANER`: the driver removes a
+    dead controller's placement group). Both names are Ray 2.60's own: a Ray that renames them
+    shows here, before a sweep starts the actors again."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from distillab.driver.sweep import TrialTrainer, train_fn
+    from distillab.driver.watchdog import RAY_PG_CLEANER
+
+    trainer = TrialTrainer(train_fn, scaling_config=ray.train.ScalingConfig(num_workers=1),
+                           run_config=ray.train.RunConfig(name="t", storage_path=str(tmp_path)))
+    ours = {type(c).__name__ for c in trainer._create_default_callbacks()}
+    rays = {type(c).__name__ for c in TorchTrainer._create_default_callbacks(trainer)}
+    assert rays - ours == {RAY_PG_CLEANER, "DatasetsCallback"}
