@@ -319,6 +319,7 @@ def test_sweep_watch_says_once_then_fails_the_waiting_trial(tmp_path, monkeypatc
     assert [t.max_failures for t in trials] == [3, 3, 3]  # the sweep's setting again, for every trial
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray Data's, as Ray's own DatasetsCallback is built
 def test_trial_trainer_starts_no_placement_group_cleaner(tmp_path) -> None:
     """`sweep.TrialTrainer` leaves out exactly two of Ray Train's default callbacks: Ray Data's
     (no datasets) and the PlacementGroupCleaner's (`watchdog.RAY_PG_CLEANER`: the driver removes a
