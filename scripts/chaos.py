@@ -22,9 +22,17 @@ Then it checks (`check_sweep`):
   reference and none extra (but the ``resume/*`` metrics a resumed trial logs);
 - every trial's evals equal the reference's bitwise, and so do its per-step ``loss``;
 - every Parquet file under the sweep folder reads and every JSON file parses (a JSON-lines
-  file line by line); the hidden temporary files of interrupted atomic writes are counted.
+  file line by line); the hidden temporary files of interrupted atomic writes are counted;
+- the sweep never stalled: its progress watchdog (`STALL`: trials waiting for resources while
+  none reports a step) failed no trial (`stalls`; the lines it said are counted).
 
-    python scripts/chaos.py --trials 20 --kills 10 --seed 0 --pause 15 60 --out .cache/chaos/run
+The undisturbed run depends on the grid, steps and checkpoint interval, not on the kills: one
+(``--reference-only``) serves every seed (``--reference DIR``), and each chaos run then has
+the machine to itself.
+
+    python scripts/chaos.py --trials 20 --kills 10 --seed 0 --pause 10 40 --out .cache/chaos/run
+    python scripts/chaos.py --trials 20 --reference-only --out .cache/chaos/ref      # the undisturbed run alone
+    python scripts/chaos.py --trials 20 --kills 10 --seed 7 --pause 10 40 --reference .cache/chaos/ref --out .cache/chaos/seed7
     python scripts/chaos.py --trials 4 --kills 4 --seed 1 --pause 5 20 --out .cache/chaos/small
     python scripts/chaos.py --check --out .cache/chaos/run             # the checks again, of runs done
 
@@ -38,6 +46,7 @@ import json
 import os
 import pickletools
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -52,6 +61,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from distillab.analysis.results import Results, load
+from distillab.tables import run_records
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "search_spaces" / "smoke.yaml"
@@ -72,6 +82,12 @@ TITLES = {"worker": "ray::RayTrainWorker", "actor": "ray::ImplicitFunc"}
 KINDS = ("worker", "actor", "driver")
 #: the first byte of a pickle of protocol 2 or later
 PICKLE = b"\x80"
+#: the sweeps' progress watchdog (`distillab.driver.watchdog`): a stall is said after 5 min and its waiting trials
+#: fail after 20 (the driver then exits and is resumed), so that a wedge shows as a problem within the hour's timeout
+STALL = {"fault_tolerance.stall_warn_s": 300, "fault_tolerance.stall_fail_s": 1200}
+#: the chaos driver's log lines of the watchdog: a stall said, a trial failed, placement groups of dead controllers removed
+STALL_SAID, STALL_FAILED = "[watchdog] no trial reported a step", "[watchdog] failed trial"
+REMOVED = re.compile(r"removed (\d+) placement group\(s\) of dead")
 
 
 @dataclass
@@ -87,6 +103,11 @@ class Chaos:
     steps: int = 40
     every: int = 10
     timeout_s: float = 3600.0
+    #: an earlier run's ``--out`` whose ``reference/`` is used instead of running the undisturbed sweep again
+    reference: Path | None = None
+    #: ``resources.cpus_per_worker`` of both sweeps (None: the config's); more than half the machine's CPUs
+    #: fits one worker group at a time, so that one placement group left behind holds every later trial
+    cpus_per_worker: float | None = None
 
 
 @dataclass
@@ -112,7 +133,9 @@ def sweep_command(cfg: Chaos, storage: Path) -> list[str]:
     sets = {"name": NAME, "storage_path": str(storage), "models.cache_dir": str(REPO / ".cache" / "models"),
             "search.grid": grid, "trial.optimizer.steps": cfg.steps, "trial.optimizer.checkpoint_every": cfg.every,
             "fault_tolerance.worker_restarts": 4 * cfg.kills, "fault_tolerance.trial_retries": 4 * cfg.kills,
-            "resources.max_concurrent_trials": 2}
+            "resources.max_concurrent_trials": 2, **STALL}
+    if cfg.cpus_per_worker is not None:
+        sets["resources.cpus_per_worker"] = cfg.cpus_per_worker
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     return [sys.executable, "-m", "distillab.driver.cli", "sweep", str(SMOKE), *args, "--no-dashboard"]
 
@@ -214,6 +237,20 @@ def finish_reference(cfg: Chaos, driver: subprocess.Popen, t0: float, figures: F
     figures.reference_s = (runs.stat().st_mtime if runs.exists() else time.time()) - t0
     if rc != 0 or completed(root) != cfg.trials:
         raise RuntimeError(f"the undisturbed sweep failed (exit {rc}); see {cfg.out / 'reference.log'}")
+    return root
+
+
+def shared_reference(cfg: Chaos, figures: Figures) -> Path:
+    """``cfg.reference``'s undisturbed sweep (an earlier ``--reference-only`` or chaos run's
+    ``--out``), its wall seconds from its ``runs.json`` (`tables.run_records`).
+
+    Raises:
+        RuntimeError: it does not hold ``cfg.trials`` completed trials."""
+    root = cfg.reference / "reference" / NAME
+    if completed(root) != cfg.trials:
+        raise RuntimeError(f"--reference {cfg.reference}: {root} holds {completed(root)} completed trials, "
+                           f"not the {cfg.trials} of this grid")
+    figures.reference_s = sum(r.get("seconds", {}).get("total", 0.0) for r in run_records(root))
     return root
 
 
@@ -388,6 +425,28 @@ def check_sweep(root: Path, reference: Path) -> dict:
             "temporaries": leftover_temporaries(root), "problems": problems}
 
 
+def stalls(log: Path) -> dict:
+    """The watchdog's lines in the chaos run's console log ``log``: ``said`` (a stall: trials
+    waiting for resources while none progressed), ``failed`` (a trial it failed) and
+    ``removed`` (how many placement groups of dead actors, killed trials' Train controllers, the
+    drivers removed),
+    and a problem per trial failed: a sweep that had to be unwedged did not survive the kills."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    said = [x.strip() for x in lines if STALL_SAID in x]
+    failed = [x.strip() for x in lines if STALL_FAILED in x]
+    removed = sum(int(m[1]) for x in lines if (m := REMOVED.search(x)))
+    return {"said": said, "failed": failed, "removed": removed,
+            "problems": [f"the watchdog failed a stalled trial: {x}" for x in failed]}
+
+
+def checks(root: Path, reference: Path, out: Path) -> dict:
+    """`check_sweep` of ``root`` against ``reference``, and the watchdog's `stalls` in ``out/chaos.log``."""
+    result = check_sweep(root, reference)
+    result["stalls"] = stalls(out / "chaos.log")
+    result["problems"] += result["stalls"]["problems"]
+    return result
+
+
 # --------------------------------------------------------------------------------------
 # the command
 # --------------------------------------------------------------------------------------
@@ -399,7 +458,9 @@ def print_run(cfg: Chaos, figures: Figures) -> None:
     for line in figures.log:
         print(f"[chaos]   {line}")
     print(f"[chaos] kills: {sum(figures.kills.values())} ({kinds}); driver restarts: {figures.restarts}")
-    print(f"[chaos] wall: undisturbed {figures.reference_s:.0f} s, under chaos {figures.chaos_s:.0f} s", flush=True)
+    shared = f" (the shared run {cfg.reference}, alone)" if cfg.reference else " (beside the chaos run)"
+    print(f"[chaos] wall: undisturbed {figures.reference_s:.0f} s{shared}, under chaos {figures.chaos_s:.0f} s",
+          flush=True)
 
 
 def print_check(result: dict) -> None:
@@ -411,12 +472,16 @@ def print_check(result: dict) -> None:
           f"checkpoint (steps {sorted(v for _, v in res)})")
     print(f"[chaos] files corrupt: {len(result['corrupt'])}; temporaries left by interrupted writes: "
           f"{len(result['temporaries'])}")
+    if "stalls" in result:
+        st = result["stalls"]
+        print(f"[chaos] placement groups of dead controllers removed: {st['removed']}; stalls said by the watchdog: "
+              f"{len(st['said'])}; trials it failed: {len(st['failed'])}")
     for p in result["problems"]:
         print(f"[chaos] PROBLEM {p}")
     print(f"[chaos] {'PASS' if not result['problems'] else 'FAIL'}", flush=True)
 
 
-def parse_args(argv: list[str] | None) -> tuple[Chaos, bool]:
+def parse_args(argv: list[str] | None) -> tuple[Chaos, str]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trials", type=int, default=20, help="grid size, a multiple of 4 (default 20)")
     p.add_argument("--kills", type=int, default=10, help="SIGKILLs in all (default 10)")
@@ -427,28 +492,42 @@ def parse_args(argv: list[str] | None) -> tuple[Chaos, bool]:
     p.add_argument("--steps", type=int, default=Chaos.steps, help="steps per trial (default 40)")
     p.add_argument("--every", type=int, default=Chaos.every, help="checkpoint interval (default 10)")
     p.add_argument("--check", action="store_true", help="only the checks, of the runs already in --out")
+    p.add_argument("--reference", type=Path, default=None, metavar="DIR",
+                   help="use DIR/reference (an earlier --out of the same grid) as the undisturbed run")
+    p.add_argument("--reference-only", action="store_true", help="only the undisturbed run, into --out/reference")
+    p.add_argument("--cpus-per-worker", type=float, default=None,
+                   help="resources.cpus_per_worker of both sweeps (default: the config's, 0.99)")
     a = p.parse_args(argv)
-    return Chaos(a.trials, a.kills, a.seed, a.out.resolve(), tuple(a.pause), a.steps, a.every), a.check
+    cfg = Chaos(a.trials, a.kills, a.seed, a.out.resolve(), tuple(a.pause), a.steps, a.every,
+                reference=a.reference.resolve() if a.reference else None, cpus_per_worker=a.cpus_per_worker)
+    return cfg, "check" if a.check else "reference" if a.reference_only else "run"
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg, check_only = parse_args(argv)
-    if check_only:
-        result = check_sweep(cfg.out / "chaos" / NAME, cfg.out / "reference" / NAME)
+    cfg, mode = parse_args(argv)
+    if mode == "check":
+        result = checks(cfg.out / "chaos" / NAME, (cfg.reference or cfg.out) / "reference" / NAME, cfg.out)
         print_check(result)
         return 0 if not result["problems"] else 1
     shutil.rmtree(cfg.out, ignore_errors=True)
     cfg.out.mkdir(parents=True)
     figures, t0 = Figures(), time.time()
-    reference = start_reference(cfg)
+    if mode == "reference":
+        finish_reference(cfg, start_reference(cfg), t0, figures)
+        print(f"[chaos] undisturbed run: {cfg.trials} trials x {cfg.steps} steps in {figures.reference_s:.0f} s "
+              f"({cfg.out / 'reference' / NAME})", flush=True)
+        return 0
+    reference = shared_reference(cfg, figures) if cfg.reference else start_reference(cfg)
     try:
         root = run_chaos(cfg, figures)
     except BaseException:
-        kill_session(reference.pid)
+        if not cfg.reference:
+            kill_session(reference.pid)
         raise
-    reference = finish_reference(cfg, reference, t0, figures)
+    if not cfg.reference:
+        reference = finish_reference(cfg, reference, t0, figures)
     print_run(cfg, figures)
-    result = check_sweep(root, reference)
+    result = checks(root, reference, cfg.out)
     print_check(result)
     return 0 if not result["problems"] else 1
 

@@ -1,7 +1,8 @@
-"""The chaos driver (scripts/chaos.py, issue 34 item 4): its checks on hand-made sweep folders
-(fast: a duplicated row, a lost row, a truncated Parquet file, an unequal metric are each
-found, and two equal folders pass), and a small run of the driver itself (slow: 4 trials,
-3 kills, a Train worker, a Tune trial actor and the driver each SIGKILLed once)."""
+"""The chaos driver (scripts/chaos.py, issue 34 item 4, issue 48): its checks on hand-made sweep
+folders (fast: a duplicated row, a lost row, a truncated Parquet file, an unequal metric, a trial
+the watchdog failed are each found, and two equal folders pass), and a small run of the driver
+itself (slow: 4 trials, 3 kills, a Train worker, a Tune trial actor and the driver each SIGKILLed
+once, seed 7)."""
 
 from __future__ import annotations
 
@@ -115,16 +116,34 @@ def test_nan_equals_nan(tmp_path: Path) -> None:
 def test_sweep_command_grid() -> None:
     cmd = chaos.sweep_command(chaos.Chaos(trials=20), Path("/x"))
     assert "search.grid={seed: [1, 2, 3, 4, 5], optimizer.lr: [1.0e-3, 3.0e-3], rollout.policy: [offpd, onpd]}" in cmd
+    assert "fault_tolerance.stall_fail_s=1200" in cmd and not any(a.startswith("resources.cpus_per_worker") for a in cmd)
+    assert "resources.cpus_per_worker=1.5" in chaos.sweep_command(chaos.Chaos(trials=4, cpus_per_worker=1.5), Path("/x"))
     with pytest.raises(ValueError, match="multiple of 4"):
         chaos.sweep_command(chaos.Chaos(trials=6), Path("/x"))
 
 
+def test_stalls_found_in_the_log(tmp_path: Path) -> None:
+    """`chaos.stalls`: a stall the watchdog said is counted, a trial it failed is a problem."""
+    log = tmp_path / "chaos.log"
+    said = "[watchdog] no trial reported a step for 130 s; waiting for resources: t1 (...); held: CPU 2 of 2 in use"
+    removed = "2026-12-06 08:45:11,458 distillab.driver.watchdog removed {} placement group(s) of dead Train controllers: x"
+    log.write_text(f"$ distillab sweep ...\n{said}\n(RayTrainWorker pid=1) [trial] t2 distill step 40: ...\n"
+                   f"{removed.format(1)}\n{removed.format(2)}\n")
+    assert chaos.stalls(log) == {"said": [said], "failed": [], "removed": 3, "problems": []}
+    failed = f"[watchdog] failed trial t1 (distillab sweep --resume /x runs it again): {said}"
+    log.write_text(log.read_text() + failed + "\n")
+    assert chaos.stalls(log)["problems"] == [f"the watchdog failed a stalled trial: {failed}"]
+    assert chaos.stalls(tmp_path / "none.log") == {"said": [], "failed": [], "removed": 0, "problems": []}
+
+
 @pytest.mark.slow
 def test_chaos_small(tmp_path: Path, capsys) -> None:
-    """4 trials, one kill of each kind: every row once, every trial equal to the undisturbed run."""
-    rc = chaos.main(["--trials", "4", "--kills", "3", "--seed", "1", "--pause", "5", "20", "--steps", "40", "--every", "10",
+    """4 trials, one kill of each kind, seed 7 (the seed whose 20-trial run wedged, issue 48): every
+    row once, every trial equal to the undisturbed run, no trial failed by the watchdog. (The wedge
+    itself, at its smallest: tests/test_faults.py::test_killed_trial_actor_wedge_is_said_failed_and_freed.)"""
+    rc = chaos.main(["--trials", "4", "--kills", "3", "--seed", "7", "--pause", "5", "20", "--steps", "40", "--every", "10",
                      "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "[chaos] kills: 3 (worker 1, actor 1, driver 1)" in out, out
-    assert "unequal: 0" in out and "[chaos] PASS" in out
+    assert "unequal: 0" in out and "trials it failed: 0" in out and "[chaos] PASS" in out

@@ -13,6 +13,7 @@ All on the smoke models (search_spaces/smoke.yaml), cached under ``.cache/models
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -104,6 +105,35 @@ def _registered_checkpoints(root: Path, local_mode: bool = False) -> int:
     return n
 
 
+def _sweep_beside(killer, sweep, teacher: Path, student: Path, num_cpus: int = 2, address: str | None = None,
+                  then=None) -> None:
+    """``run_sweep`` on a local Ray of ``num_cpus`` CPUs without the dashboard (or on the cluster at
+    ``address``), ``killer`` in a thread beside it, then ``then()`` in the same Ray;
+    ``ray.shutdown()`` after."""
+    import ray
+
+    from distillab.driver.sweep import run_sweep
+
+    ray.init(**({"address": address} if address else {"address": "local", "num_cpus": num_cpus,
+                                                       "include_dashboard": False}))
+    try:
+        t = threading.Thread(target=killer, daemon=True)
+        t.start()
+        run_sweep(sweep, teacher, student, verbose=0)
+        t.join(timeout=5)
+        if then is not None:
+            then()
+    finally:
+        ray.shutdown()
+
+
+def _assert_one_trial_completed(res) -> pl.DataFrame:
+    """The sweep's one trial completed, each metric row once; returns the metrics."""
+    trial = res.trials.collect()
+    assert trial.height == 1 and trial["status"].item() == "completed", trial["error"].item()
+    return _assert_metrics_once(res)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -120,11 +150,8 @@ def test_killed_worker_resumes_from_checkpoint(tmp_path: Path, local_mode: bool)
     """The process running the trial, SIGKILLed past a checkpoint: a Train worker (Ray
     Train restarts its worker group) or, with ``resources.local_mode``, the Tune trial
     actor (Tune retries the trial). Either way the trial resumes from that checkpoint."""
-    import ray
-
     from distillab.analysis.results import load
     from distillab.recipe.prepare import prepare
-    from distillab.driver.sweep import run_sweep
 
     steps, every = 200, 50
     sweep = _sweep(tmp_path, **{"search.grid": {"rollout.policy": ["onpd"]}, "trial.optimizer.steps": steps,
@@ -145,19 +172,10 @@ def test_killed_worker_resumes_from_checkpoint(tmp_path: Path, local_mode: bool)
                 os.kill(pid, signal.SIGKILL)
             time.sleep(0.1)
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    try:
-        t = threading.Thread(target=killer, daemon=True)
-        t.start()
-        run_sweep(sweep, teacher, student, verbose=0)
-        t.join(timeout=5)
-    finally:
-        ray.shutdown()
+    _sweep_beside(killer, sweep, teacher, student, num_cpus=2)
     assert killed and killed["at_step"] < steps, killed  # the kill happened mid-trial
     res = load(root)
-    trial = res.trials.collect()
-    assert trial.height == 1 and trial["status"].item() == "completed", trial["error"].item()
-    m = _assert_metrics_once(res)
+    m = _assert_one_trial_completed(res)
     loss = m.filter(pl.col("name") == "loss").sort("step")
     assert loss["step"].to_list() == list(range(1, steps + 1))  # every step exactly once
     resumed = m.filter(pl.col("name") == "resume/start_step")["value"].to_list()
@@ -166,6 +184,65 @@ def test_killed_worker_resumes_from_checkpoint(tmp_path: Path, local_mode: bool)
     ev = res.evals.collect()
     assert ev.filter(pl.col("stage") == "pre")["step"].unique().to_list() == [0]
     assert ev.filter(pl.col("stage") == "distill")["step"].unique().to_list() == [steps]
+
+
+# --------------------------------------------------------------------------------------
+# a Tune trial actor killed on a one-CPU Ray: the wedge of issue 48, the watchdog, the fix
+# --------------------------------------------------------------------------------------
+
+
+def test_killed_trial_actor_wedge_is_said_failed_and_freed(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The wedge of issue 48 at its smallest, then its fix. A Tune trial actor is SIGKILLed while
+    its worker group runs, past its step-10 checkpoint, on a one-CPU Ray without a dashboard: its
+    Train controller and worker die with it, but Ray keeps their placement group (0.99 CPU) while
+    the job lives. With the driver's removal of such groups switched off (as before the fix; Ray
+    Train's own cleaner cannot tell without the dashboard), the retried trial waits for its worker
+    group for ever (0.98 CPU free): the watchdog says so in one line, naming the dead actor's group
+    as the holder, after ``stall_warn_s``, fails the trial after ``stall_fail_s`` (once: not
+    retried, although ``trial_retries`` allows 3) and the sweep ends. ``resume_sweep`` in the same
+    Ray, the removal on, frees the group: the trial resumes from its checkpoint and completes."""
+    from distillab.analysis.results import load
+    from distillab.driver import watchdog
+    from distillab.driver.sweep import resume_sweep
+    from distillab.recipe.prepare import prepare
+
+    steps, every = 20, 10
+    sweep = _sweep(tmp_path, **{"search.grid": {"rollout.policy": ["offpd"]}, "trial.optimizer.steps": steps,
+                                "trial.optimizer.checkpoint_every": every, "fault_tolerance.trial_retries": 3,
+                                "fault_tolerance.stall_warn_s": 10, "fault_tolerance.stall_fail_s": 30})
+    (tid,) = [t.trial_id for t in sweep.trials]
+    root = sweep.sweep_dir()
+    teacher, student = prepare(sweep, threads=1)
+    killed: dict[str, int] = {}
+
+    def killer() -> None:
+        deadline = time.time() + 900
+        while time.time() < deadline and not killed:
+            actors = _train_worker_pids("ray::ImplicitFunc")
+            if actors and _train_worker_pids() and _registered_checkpoints(root):
+                os.kill(actors[0], signal.SIGKILL)  # its worker group runs: its placement group is placed
+                killed["pid"] = actors[0]
+            time.sleep(0.2)
+
+    def resume() -> None:
+        monkeypatch.undo()
+        resume_sweep(root, teacher, student, verbose=0)
+
+    monkeypatch.setattr(watchdog, "remove_orphaned_placement_groups", list)  # as before the fix
+    _sweep_beside(killer, sweep, teacher, student, num_cpus=1, then=resume)
+    assert killed, "the trial actor was never killed"
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if line.startswith("[watchdog] no trial reported a step for ")]
+    failed = [line.split("): ", 1)[1] for line in out.splitlines() if line.startswith(f"[watchdog] failed trial {tid} (")]
+    assert len(said) == 1 and len(failed) == 1, out  # said once; failed once: Tune did not retry it
+    for line in (said[0], failed[0]):
+        assert f"; waiting for resources: {tid} (a worker group of 1 × {{CPU: 0.99}}, " in line, line
+        assert re.search(r"; held: CPU 1 of 1 in use: .*0\.99 by placement group \w{8} of actor \w{8} \(dead\)", line)
+    assert "[sweep] 0 of 1 trials completed, 1 failed" in out, out  # the first sweep ended
+    assert "[sweep] 1 of 1 trials completed, 0 failed" in out, out  # the resumed one completed it
+    m = _assert_one_trial_completed(load(root))
+    assert m.filter(pl.col("name") == "loss").sort("step")["step"].to_list() == list(range(1, steps + 1))
+    assert m.filter(pl.col("name") == "resume/start_step")["value"].to_list() == [every]  # from its checkpoint
 
 
 # --------------------------------------------------------------------------------------
@@ -227,22 +304,19 @@ def test_killed_driver_then_resume(tmp_path: Path) -> None:
 
 
 def test_two_node_cluster_loses_a_node(tmp_path: Path) -> None:
-    import ray
     from ray.cluster_utils import Cluster
 
     from distillab.analysis.results import load
     from distillab.recipe.prepare import prepare
-    from distillab.driver.sweep import run_sweep
 
     steps, every = 200, 40
     sweep = _sweep(tmp_path, **{"trial.optimizer.steps": steps, "trial.optimizer.checkpoint_every": every,
                                 "resources.cpus_per_worker": 0.9})
     root = sweep.sweep_dir()
     teacher, student = prepare(sweep, threads=1)
-    # the dashboard serves the state API that Ray Train's PlacementGroupCleaner needs to free a lost
-    # trial's placement group; without it the retried trials wait for CPUs forever
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": True,
-                                                            "dashboard_host": "127.0.0.1"})
+    # no dashboard: the sweep's driver frees a lost trial's placement group (`watchdog.SweepWatch`; Ray Train's
+    # PlacementGroupCleaner needed the dashboard's state API, and without it the retried trials waited for ever)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     node = cluster.add_node(num_cpus=1)  # each node fits one 0.9-CPU worker: one trial per node
     removed: dict[str, float] = {}
 
@@ -256,13 +330,8 @@ def test_two_node_cluster_loses_a_node(tmp_path: Path) -> None:
             time.sleep(0.2)
 
     try:
-        ray.init(address=cluster.address)
-        t = threading.Thread(target=remover, daemon=True)
-        t.start()
-        run_sweep(sweep, teacher, student, verbose=0)
-        t.join(timeout=5)
+        _sweep_beside(remover, sweep, teacher, student, address=cluster.address)
     finally:
-        ray.shutdown()
         cluster.shutdown()
     assert removed, "the node was never removed"
     res = load(root)

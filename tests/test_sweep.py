@@ -3,6 +3,7 @@
 Uses the session's ``smoke_sweep`` (tests/conftest.py): search_spaces/smoke.yaml,
 2 trials (OffPD forward KL, OnPD forward KL) on a local Ray."""
 
+import json
 import re
 import time
 from pathlib import Path
@@ -177,3 +178,161 @@ def test_smoke_grid_over_the_estimators(divergence_and_estimator_sweep):
                 assert vals[("full", step)] == pytest.approx(1.0, abs=1e-5)
                 assert -1.0 <= vals[("k3", step)] < 0.999 and vals[("topk", step)] < 0.999999
     assert figure_notes(fig_estimator(res)) == []
+
+
+# --------------------------------------------------------------------------------------
+# the watchdog's logic (driver/watchdog.py), on hand-made placement groups and trials
+# --------------------------------------------------------------------------------------
+
+JOB, OTHER_JOB = "01000000", "02000000"
+
+
+def _pg(n: int, state: str = "CREATED", *, creator: int | None = 7, dead: bool = True, job: str = JOB,
+        detached: bool = False, cpus: float = 0.99):
+    """A GCS placement-group record: id ``n``, created by actor ``creator`` (None: a driver) of ``job``."""
+    import ray
+    from ray.core.generated import gcs_pb2
+
+    pg = gcs_pb2.PlacementGroupTableData(
+        placement_group_id=bytes([n]) * 18, state=gcs_pb2.PlacementGroupTableData.PlacementGroupState.Value(state),
+        creator_job_id=bytes.fromhex(job), creator_actor_dead=dead, is_detached=detached,
+        creator_actor_id=bytes([creator]) * ray.ActorID.size() if creator is not None else ray.ActorID.nil().binary())
+    pg.bundles.add().unit_resources["CPU"] = cpus
+    return pg
+
+
+def test_orphaned_placement_groups_are_this_jobs_with_a_dead_creating_actor() -> None:
+    """`watchdog.orphaned`: of six groups only the one this job created from an actor now dead
+    (not detached, not removed) is orphaned; a driver's (Tune's trial actors'), a live actor's,
+    a detached one, another job's and a removed one stay."""
+    from distillab.driver.watchdog import orphaned
+
+    pgs = [_pg(1), _pg(2, creator=None), _pg(3, dead=False), _pg(4, detached=True), _pg(5, job=OTHER_JOB),
+           _pg(6, "REMOVED"), _pg(7, "PENDING")]
+    assert [pg.placement_group_id[0] for pg in orphaned(pgs, JOB)] == [1, 7]  # a pending one would be placed later
+
+
+def test_cluster_holders_name_each_placement_groups_creator(monkeypatch) -> None:
+    """`watchdog.cluster_holders` on 4 CPUs, 0.03 free: a trial's worker group, a dead actor's
+    group, two Tune trial actors (a driver's 0.01-CPU groups), another job's group and what is
+    in use outside placement groups (3.97 in use, 3.0 of it in placed groups: 0.97); a pending
+    group holds nothing."""
+    import ray
+
+    import distillab.driver.watchdog as w
+
+    pgs = [_pg(1, creator=9, dead=False), _pg(2), _pg(3, creator=None, cpus=0.01), _pg(4, creator=None, cpus=0.01),
+           _pg(5, job=OTHER_JOB, cpus=1.0), _pg(6, "PENDING")]
+    monkeypatch.setattr(w, "placement_groups", lambda: pgs)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 0.03})
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: type("C", (), {"get_job_id": lambda self: JOB})())
+    held = w.cluster_holders("CPU", {bytes([9]).hex() * ray.ActorID.size(): "t1"}, trial_actor_cpus=0.01)
+    assert held == ("CPU 3.97 of 4 in use: 0.99 by trial t1's worker group, 0.99 by placement group 02020202 of "
+                    "actor 07070707 (dead), 0.02 by 2 Tune trial actors, 1 by placement group 05050505 of job "
+                    "02000000, 0.97 by actors or tasks outside placement groups")
+
+
+def _trial(tmp_path, tid: str, state: str | None, controller: str = "c1", status: str = "RUNNING"):
+    """A Tune trial as `SweepWatch` sees it, its trials row (running) and its worker-group record."""
+    from types import SimpleNamespace
+
+    from distillab.driver.watchdog import record_path
+    from distillab.tables import atomic_write_bytes, write_rows
+
+    write_rows(tmp_path, "trials", [dict(trial_id=tid, status="running", start_time=1.0, end_time=float("nan"),
+                                         checkpoint=None, error=None, seed=1)], key=tid)
+    if state is not None:
+        record = {"state": state, "controller": controller, "at": 0.0,
+                  "wants": {"workers": 1, "resources": {"CPU": 0.99}}}
+        atomic_write_bytes(record_path(tmp_path, tid), json.dumps(record).encode())
+    killed = []
+    trial = SimpleNamespace(status=status, tid=tid, max_failures=3, run_metadata=SimpleNamespace(num_failures=1),
+                            temporary_state=SimpleNamespace(ray_actor=SimpleNamespace(kill=lambda: killed.append(tid))))
+    return trial, killed
+
+
+def test_sweep_watch_says_once_then_fails_the_waiting_trial(tmp_path, monkeypatch) -> None:
+    """`SweepWatch` with warn 60 s, fail 300 s on a fake clock: t1 waits for its worker group,
+    t2 runs (its controller holds a placed group), t3 is pending in Tune. Nothing is said before
+    60 s without a step; at 60 s one line names t1 alone (for 60 s: the watch first saw it
+    waiting at 0), and is not said again while the set is the same; a step report resets the
+    stall, and so does t2's worker group placed anew; 300 s after that t1 (waiting 500 s) is failed: its Tune actor killed, Tune told its failure
+    is its last (max_failures = the 1 failure it had), its row failed with the line; the error
+    puts the sweep's trial_retries back."""
+    import ray
+
+    import distillab.driver.watchdog as w
+    from distillab.config import FaultToleranceConfig
+    from distillab.driver.watchdog import record_path
+    from distillab.tables import atomic_write_bytes
+
+    t1, killed = _trial(tmp_path, "t1", "waiting", controller="c1")
+    t2, _ = _trial(tmp_path, "t2", "running", controller="c2")
+    t3, _ = _trial(tmp_path, "t3", None, status="PENDING")
+    monkeypatch.setattr(w, "placement_groups", lambda: [_pg(1, creator=2, dead=False)])
+    monkeypatch.setattr(w, "_creator", lambda pg: "c2")  # t2's controller holds a placed group
+    monkeypatch.setattr(w, "cluster_holders", lambda r, controllers, cpus: f"{r} held, controllers {controllers}")
+    monkeypatch.setattr(ray, "kill", lambda actor: actor.kill())
+    monkeypatch.setattr(w, "remove_orphaned_placement_groups", list)  # no Ray here
+    clock, said = [0.0], []
+    watch = w.SweepWatch(tmp_path, FaultToleranceConfig(trial_retries=3, stall_warn_s=60, stall_fail_s=300),
+                         lambda t: t.tid,
+                         clock=lambda: clock[0], say=said.append)
+    trials = [t1, t2, t3]
+
+    def at(t: float) -> None:
+        clock[0] = t
+        watch.check(trials, t)
+
+    at(0.0)
+    at(59.0)
+    assert said == []
+    at(60.0)
+    line = ("[watchdog] no trial reported a step for 60 s; waiting for resources: t1 (a worker group of 1 × "
+            "{CPU: 0.99}, 60 s); held: CPU held, controllers {'c1': 't1', 'c2': 't2'}")
+    assert said == [line]
+    at(120.0)
+    assert said == [line] and killed == []  # the same set: not said again
+    watch.on_trial_result(0, trials, t2, {})   # t2 reports a step at 120 s: the stall starts again
+    at(179.0)
+    assert said == [line]
+    atomic_write_bytes(record_path(tmp_path, "t2"), json.dumps({"state": "placed", "controller": "c2", "at": 1.0}).encode())
+    at(200.0)  # t2's worker group placed anew (e.g. after a restart): progress too
+    at(499.0)  # a new stall, said anew; not failed yet
+    again = line.replace("for 60 s", "for 299 s").replace("60 s);", "499 s);")
+    assert killed == [] and said == [line, again]
+    at(500.0)  # 300 s without a step or a placing, t1 waiting 500 s
+    fail_line = line.replace("for 60 s", "for 300 s").replace("60 s);", "500 s);")
+    assert killed == ["t1"] and t1.max_failures == 1
+    failed = f"[watchdog] failed trial t1 (distillab sweep --resume {tmp_path} runs it again): {fail_line}"
+    assert said == [line, again, failed]
+    row = pl.read_parquet(tmp_path / "trials" / "t1.parquet").row(0, named=True)
+    assert (row["status"], row["error"]) == ("failed", fail_line) and row["end_time"] > 0
+    at(501.0)
+    assert killed == ["t1"]  # failed once
+    watch.on_trial_error(0, trials, t1)
+    assert t1.max_failures == 3  # the sweep's trial_retries, as Tune saves it
+    t1.max_failures = 1  # saved while lowered (the driver killed in between), then resumed:
+    watch.setup()
+    watch.on_step_begin(0, trials)
+    assert [t.max_failures for t in trials] == [3, 3, 3]  # the sweep's setting again, for every trial
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray Data's, as Ray's own DatasetsCallback is built
+def test_trial_trainer_starts_no_placement_group_cleaner(tmp_path) -> None:
+    """`sweep.TrialTrainer` leaves out exactly two of Ray Train's default callbacks: Ray Data's
+    (no datasets) and the PlacementGroupCleaner's (`watchdog.RAY_PG_CLEANER`: the driver removes a
+    dead controller's placement group). Both names are Ray 2.60's own: a Ray that renames them
+    shows here, before a sweep starts the actors again."""
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from distillab.driver.sweep import TrialTrainer, train_fn
+    from distillab.driver.watchdog import RAY_PG_CLEANER
+
+    trainer = TrialTrainer(train_fn, scaling_config=ray.train.ScalingConfig(num_workers=1),
+                           run_config=ray.train.RunConfig(name="t", storage_path=str(tmp_path)))
+    ours = {type(c).__name__ for c in trainer._create_default_callbacks()}
+    rays = {type(c).__name__ for c in TorchTrainer._create_default_callbacks(trainer)}
+    assert rays - ours == {RAY_PG_CLEANER, "DatasetsCallback"}

@@ -76,12 +76,24 @@ class FaultToleranceConfig(_Strict):
     the latest checkpoint; set ``trial.optimizer.checkpoint_every``), and
     ``trial_retries`` of a whole Tune trial (its Train run resumes from the same
     storage). Ray Train's and Tune's ``FailureConfig(max_failures)``. With
-    ``resources.local_mode`` a trial has no worker group: only ``trial_retries`` applies."""
+    ``resources.local_mode`` a trial has no worker group: only ``trial_retries`` applies.
+
+    The progress watchdog (`driver.watchdog`): when no trial has reported a step for
+    ``stall_warn_s`` seconds while trials wait for their worker group's resources, the
+    sweep prints one line (which trials wait, for what, held by whom); when that stall and a
+    trial's wait reach ``stall_fail_s``, the waiting trials fail with that line (not retried
+    in that run; ``distillab sweep --resume`` runs them again)."""
 
     #: restarts of a trial's Train worker group (from its latest checkpoint)
     worker_restarts: int = Field(default=2, ge=0)
     #: retries of a whole Tune trial
     trial_retries: int = Field(default=1, ge=0)
+    #: seconds with no step reported by any trial while trials wait for resources before the sweep
+    #: says which wait, for what, held by whom (one line; `driver.watchdog`); null: never
+    stall_warn_s: float | None = Field(default=600.0, gt=0)
+    #: seconds of that stall (and of a trial's wait) before the waiting trials fail with that line
+    #: (``distillab sweep --resume`` runs them again); null: never
+    stall_fail_s: float | None = Field(default=1800.0, gt=0)
 
 
 def _tracker_installed(section, package: str):

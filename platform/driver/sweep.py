@@ -4,30 +4,33 @@ callback propagates the workers' metrics; ``Tuner(TorchTrainer)`` is not used), 
 with ``resources.local_mode``, runs the same recipe in the trial actor itself
 (`train_in_trial_actor`; Ray Train's local mode, reporting to Tune).
 
-Search: ``grid`` (Tune iterates the validated trial list of `SweepConfig.trials`,
-expanded once when the sweep validated: ``tune.grid_search`` over its points) or
-``optuna`` (Tune's ``OptunaSearch`` over Tune domains, TPE by default, one objective
-or several for a Pareto front; each sample applied to the base trial with
+Search (`driver.search`): ``grid`` (Tune iterates the validated trial list of
+`SweepConfig.trials`, expanded once when the sweep validated: ``tune.grid_search`` over
+its points) or ``optuna`` (Tune's ``OptunaSearch`` over Tune domains, TPE by default, one
+objective or several for a Pareto front; each sample applied to the base trial with
 `config.apply_point`), optionally with ASHA early stopping. Faults: Train's
 ``FailureConfig`` restarts a trial's worker group from its latest checkpoint; Tune's
 retries a trial, whose Train run (or local-mode trial: Tune's checkpoint) then resumes
-from the same storage; a trial whose
-row is already ``completed`` is never rerun; `resume_sweep` continues an
-interrupted sweep with ``Tuner.restore``.
+from the same storage; a trial whose row is already ``completed`` is never rerun;
+`resume_sweep` continues an interrupted sweep with ``Tuner.restore``. The driver removes
+the placement groups that a dead trial's Train controller left behind, and its progress
+watchdog fails the trials that wait for resources while no trial progresses
+(`driver.watchdog`, ``fault_tolerance.stall_warn_s`` and ``stall_fail_s``).
 
 Results land under ``<storage_path>/<name>/``: ``sweep.json`` (the validated
 config, for ``--resume``), the Tune experiment (``tune/``), the Train runs
-(``train/<trial_id>``) and the Parquet tables (``trials``, ``metrics``, ``evals``)
-that `distillab.analysis.results.load` reads.
+(``train/<trial_id>``), each run's worker-group state for the watchdog
+(``worker_groups/<trial_id>.json``) and the Parquet tables (``trials``, ``metrics``,
+``evals``) that `distillab.analysis.results.load` reads.
 
-Console (``verbose``, `raystart.init_ray`): at the default level a sweep prints Tune's
-progress table when a trial changes status (`CalmReporter`), one line per finished
+Console (``verbose``, `raystart.init_ray`, `driver.console`): at the default level a sweep
+prints Tune's progress table when a trial changes status (`CalmReporter`), one line per finished
 stage of each trial (`evals.suite.evaluate_stage`) and errors; Ray Train's INFO
 logs, Hugging Face progress bars, Ray's known-harmless warnings and a rollout actor's
 vLLM start-up notes stay out of it (the CLI's ``RAY_DEDUP_LOGS_SKIP_REGEX``,
 `rollout.actor.quiet_vllm`; everything stays in Ray's session logs).
-``verbose=2`` (``distillab sweep --verbose``) brings all of it back. Trackers:
-Tune's W&B and MLflow logger callbacks when the YAML's ``tracking`` section asks
+``verbose=2`` (``distillab sweep --verbose``) brings all of it back. Trackers
+(`driver.trackers`): Tune's W&B and MLflow logger callbacks when the YAML's ``tracking`` section asks
 (`tracker_callbacks`); Tune's own CSV and JSON loggers always, its TensorBoard
 logger never (the Parquet tables are the results).
 
@@ -53,14 +56,12 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 import traceback
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-import optuna
 import polars as pl
 import pyarrow.fs as pafs
 import ray
@@ -69,38 +70,71 @@ from ray import tune
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.tune.integration.ray_train import TuneReportCallback
 from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
-from ray.tune.schedulers import ASHAScheduler
-from ray.tune.search import ConcurrencyLimiter
-from ray.tune.search.optuna import OptunaSearch
 from tqdm.auto import tqdm
 
-from distillab.analysis.results import load, pareto_front, trial_metrics
-from distillab.config import RuntimeContext, SweepConfig, TrialConfig, TrialLaunch, apply_point, point_of
+from distillab.config import RuntimeContext, SweepConfig, TrialConfig, TrialLaunch
+from distillab.driver.console import (
+    TUNE_RESUME_HINT,
+    CalmReporter,
+    driver_console,
+    drop_unraisable_sigterm_exits,
+    trial_actor_console,
+)
 from distillab.driver.imports import without_unused_integrations
+from distillab.driver.search import (
+    POINT,
+    FinalReportOptunaSearch,
+    build_search,
+    print_search_summary,
+    search_trials,
+    trial_of,
+)
+from distillab.driver.trackers import TUNE_PROCESS_KEYS, tracked_config, tracker_callbacks, trial_name
+from distillab.driver.watchdog import RAY_PG_CLEANER, SweepWatch, WorkerGroupRecord, record_path
 from distillab.recipe.telemetry import TrialTimes, print_time
 from distillab.registry import OFFPD, REPORTER_COLUMNS
 from distillab.tables import report_metrics, write_rows
 
 log = logging.getLogger(__name__)
 
-#: the key of a grid sweep's Tune parameter: one point of `SweepConfig.trials` (its trial id and searched values)
-POINT = "point"
-
-
-def trial_of(params: dict[str, Any], trials: dict[str, TrialConfig], base: TrialConfig) -> TrialConfig:
-    """The trial a Tune config stands for: a grid point's trial, as it is, from the validated
-    trials ``trials`` (trial id → `TrialConfig`), or an Optuna sample (dotted keys: Tune
-    samples plain values) applied to ``base`` with `config.apply_point`, the one place a
-    trial goes to JSON and back (the sample is validated in its trial)."""
-    if POINT in params:
-        return trials[params[POINT]["trial_id"]]
-    return apply_point(base.model_dump(mode="json"), params)
-
-
-def search_trials(sweep: SweepConfig) -> tuple[dict[str, TrialConfig], TrialConfig]:
-    """What `trial_of` reads for ``sweep``: its validated trials by id (grid; none for Optuna)
-    and its base trial."""
-    return ({t.trial_id: t for t in sweep.trials} if sweep.search.kind == "grid" else {}), sweep.trial
+#: the sweep's public names, those of its concerns' modules (console, search, trackers) included
+__all__ = [
+    "POINT",
+    "TEACHER_STATS_FILE",
+    "TRACKER_PACKAGES",
+    "TRAIN_BACKENDS",
+    "TRAIN_BACKEND_ENV",
+    "TRAIN_ENV",
+    "TUNE_PROCESS_KEYS",
+    "TUNE_RESUME_HINT",
+    "TUNE_TRACKER_MODULES",
+    "CalmReporter",
+    "FinalReportOptunaSearch",
+    "TrialTrainer",
+    "build_search",
+    "completed_trials",
+    "driver_console",
+    "drop_unraisable_sigterm_exits",
+    "expected_trials",
+    "precompute_offpd_rollouts",
+    "print_completed_before",
+    "print_search_summary",
+    "resume_sweep",
+    "run_sweep",
+    "run_trial",
+    "search_trials",
+    "shared_teacher_service",
+    "sweep_watch",
+    "tracked_config",
+    "tracker_callbacks",
+    "train_backend",
+    "train_fn",
+    "train_in_trial_actor",
+    "train_settings",
+    "trial_actor_console",
+    "trial_name",
+    "trial_of",
+]
 
 
 def completed_trials(root: Path, trial_id: str | None = None) -> int:
@@ -169,40 +203,21 @@ def train_settings(verbose: int = 1) -> dict[str, Any]:
     return {"env": env, "log_level": "INFO" if verbose >= 2 else "WARNING", "quiet_exit": verbose < 2}
 
 
-def drop_unraisable_sigterm_exits() -> None:
-    """In this process (a Tune trial actor), drop every ``SystemExit`` that Python reports as
-    unraisable ("Exception ignored in: <function WeakSet.__init__.<locals>._remove ...> ...
-    SystemExit: 1") and hand every other unraisable exception to the hook that was there
-    before. Installed once per process (Tune reuses its trial actors).
-
-    Ray's SIGTERM handler in a worker raises ``SystemExit``; when Ray ends a trial actor after
-    its trial has finished and the signal lands while a weakref or finaliser callback runs,
-    Python cannot raise there and prints the exception with its traceback (seen on the micro
-    study's console, from ``run_trial``). Nothing is wrong: the trial's results are written,
-    and Ray ends the process. ``--verbose`` (``train_settings``) keeps these notes."""
-    if getattr(sys.unraisablehook, "drops_sigterm_exits", False):
-        return
-    default = sys.unraisablehook
-
-    def hook(unraisable) -> None:
-        if not isinstance(unraisable.exc_value, SystemExit):
-            default(unraisable)
-
-    hook.drops_sigterm_exits = True
-    sys.unraisablehook = hook
 
 
 class TrialTrainer(TorchTrainer):
-    """Ray Train's ``TorchTrainer`` without Ray Data's ``DatasetManager``: Train V2
-    starts that actor (a process importing Ray Data) for every run, datasets or not,
-    and a trial passes none. Reads Ray 2.60's private default-callback list; where
-    that changes, nothing is dropped."""
+    """Ray Train's ``TorchTrainer`` without two of Train V2's default callbacks: Ray Data's
+    ``DatasetManager`` (an actor, a process importing Ray Data, for every run, datasets or
+    not; a trial passes none) and the ``PlacementGroupCleaner`` (a detached actor per run that
+    asks the dashboard's state API whether the controller lives, and without a dashboard never
+    learns it: the sweep's driver removes a dead controller's placement group instead,
+    `watchdog.SweepWatch`). Reads Ray 2.60's private default-callback list; where that changes,
+    nothing is dropped."""
 
     def _create_default_callbacks(self):
         callbacks = super()._create_default_callbacks()
-        if self.datasets:
-            return callbacks
-        return [c for c in callbacks if type(c).__name__ != "DatasetsCallback"]
+        dropped = {RAY_PG_CLEANER} | (set() if self.datasets else {"DatasetsCallback"})
+        return [c for c in callbacks if type(c).__name__ not in dropped]
 
 
 def run_trial(params: dict[str, Any], trials: dict[str, TrialConfig], base: TrialConfig, ctx: RuntimeContext,
@@ -228,6 +243,7 @@ def run_trial(params: dict[str, Any], trials: dict[str, TrialConfig], base: Tria
         return
     for k, v in settings["env"].items():  # Ray Train hands the ones it knows on to its controller and workers
         os.environ.setdefault(k, v)
+    record_path(root, trial_id).unlink(missing_ok=True)  # an earlier attempt's worker group: not this one's
     row: dict[str, Any] = {"trial_id": trial_id, "start_time": time.time(), "checkpoint": None, "error": None}
     row.update({k: (str(v) if isinstance(v, (list, dict)) else v) for k, v in trial.flat().items()})
     write_rows(root, "trials", [{**row, "status": "running", "end_time": math.nan}], key=trial_id)
@@ -259,7 +275,7 @@ def _fit_worker_group(launch: TrialLaunch, settings: dict[str, Any]) -> str | No
         run_config=ray.train.RunConfig(
             name=trial_id,  # same name + storage: a retried trial resumes this run's checkpoints
             storage_path=str(Path(ctx.results_root) / "train"),
-            callbacks=[TuneReportCallback()],
+            callbacks=[TuneReportCallback(), WorkerGroupRecord(ctx.results_root, trial_id)],
             failure_config=ray.train.FailureConfig(max_failures=ctx.fault_tolerance.worker_restarts),
             logging_config=ray.train.LoggingConfig(log_level=settings["log_level"]),
         ),
@@ -305,45 +321,8 @@ def train_in_trial_actor(launch: TrialLaunch) -> None:
             torch.cuda.empty_cache()
 
 
-def trial_actor_console(level: str) -> None:
-    """The console of a trial that runs in its Tune trial actor, as a Train worker's
-    (Ray Train's ``LoggingConfig`` sets up a worker's): distillab's INFO lines (one per
-    finished stage of the trial) plain on stderr, which Ray forwards to the driver, and
-    Ray Tune's and Ray Train's own loggers at ``level`` (`train_settings`: ``WARNING``, so
-    Tune's "Checkpoint successfully created" notes stay out; ``INFO`` with ``--verbose``).
-    Once per process: a reused trial actor keeps its handler."""
-    console = logging.getLogger("distillab")
-    if not any(getattr(h, "distillab_console", False) for h in console.handlers):
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        handler.distillab_console = True
-        console.addHandler(handler)
-        console.setLevel(logging.INFO)
-        console.propagate = False
-    for name in ("ray.tune", "ray.train"):
-        logging.getLogger(name).setLevel(level)
 
 
-#: what a calm driver console drops from Tune's own log (`driver_console`): on an interrupted
-#: sweep Tune names ``Tuner.restore(...)`` as the way to resume, beside the sweep's own
-#: ``distillab sweep --resume`` line (`_fit`), which also restores the trainable
-TUNE_RESUME_HINT = "Resume experiment with:"
-
-
-def driver_console(verbose: int) -> None:
-    """The sweep driver's console below ``verbose`` 2: Optuna logs warnings only (not its
-    "A new study created in memory" note), and Tune's interrupted-sweep warning loses its
-    `TUNE_RESUME_HINT` (the sweep prints its own). Once per process."""
-    if verbose >= 2:
-        return
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    tune_log = logging.getLogger("ray.tune.tune")
-    if not any(getattr(f, "distillab_hint", False) for f in tune_log.filters):
-        def no_resume_hint(record: logging.LogRecord) -> bool:
-            return TUNE_RESUME_HINT not in record.getMessage()
-
-        no_resume_hint.distillab_hint = True
-        tune_log.addFilter(no_resume_hint)
 
 
 def _await_tune_reports(timeout_s: float = 300.0) -> None:
@@ -371,92 +350,8 @@ def _await_tune_reports(timeout_s: float = 300.0) -> None:
         time.sleep(0.1)
 
 
-class CalmReporter(tune.CLIReporter):
-    """Tune's ``CLIReporter``, printed once the first trial runs, when a trial ends
-    (finished or failed) and otherwise at most every ``max_report_frequency`` seconds,
-    instead of every ``max_report_frequency`` seconds whatever happened; without
-    Tune's system lines (scheduler, logical resource usage).
-
-    A change (the first trial running, a trial ending) is printed ``settle_s`` seconds
-    after it, or at the end of the sweep, whichever comes first, so that trials which
-    start or end together (a grid's concurrent trials) share one table instead of
-    printing two near-identical ones a fraction of a second apart."""
-
-    def __init__(self, *args, settle_s: float = 2.0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._ended: int | None = None
-        self._changed_at: float | None = None
-        self._settle_s = settle_s
-
-    def should_report(self, trials, done: bool = False) -> bool:
-        if all(t.status == "PENDING" for t in trials):  # nothing to show yet
-            return False
-        ended = sum(t.status in ("TERMINATED", "ERROR") for t in trials)
-        now = time.time()
-        if ended != self._ended:
-            self._ended, self._changed_at = ended, now
-        if self._changed_at is not None and (done or now - self._changed_at >= self._settle_s):
-            self._changed_at, self._last_report_time = None, now
-            return True
-        # Tune's periodic print, counted from the last table (none before the first one)
-        return not done and self._last_report_time > 0 and super().should_report(trials, done)
-
-    def report(self, trials, done: bool, *sys_info: str) -> None:
-        super().report(trials, done)
 
 
-def _tune_domain(domain):
-    if domain.uniform is not None:
-        return tune.uniform(*domain.uniform)
-    if domain.loguniform is not None:
-        return tune.loguniform(*domain.loguniform)
-    if domain.int_ is not None:
-        return tune.randint(domain.int_[0], domain.int_[1] + 1)  # Tune's upper bound is exclusive
-    return tune.choice(list(domain.choice))
-
-
-class FinalReportOptunaSearch(OptunaSearch):
-    """Tune's ``OptunaSearch``, told only by reports that carry the objectives (a
-    trial's final report): intermediate training reports are skipped instead of
-    raising ``KeyError`` in ``on_trial_result`` (single objective)."""
-
-    def on_trial_result(self, trial_id: str, result: dict) -> None:
-        metrics = self.metric if isinstance(self.metric, list) else [self.metric]
-        if all(m in result for m in metrics):
-            super().on_trial_result(trial_id, result)
-
-
-def build_search(sweep: SweepConfig):
-    """``(param_space, search_alg, scheduler, num_samples)`` for the Tuner: the grid as
-    ``tune.grid_search`` over the points of `SweepConfig.trials` (``{"point": {"trial_id",
-    <searched key>: value, ...}}``), or Optuna over Tune domains (the sampler and seed
-    from ``search``; several objectives give a multi-objective study)."""
-    s = sweep.search
-    scheduler = None
-    if s.scheduler is not None:
-        sc = s.scheduler
-        scheduler = ASHAScheduler(
-            time_attr="step", metric=sc.metric, mode=sc.mode, grace_period=sc.grace_period,
-            max_t=sc.max_t or sweep.trial.optimizer.steps, reduction_factor=sc.reduction_factor,
-        )
-    if s.kind == "grid":
-        points = [{"trial_id": t.trial_id, **point_of(t, s.grid_keys)} for t in sweep.trials]
-        return {POINT: tune.grid_search(points)}, None, scheduler, 1
-    samplers = {
-        "tpe": lambda: optuna.samplers.TPESampler(seed=s.seed),
-        "random": lambda: optuna.samplers.RandomSampler(seed=s.seed),
-        "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=s.seed),
-    }
-    metrics, modes = zip(*s.objectives)
-    multi = len(metrics) > 1
-    searcher = FinalReportOptunaSearch(
-        metric=list(metrics) if multi else metrics[0],
-        mode=list(modes) if multi else modes[0],
-        sampler=samplers[s.sampler](),
-        seed=s.seed,
-    )
-    searcher = ConcurrencyLimiter(searcher, max_concurrent=sweep.resources.max_concurrent_trials)
-    return {k: _tune_domain(d) for k, d in s.space.items()}, searcher, scheduler, s.num_samples
 
 
 def precompute_offpd_rollouts(sweep: SweepConfig, teacher_path: Path, threads: int | None = None) -> int:
@@ -552,119 +447,6 @@ def _trainable(sweep: SweepConfig, ctx: RuntimeContext, verbose: int = 1):
     return tune.with_resources(fn, sweep.resources.trial_actor())
 
 
-def tracked_config(sweep: SweepConfig):
-    """``params → config``: what a tracker logs for the Tune trial of ``params`` (its Tune
-    config): the trial's fields as dotted keys (`config.TrialConfig.flat`) and ``trial_id``."""
-    trials, base = search_trials(sweep)
-
-    def config(params: dict[str, Any]) -> dict[str, Any]:
-        trial = trial_of(params, trials, base)
-        return {"trial_id": trial.trial_id, **trial.flat()}
-
-    return config
-
-
-#: What Tune adds to every report about the process that ran it (Ray's ``WandbLoggerCallback.AUTO_CONFIG_KEYS``):
-#: neither tracker logs them (Tune's ``trial_id`` would otherwise replace distillab's in W&B's config).
-TUNE_PROCESS_KEYS = ("trial_id", "experiment_tag", "node_ip", "experiment_id", "hostname", "pid", "date")
-
-
-def _wandb_callback(sweep: SweepConfig):
-    """Ray Tune's ``WandbLoggerCallback`` whose runs' config is `tracked_config` alone. Ray's
-    callback logs ``trial.config`` (Tune's parameters: a grid point, or an Optuna sample);
-    it writes `TUNE_PROCESS_KEYS` into the config, over `tracked_config`'s ``trial_id``
-    (distillab's); and its logging actor merges each report's ``config`` into the run's config
-    even with ``log_config=False``. None of the three here."""
-    from ray.air.integrations.wandb import WandbLoggerCallback  # optional dependency
-
-    config = tracked_config(sweep)
-
-    class WandbCallback(WandbLoggerCallback):
-        AUTO_CONFIG_KEYS: list[str] = []
-        _exclude_results = [*WandbLoggerCallback._exclude_results, *TUNE_PROCESS_KEYS]
-
-        def log_trial_start(self, trial) -> None:
-            params, trial.config = trial.config, config(trial.config)
-            try:
-                super().log_trial_start(trial)
-            finally:
-                trial.config = params
-
-        def log_trial_result(self, iteration: int, trial, result: dict) -> None:
-            super().log_trial_result(iteration, trial, {k: v for k, v in result.items() if k != "config"})
-
-    return WandbCallback
-
-
-def tracker_callbacks(sweep: SweepConfig, quiet: bool = True) -> list:
-    """Ray Tune's W&B and MLflow logger callbacks for ``sweep.tracking`` (none unless it
-    asks): one run per trial, named by the trial id (`trial_name`), with `tracked_config`
-    as its config and every report (training metrics every 10 steps, the final
-    evaluations). MLflow names may not contain ``@``: its metric keys read ``_at_``
-    there (``eval/distill/countdown3/pass_at_1``), at the report's ``step``. ``quiet``:
-    W&B's own console lines off (``wandb.Settings(silent=True)``)."""
-    t, root, out = sweep.tracking, sweep.sweep_dir(), []
-    if t.wandb is not None:
-        import wandb  # optional dependency
-
-        w = t.wandb
-        if w.mode:  # Ray's callback reads the mode from the environment (offline: no API key asked for)
-            os.environ["WANDB_MODE"] = w.mode
-        wandb_dir = Path(w.dir).expanduser().resolve() if w.dir else root / "wandb"
-        wandb_dir.mkdir(parents=True, exist_ok=True)  # W&B writes its runs under <dir>/wandb/
-        out.append(_wandb_callback(sweep)(
-            project=w.project, group=w.group or sweep.name, entity=w.entity, tags=list(w.tags),
-            upload_checkpoints=False, log_config=False, dir=str(wandb_dir),
-            **({"mode": w.mode} if w.mode else {}), **({"settings": wandb.Settings(silent=True)} if quiet else {})))
-    if t.mlflow is not None:
-        m = t.mlflow
-        out.append(_mlflow_callback(sweep)(tracking_uri=m.tracking_uri or f"sqlite:///{root / 'mlflow.db'}",
-                                           experiment_name=m.experiment_name or sweep.name, tags=dict(m.tags)))
-    return out
-
-
-def _mlflow_callback(sweep: SweepConfig):
-    """Ray Tune's ``MLflowLoggerCallback`` logging `tracked_config` as the run's
-    parameters and each report's numbers (not `TUNE_PROCESS_KEYS`) as metrics at its ``step`` (``@`` → ``_at_``),
-    each in one ``log_batch`` call: Ray's callback writes one key per call, and a
-    final report's ~200 keys then held the driver 8–20 s per result (SQLite store,
-    2 busy cores), long enough for Ray 2.60's report relay to deadlock (`_await_tune_reports`)."""
-    from mlflow.entities import Metric, Param  # optional dependency
-    from mlflow.tracking import MlflowClient
-    from ray.air.integrations.mlflow import MLflowLoggerCallback
-
-    config = tracked_config(sweep)
-
-    class MLflowCallback(MLflowLoggerCallback):
-        def _batch(self, run_id: str, items: list, kind: str) -> None:
-            if getattr(self, "_client", None) is None:  # one client: each new one opens the store again
-                self._client = MlflowClient(tracking_uri=self.tracking_uri)
-            size = 100 if kind == "params" else 1000
-            for i in range(0, len(items), size):  # MLflow's per-call limits: 100 params, 1000 metrics
-                self._client.log_batch(run_id, **{kind: items[i:i + size]})
-
-        def log_trial_start(self, trial) -> None:
-            if trial not in self._trial_runs:
-                run = self.mlflow_util.start_run(tags={**self.tags, "trial_name": str(trial)}, run_name=str(trial))
-                self._trial_runs[trial] = run.info.run_id
-                self._batch(self._trial_runs[trial], [Param(k, str(v)) for k, v in config(trial.config).items()],
-                            "params")
-
-        def log_trial_result(self, iteration: int, trial, result: dict) -> None:
-            step, now = int(result.get("step", iteration)), int(time.time() * 1000)
-            metrics = [Metric(k.replace("@", "_at_"), float(v), now, step) for k, v in result.items()
-                       if k != "config" and k not in TUNE_PROCESS_KEYS and isinstance(v, (int, float))
-                       and not isinstance(v, bool)]
-            self._batch(self._trial_runs[trial], metrics, "metrics")
-
-    return MLflowCallback
-
-
-def trial_name(sweep: SweepConfig):
-    """Tune's ``trial_name_creator``: a trial is named by its distillab trial id (the
-    progress table, W&B and MLflow runs)."""
-    config = tracked_config(sweep)
-    return lambda trial: config(trial.config)["trial_id"]
 
 
 def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, verbose: int = 1) -> Path:
@@ -695,7 +477,8 @@ def run_sweep(sweep: SweepConfig, teacher_path: Path, student_path: Path, *, ver
         run_config=tune.RunConfig(
             name="tune", storage_path=str(root), progress_reporter=reporter, verbose=verbose,
             failure_config=tune.FailureConfig(max_failures=sweep.fault_tolerance.trial_retries),
-            callbacks=[CSVLoggerCallback(), JsonLoggerCallback(), *tracker_callbacks(sweep, quiet=verbose < 2)],
+            callbacks=[CSVLoggerCallback(), JsonLoggerCallback(), *tracker_callbacks(sweep, quiet=verbose < 2),
+                       sweep_watch(sweep, root)],
         ),
     )
     with shared_teacher_service(sweep, root, teacher_path):
@@ -713,10 +496,29 @@ def resume_sweep(root: str | Path, teacher_path: Path, student_path: Path, *, ve
     ctx = RuntimeContext.for_sweep(sweep, teacher_path, student_path)
     tuner = tune.Tuner.restore(str(root / "tune"), trainable=_trainable(sweep, ctx, verbose), resume_unfinished=True,
                                resume_errored=True)
+    _watch_restored(tuner, sweep_watch(sweep, root))
     driver_console(verbose)
     print_completed_before(root, sweep)
     with shared_teacher_service(sweep, root, teacher_path):
         return _fit(tuner, sweep, root)
+
+
+def sweep_watch(sweep: SweepConfig, root: Path) -> SweepWatch:
+    """The sweep's `watchdog.SweepWatch` (placement groups of dead controllers; the progress
+    watchdog of ``fault_tolerance``)."""
+    return SweepWatch(root, sweep.fault_tolerance, trial_name(sweep), sweep.resources.trial_actor().get("CPU"))
+
+
+def _watch_restored(tuner, watch: SweepWatch) -> None:
+    """Put ``watch`` among the callbacks of a restored Tuner's run (in place of the one its
+    saved run brought back: this sweep's folder and settings, and sweeps saved before it
+    existed). Reads the Tuner's private run config; where that moved, the sweep runs unwatched
+    and a warning says so."""
+    try:
+        run_config = tuner._local_tuner.get_run_config()
+        run_config.callbacks = [c for c in run_config.callbacks or [] if not isinstance(c, SweepWatch)] + [watch]
+    except Exception as e:  # noqa: BLE001 - Tune's internals moved
+        log.warning("the resumed sweep runs without its watchdog (%s)", e)
 
 
 def print_completed_before(root: Path, sweep: SweepConfig) -> None:
@@ -795,23 +597,3 @@ def _fit(tuner, sweep: SweepConfig, root: Path) -> Path:
     return root
 
 
-def print_search_summary(root: Path, sweep: SweepConfig) -> None:
-    """Print the best trial (one objective) or the Pareto front (several), from the
-    sweep's Parquet results (finished trials, including ones of earlier runs)."""
-    objectives = sweep.search.objectives
-    df = trial_metrics(load(root))
-    cols = [c for c in ["trial_id", *sweep.search.space] if c in df.columns]
-    missing = [m for m, _ in objectives if m not in df.columns]
-    if df.is_empty() or missing:
-        print(f"[search] no completed trial reports {missing or 'the objectives'}", flush=True)
-        return
-    with pl.Config(fmt_str_lengths=120, tbl_rows=200, tbl_cols=20, tbl_width_chars=250):
-        if len(objectives) == 1:
-            (m, mode), = objectives
-            best = df.sort(m, descending=mode == "max", nulls_last=True).head(1)
-            print(f"[search] best trial by {m} ({mode}):", flush=True)
-            print(best.select(*cols, m), flush=True)
-        else:
-            front = pareto_front(df, objectives).filter(pl.col("pareto"))
-            print(f"[search] Pareto front over {objectives} ({front.height} of {df.height} trials):", flush=True)
-            print(front.select(*cols, *[m for m, _ in objectives]).sort(objectives[0][0]), flush=True)
