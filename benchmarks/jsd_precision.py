@@ -8,6 +8,7 @@ torch row math and, where they run, the Triton kernels.
 
     python benchmarks/jsd_precision.py                  # ~20 s on CPU
     TRITON_INTERPRET=1 python benchmarks/jsd_precision.py --triton   # + the kernels, interpreted (~2 min)
+    python benchmarks/jsd_precision.py --plumbing       # the path at V = 257, 2 rows (seconds)
 
 The float64 peer is the definition itself, autograd through log M = log(β π_T + (1 − β) π_S) in
 float64 on the same float32 logits (independent of the ops' gradient code).
@@ -44,7 +45,10 @@ def main(argv=None) -> None:
     p.add_argument("--vocab", type=int, default=32_000)
     p.add_argument("--rows", type=int, default=16)
     p.add_argument("--triton", action="store_true", help="also the Triton kernels (CUDA, or TRITON_INTERPRET=1)")
+    p.add_argument("--plumbing", action="store_true", help="V = 257 and 2 rows (seconds; the numbers mean nothing)")
     args = p.parse_args(argv)
+    if args.plumbing:
+        args.vocab, args.rows = 257, 2
     torch.set_num_threads(1)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     rows = [("reference", reference_rows), ("torch rows", token_divergence_and_grad)]
