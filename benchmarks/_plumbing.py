@@ -1,4 +1,4 @@
-"""Tiny models for the benchmarks' ``--plumbing`` runs (a helper, not a benchmark).
+"""Tiny models for the benchmarks' ``--plumbing`` runs (shared by the scripts; not a benchmark itself).
 
 A plumbing run takes a benchmark's whole path (arguments, configuration, models, every timed
 part, the printed table) on models of a few thousand parameters for a few steps, so that a fast

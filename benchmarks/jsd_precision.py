@@ -1,8 +1,8 @@
-"""Precision of the saturated-JSD gradient in float32 against float64 (ops.kl, "Precision of
+"""Precision of the saturated-JSD gradient in float32 against float64 (ops.divergence, "Precision of
 the JSD gradient"): relative error ‖g32 − g64‖ / ‖g64‖ of ∂JSD(β)/∂z_S at V = 32,000, logits
 N(0, std²) (teacher and student independent, so the divergence nears its maximum, the binary
 entropy of β: column JSD/max),
-τ_S = 1, τ_T = 0.5, for the reference path (autograd of ``ops.kl.token_divergence`` in float32,
+τ_S = 1, τ_T = 0.5, for the reference path (autograd of ``ops.divergence.token_divergence`` in float32,
 what ``distill_loss`` and the estimator oracle's reference-path gradient use), the chunked op's
 torch row math and, where they run, the Triton kernels.
 
@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from distillab.ops.kl import token_divergence, token_divergence_and_grad
+from distillab.ops.divergence import token_divergence, token_divergence_and_grad
 
 
 def definition_jsd(z_s: torch.Tensor, z_t: torch.Tensor, beta: float, tau_s: float = 1.0,

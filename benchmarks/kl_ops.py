@@ -22,7 +22,7 @@ and the gradients w.r.t. h_S and W_S.
                    z_S = h_S W_Sᵀ and z_T = h_T W_Tᵀ (N × H × V each), ∂L/∂h_S = G W_S and
                    ∂L/∂W_S = Gᵀ h_S (G an (N, V) stand-in for ∂L/∂z_S), each one full-size GEMM
 
-The estimators of ``loss.estimator`` (``ops.kl`` module docstring), the same shapes:
+The estimators of ``loss.estimator`` (``ops.kl``, whose docstring names each one's module), the same shapes:
 
     sampled            full logits, ``ops.kl.estimator_loss`` estimator sampled (one extra draw per token)
     topk               full logits, estimator topk (``--top-k``, ``--topk-source``; renormalised)

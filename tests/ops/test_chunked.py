@@ -425,7 +425,7 @@ def test_saturated_jsd_gradient_within_1e2_of_float64(std):
     in float32 compute the chunked op's value and gradient are within float32's rounding bound
     (tests/_tolerance.py; about 3e-4 relative here) of the float64 reference on the same
     (float32) logits (the g − Σ π_S g form was 1.8e-2 off at std 8 and 1.4e2 at std 16;
-    ops.kl, "Precision of the JSD gradient")."""
+    ops.divergence, "Precision of the JSD gradient")."""
     N, V = 4, 32_000
     gen = torch.Generator().manual_seed(0)
     z_s = (torch.randn(N, V, generator=gen, dtype=F64) * std).float()

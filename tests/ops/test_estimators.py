@@ -421,7 +421,7 @@ def _expected_gradient(estimator, k_gradient, ls, lt):
 
 def test_expected_gradients_of_the_rollout_token_estimators():
     """k1-score and k2-pathwise are unbiased for ∇KL(π_S‖π_T); k1-pathwise has zero mean; k3-pathwise
-    is ∇KL(π_T‖π_S), the forward KL's gradient (ops.kl, "Rollout-token estimators"). A 20,000-draw
+    is ∇KL(π_T‖π_S), the forward KL's gradient (ops.rollout_token). A 20,000-draw
     average of the k3-pathwise gradient agrees."""
     zs, zt, ls, lt = _dists(seed=13)
     grads = {}

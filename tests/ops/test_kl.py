@@ -241,7 +241,7 @@ def test_saturated_jsd_reference_gradient_within_rounding_of_float64(std, beta, 
     (tests/_tolerance.py: 3e-5 to 1e-4 relative at V ≤ 1,271, 3e-4 at V = 32,000, where two
     float32 sums of 32,000 terms set it) of float64 autograd of the definition on the same logits,
     where JSD(β) saturates (autograd through log M in float32 was up to 1e-2 off at std 8 and
-    V = 32,000, 2e2 at std 16: ops.kl, "Precision of the JSD gradient"); masked rows get 0."""
+    V = 32,000, 2e2 at std 16: ops.divergence, "Precision of the JSD gradient"); masked rows get 0."""
     s, t, mask = saturated_batch(std, V)
     top = -beta * math.log(beta) - (1 - beta) * math.log1p(-beta)  # JSD(β)'s maximum
     x64, y64 = s.double().requires_grad_(), t.double().requires_grad_()
@@ -269,8 +269,8 @@ def test_saturated_jsd_reference_gradient_within_rounding_of_float64(std, beta, 
 @pytest.mark.parametrize("std,beta,V", SATURATED[::2])
 def test_saturated_jsd_value_is_the_log_m_form(std, beta, V):
     """The closed-form backward leaves the value as it was: bitwise the log M form of the
-    log-probabilities (ops.kl._logprob_divergence), in float32 and float64."""
-    from distillab.ops.kl import _logprob_divergence
+    log-probabilities (ops.divergence._logprob_divergence), in float32 and float64."""
+    from distillab.ops.divergence import _logprob_divergence
 
     s, t, mask = saturated_batch(std, V)
     for dt in (torch.float32, torch.float64):

@@ -153,7 +153,7 @@ def test_triton_refuses_float64_compute():
 
 @pytest.mark.parametrize("std", [8.0, 16.0])
 def test_saturated_jsd_gradient_within_1e2_of_float64(std):
-    """The kernel's JSD gradient in the cancellation-free h form (ops.kl, "Precision of the JSD
+    """The kernel's JSD gradient in the cancellation-free h form (ops.divergence, "Precision of the JSD
     gradient"): at V = 32,000 and logit std 8 and 16, within float32's rounding bound
     (tests/_tolerance.py; about 3e-4 relative here) of float64 on the same float32 logits, as rows
     and through the chunked op (the g − Σ π_S g form was 1.8e-2 off at std 8, 1.4e2 at std 16)."""
