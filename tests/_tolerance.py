@@ -116,7 +116,7 @@ def divergence_scale(zs: torch.Tensor, zt: torch.Tensor, *, kind: str, tau_s: fl
     its value D (...), the magnitude S = 2 + Σ_v |t_v| (...) its error is relative to, and m (..., V)
     that of each entry of its gradient w.r.t. z_S (module docstring). ``kind`` forward | reverse | jsd;
     β = 0 and 1 are the KLs, as in the ops. Log-probabilities are floored as the ops floor them."""
-    from distillab.ops.kl import LOGPROB_FLOOR
+    from distillab.ops.divergence import LOGPROB_FLOOR
 
     ls = torch.log_softmax(zs.detach().double() / tau_s, -1)
     lt = torch.log_softmax(zt.detach().double() / tau_t, -1)
@@ -175,7 +175,9 @@ def estimator_magnitudes(zs: torch.Tensor, zt: torch.Tensor, *, estimator: str, 
     (|δa| |e_y − π_S| + |a| π_S ρ)/τ_S. ``full``: ``divergence_scale``'s S and m. ``sampled`` (one draw y per
     position, not given): forward −ℓ_S(y), gradient (π_S − e_y)/τ_S; reverse x ℓ_S(y), gradient x (e_y − π_S)/τ_S;
     bounded over every y."""
-    from distillab.ops.kl import LOGPROB_FLOOR, resolve_k_gradient, topk_support
+    from distillab.ops.divergence import LOGPROB_FLOOR
+    from distillab.ops.rollout_token import resolve_k_gradient
+    from distillab.ops.topk import topk_support
 
     zs, zt = zs.detach().double(), zt.detach().double()
     ls, lt = torch.log_softmax(zs / tau_s, -1), torch.log_softmax(zt / tau_t, -1)
@@ -211,7 +213,7 @@ def estimator_magnitudes(zs: torch.Tensor, zt: torch.Tensor, *, estimator: str, 
 def stats_scale(zs: torch.Tensor, zt: torch.Tensor, *, tau_s: float, tau_t: float) -> torch.Tensor:
     """(..., 4) magnitudes of the ``STAT_NAMES`` columns (forward KL, reverse KL, H(π_T), H(π_T, π_S)) of
     each position, as ``divergence_scale``'s S: 2 + Σ_v |term_v| (float64, log-probabilities floored)."""
-    from distillab.ops.kl import LOGPROB_FLOOR
+    from distillab.ops.divergence import LOGPROB_FLOOR
 
     ls = torch.log_softmax(zs.detach().double() / tau_s, -1)
     lt = torch.log_softmax(zt.detach().double() / tau_t, -1)
@@ -256,7 +258,7 @@ def linear_loss_bounds(hs: torch.Tensor, ws: torch.Tensor, bs: torch.Tensor | No
                        ref: bool = True) -> tuple[float, list[float]]:
     """``loss_bounds`` of the logits z = h Wᵀ + b of rows ``hs``, ``ht`` (N, H) (a chunked fused-linear
     loss, ``ops.chunked``): the loss's absolute bound and ``linear_grad_bounds`` of its gradients."""
-    from distillab.ops.kl import token_divergence
+    from distillab.ops.divergence import token_divergence
 
     kw = dict(kind=kind, beta=beta, tau_s=tau_s, tau_t=tau_t)
     zs, zt, dz = linear_logits(hs, ws, bs, ht, wt, bt, tau_s=tau_s, tau_t=tau_t, dtype=dtype, ref=ref)
@@ -289,3 +291,14 @@ def backward_gains(h: torch.Tensor, params: dict[str, torch.Tensor], g: torch.Te
             sq[i] += float(o.pow(2).sum()) / probes
     dim, gn = h.numel(), float(g.double().norm())
     return {n: 4 * math.sqrt(s / dim) * gn / max(float(o.norm()), 1e-300) for n, s, o in zip(names, sq, vjp(g.to(h.dtype)))}
+
+
+def approx64(expected, n: int, scale: float = 1.0):
+    """``pytest.approx(expected)`` for float64 values (Python floats, Polars Float64, float64 tensors'
+    items) computed by n roundings, the decimal literals' own included, from inputs of magnitude at most
+    ``scale``: within γ_n (float64) relative to ``expected`` or γ_n · ``scale`` absolute, whichever is
+    larger (a difference, or a value near 0, errs relative to its inputs, not to itself). Count a sum or
+    mean of k values as k, a product, quotient or square root as 1, an elementary function as 2."""
+    import pytest
+
+    return pytest.approx(expected, rel=gamma(n), abs=gamma(n) * scale)
