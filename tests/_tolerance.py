@@ -302,3 +302,24 @@ def approx64(expected, n: int, scale: float = 1.0):
     import pytest
 
     return pytest.approx(expected, rel=gamma(n), abs=gamma(n) * scale)
+
+
+def forward_err(fn, model, *, dtype=torch.float32) -> float:
+    """E: the largest rounding error of a model's output, ``fn(model)`` (a tensor; e.g. the logits of given
+    inputs), computed in ``dtype``, measured against a float64 copy of the model (the reference: its own
+    error is 2^-29 times smaller), over the finite entries.
+
+    A network's forward error follows from its products' bounds (Higham eq. (3.13), layer after layer) times
+    how the layers amplify it, which is the model's own; measured against float64 on the inputs at hand it
+    is exactly this computation's error on this CPU. Another computation of the same output in ``dtype`` (a
+    padded batch, a cached decode step, a compiled or sharded pass, another instruction set) does the same
+    operations in another order or blocking: the same bounds hold for it and, under Higham and Mary's model,
+    its error has the same distribution, so two of them are compared within 2E each: 4E. A log-probability
+    from logits within E errs by at most 2E more than its log-softmax's own ``row`` bound."""
+    import copy
+
+    ref = copy.deepcopy(model).to(torch.float64)
+    with torch.no_grad():
+        got, want = fn(model).double(), fn(ref).double()
+    fin = torch.isfinite(want)
+    return float((got[fin] - want[fin]).abs().max()) if fin.any() else 0.0

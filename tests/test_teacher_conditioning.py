@@ -5,6 +5,7 @@ teacher's prompts, config errors, the cache keys, and the style metric."""
 
 from __future__ import annotations
 
+import _tolerance as tol
 import pytest
 import torch
 from _helpers import EngineStandIn
@@ -18,6 +19,9 @@ from distillab.rollout.source import TeacherPrompts, offpd_rollout_set, step_pro
 from distillab.rollout.types import Rollouts
 from distillab.tasks.data import train_prompts
 from distillab.recipe.teacher import LocalTeacher
+
+#: float64 roundings (tests/_tolerance.py, approx64) of a share: one division each side
+ROUNDINGS = 2
 
 V, PAD = 37, 0
 
@@ -135,9 +139,9 @@ def test_style_metric_language_and_regex():
              "We take the largest number and multiply it by the smallest one.",
              "Nous prenons le plus grand nombre et le multiplions par le plus petit.",
              "<answer>2+3=5</answer>"]
-    assert style_share(texts, de) == pytest.approx(1 / 4)
+    assert style_share(texts, de) == tol.approx64(1 / 4, ROUNDINGS)
     spaced = StyleConfig(kind="regex", pattern=r"\d \+ \d")
-    assert style_share(["2 + 3=5", "2+3=5", "7 + 1=8, 8*2=16"], spaced) == pytest.approx(2 / 3)
+    assert style_share(["2 + 3=5", "2+3=5", "7 + 1=8, 8*2=16"], spaced) == tol.approx64(2 / 3, ROUNDINGS)
     with pytest.raises(ValueError, match="at least one text"):
         style_share([], spaced)
     with pytest.raises(ValidationError, match="needs language"):
