@@ -323,3 +323,16 @@ def forward_err(fn, model, *, dtype=torch.float32) -> float:
         got, want = fn(model).double(), fn(ref).double()
     fin = torch.isfinite(want)
     return float((got[fin] - want[fin]).abs().max()) if fin.any() else 0.0
+
+
+def logprob_gap(model, seqs: torch.Tensor, attn: torch.Tensor, tau: float) -> float:
+    """The gap allowed between two float32 computations (a cached decode, a teacher-forced pass) of the
+    log-probabilities at temperature τ that ``model`` gives the tokens of ``seqs`` (B, T) under ``attn``:
+    each within 2 (2E)/τ of its logits' error (``forward_err``) and its row's ``row`` bound."""
+    from distillab.rollout.types import position_ids
+
+    kw = dict(input_ids=seqs, attention_mask=attn, position_ids=position_ids(attn))
+    E = forward_err(lambda m: m(**kw).logits, model)
+    with torch.no_grad():
+        A = logit_range((model(**kw).logits, tau))
+    return 2 * (2 * 2 * E / tau + row(model.config.vocab_size, torch.float32, A))

@@ -50,15 +50,6 @@ def _err(model, ids, attn, last=False) -> float:
     return tol.forward_err(lambda m: m(**kw).logits[:, -1] if last else m(**kw).logits, model)
 
 
-def _logprob_bound(model, seqs, attn, tau) -> float:
-    """The gap allowed between two float32 decodes' log-probabilities of the same tokens at temperature τ:
-    each within 2 (2E)/τ of its logits' error and its row's ρ (tests/_tolerance.py)."""
-    E = _err(model, seqs, attn)
-    with torch.no_grad():
-        A = tol.logit_range((model(input_ids=seqs, attention_mask=attn, position_ids=position_ids(attn)).logits, tau))
-    return 2 * (2 * 2 * E / tau + tol.row(model.config.vocab_size, torch.float32, A))
-
-
 def _batch(tok, lengths, seed=0):
     g = torch.Generator().manual_seed(seed)
     prompts = [[tok.bos_token_id] + torch.randint(12, len(tok), (n,), generator=g).tolist() for n in lengths]
@@ -129,7 +120,7 @@ def test_sampled_tokens_equal_generate(tok, model, tau, top_p, lengths) -> None:
         assert torch.equal(got, want), seed
         seqs, full = res.sequences, torch.cat([attn, (want != tok.pad_token_id).long()], 1)
         gap = (lp - token_logprobs(torch.stack(res.logits, 1), want, tau)).abs()[want != tok.pad_token_id]
-        assert gap.max() <= _logprob_bound(model, seqs, full, tau)
+        assert gap.max() <= tol.logprob_gap(model, seqs, full, tau)
 
 
 def test_stops_when_every_row_has_finished(tok) -> None:
@@ -177,7 +168,7 @@ def test_engine_falls_back_to_generate_with_the_same_rollouts(tok, monkeypatch) 
     slow = TransformersEngine(model, tok.eos_token_id, tok.pad_token_id).generate(prompts, sp)
     assert fast.completion_ids == slow.completion_ids and fast.finish_reasons == slow.finish_reasons
     seqs, attn = left_pad([p + c for p, c in zip(fast.prompt_ids, fast.completion_ids)], tok.pad_token_id)
-    bound = _logprob_bound(model, seqs, attn, 0.8)
+    bound = tol.logprob_gap(model, seqs, attn, 0.8)
     for a, b in zip(fast.logprobs, slow.logprobs):
         assert a == pytest.approx(b, abs=bound)
 
@@ -201,7 +192,7 @@ def test_spectrum_other_model_on_both_paths(tok, monkeypatch, lam) -> None:
     slow = eng.generate(prompts, sp)
     assert fast.completion_ids == slow.completion_ids
     seqs, attn = left_pad([p + c for p, c in zip(fast.prompt_ids, fast.completion_ids)], tok.pad_token_id)
-    each = {"student_loglik": _logprob_bound(student, seqs, attn, 1.0), "teacher_loglik": _logprob_bound(teacher, seqs, attn, 0.5)}
+    each = {"student_loglik": tol.logprob_gap(student, seqs, attn, 1.0), "teacher_loglik": tol.logprob_gap(teacher, seqs, attn, 0.5)}
     for a, b in zip(fast.logprobs, slow.logprobs):
         assert a == pytest.approx(b, abs=(1 + abs(lam)) * sum(each.values()) + each["student_loglik"])
     for k in ("student_loglik", "teacher_loglik"):
@@ -243,4 +234,4 @@ def test_bf16_student_decodes_as_its_forward_and_samples_as_generate(tok, model)
         assert torch.equal(got, want), seed
         full = torch.cat([attn, (want != tok.pad_token_id).long()], 1)
         gap = (lp - token_logprobs(torch.stack(res.logits, 1), want, 0.7)).abs()[want != tok.pad_token_id]
-        assert gap.max() <= _logprob_bound(m, res.sequences, full, 0.7)
+        assert gap.max() <= tol.logprob_gap(m, res.sequences, full, 0.7)
