@@ -13,13 +13,8 @@ the public face of the ops, which re-exports each op from its module:
 
 Source
 ------
-PROTOCOL.md §2 (the objective), restating "On-Policy or Off-Policy Learning? A
-Systematic Study of Distillation Dynamics" (Piskorz, Berthon, van der Schaar,
-2026). The generalised Jensen–Shannon divergence JSD(β) is from GKD (Agarwal et
-al., 2024, "On-Policy Distillation of Language Models", Eq. 1). The estimators of
-``loss.estimator`` (``estimator_loss``: full, sampled, topk, k1, k2, k3) each cite
-their source in their module (above). Everything here is plain PyTorch (no custom
-kernels); a fused kernel must match it.
+PROTOCOL.md §2 (the objective) and GKD (Agarwal et al., 2024, Eq. 1) for JSD(β), in full in
+``ops.divergence``; each estimator cites its own source in its module (above).
 
 Sequence objective (PROTOCOL.md §2)
 -----------------------------------

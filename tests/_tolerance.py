@@ -44,7 +44,23 @@ m = (π_S + π_T)/τ_S; reverse π_S (r − D)/τ_S: m = π_S(|r| + S)/τ_S; JSD
 with h = −softplus(ℓ_T − ℓ_S + log(β/(1 − β))): m = 2 (1 − β) π_S (|h| + Σ π_S |h|)/τ_S, since
 softplus' ≤ softplus makes h's error relative). A reduction over N rows adds γ_{N+2} (the sum,
 the division, a weight); a logit from a matmul carries ``matmul_err``, which ``row`` takes as
-``dz`` (every log-probability moves by at most 2 max|δz|/τ).
+``dz`` (every log-probability moves by at most 2 max|δz|/τ). ``loss_bounds`` puts these together
+for a reduced loss on logits, ``linear_loss_bounds`` for one on hidden states and lm_heads (the
+chunked op), ``estimator_magnitudes`` gives the magnitudes of the other estimators.
+
+Other computations
+------------------
+- float64 values of a few operations (statistics, schedules, shares): ``approx64``, within γ_n of
+  the counted roundings, the decimal literals' own included.
+- Networks: ``forward_err`` measures a model's float32 (or bf16) output error against the same
+  model in float64 on the inputs at hand; two computations of the same output in that dtype are
+  compared within 4E, log-probabilities within ``logprob_gap``; ``backward_gains`` carries a
+  relative error of an output gradient to each parameter's gradient.
+- Not rounding, and so not from here: Monte Carlo checks (a few standard errors of the draws),
+  thresholds that show a check can fail (a value differs by more than x), mathematical limits
+  (a quantity linear in ε is below x at ε = 1e-6), and numbers a test reads from printed output
+  (half a unit of the last printed digit). Bitwise assertions (determinism, resume, k = 0 against
+  the synchronous trial) stay bitwise.
 """
 
 from __future__ import annotations
