@@ -122,10 +122,13 @@ def test_the_next_models_reuse_the_compiled_passes(models) -> None:
     graphs = counters["stats"]["unique_graphs"]
     loss, grads = _loss_and_grads(trial, student, teacher, rollouts)
     assert counters["stats"]["unique_graphs"] == graphs
-    eager_loss, eager_grads = _loss_and_grads(trial, *_pair(models), rollouts)
-    assert loss == pytest.approx(eager_loss, rel=1e-5)
-    for n, g in grads.items():
-        torch.testing.assert_close(g, eager_grads[n], rtol=1e-4, atol=1e-7, msg=n)
+    third = _pair(models)
+    bound = _loss_bound(trial, *third, rollouts)
+    ref_grads = _loss_and_grads(trial, *(copy.deepcopy(m).double() for m in third), rollouts)[1]
+    eager_loss, eager_grads = _loss_and_grads(trial, *third, rollouts)
+    assert abs(loss - eager_loss) <= 2 * bound  # two float32 computations (tests/_tolerance.py)
+    for n, g in grads.items():  # within 4E, E the eager gradient's largest error against float64
+        assert (g - eager_grads[n]).abs().max() <= 4 * (eager_grads[n] - ref_grads[n]).abs().max(), n
 
 
 def test_bf16_compiled_passes_equal_the_eager_bf16_ones(models) -> None:
