@@ -333,12 +333,17 @@ def main(argv=None) -> None:
         return
     print("\nimpl               peak MiB   median ms  cpu median ms  peak/naive  time/naive  time/floor  cpu/floor")
     for r in rows:
-        cols = [f"{r['peak_bytes'] / base['peak_bytes']:11.3f}" if base else f"{'':11s}",
+        cols = [f"{_ratio(r['peak_bytes'], base['peak_bytes']):11.3f}" if base else f"{'':11s}",
                 f"{r['median'] / base['median']:11.3f}" if base else f"{'':11s}",
                 f"{r['median'] / floor['median']:11.3f}" if floor else f"{'':11s}",
                 f"{r['cpu_median'] / floor['cpu_median']:10.3f}" if floor else ""]
         print(f"{r['impl']:17s} {r['peak_bytes'] / 2**20:9.1f} {r['median'] * 1e3:11.1f} {r['cpu_median'] * 1e3:14.1f} "
               + " ".join(cols))
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b, NaN where b is 0 (a peak too small for the resident-set counters: tiny --plumbing shapes)."""
+    return a / b if b else float("nan")
 
 
 if __name__ == "__main__":
