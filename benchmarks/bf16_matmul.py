@@ -3,6 +3,7 @@
 
     python benchmarks/bf16_matmul.py                  # micro_findings.yaml's student shapes, 1 thread
     python benchmarks/bf16_matmul.py --tokens 2048 --threads 2
+    python benchmarks/bf16_matmul.py --plumbing     # 16 tokens, one repeat (seconds)
 
 torch multiplies bf16 matrices on the CPU with oneDNN's bf16 kernels where the CPU has
 AVX-512 (BF16 or BW) or AMX, and with a generic kernel otherwise
@@ -63,13 +64,16 @@ def model_call(config, tokens: int, dtype: torch.dtype):
     return call
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=str(REPO / "search_spaces" / "micro_findings.yaml"))
     p.add_argument("--tokens", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
-    args = p.parse_args()
+    p.add_argument("--plumbing", action="store_true", help="16 tokens, one repeat (seconds; the numbers mean nothing)")
+    args = p.parse_args(argv)
+    if args.plumbing:
+        args.tokens, args.repeats = 16, 1
     torch.set_num_threads(args.threads)
     m = load_sweep(args.config).models.micro_student
     tok = build_char_tokenizer()

@@ -3,6 +3,7 @@ static-KV-cache decoder (`rollout.decode.StaticKVDecoder`) toward its own matrix
 
     python benchmarks/decode_compiled.py                 # peer_trl's setting: 16 prompts x 32 tokens
     python benchmarks/decode_compiled.py --batch 48      # the micro study's 48 prompts
+    python benchmarks/decode_compiled.py --plumbing      # the path on a tiny random model (seconds)
 
 The prepared micro student of ``--config`` (``distillab prepare`` first; the benchmark calls
 `prepare.prepare`, which finds it cached), one torch thread, ``--batch`` random prompts of 20
@@ -18,7 +19,9 @@ fixed tokens (no sampling: the same work in every variant). Variants, in one pro
 It prints the milliseconds per decode (prefill included) and per step of each, compiled/eager,
 the first compiled call's seconds, the largest |logit difference| between the two, and the
 time of the compiled step's matrix products (``aten::mm``, torch profiler): the floor that
-compiling the rest cannot go below.
+compiling the rest cannot go below. ``--plumbing``: 2 prompts x 3 tokens, one repeat, on
+`_plumbing.tiny_models`' student, compiled with ``--backend eager`` (TorchDynamo's graph capture
+without inductor's code generation): what a fast test runs; the numbers mean nothing.
 """
 
 from __future__ import annotations
@@ -114,13 +117,31 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=16, help="prompts (the micro study: 48)")
     p.add_argument("--max-tokens", dest="max_tokens", type=int, default=32, help="tokens per decode")
     p.add_argument("--repeats", type=int, default=7, help="timed decodes per variant (median)")
+    p.add_argument("--backend", default="inductor", help="torch.compile backend (inductor: what is measured)")
+    p.add_argument("--plumbing", action="store_true",
+                   help="2 prompts x 3 tokens on a tiny random model, backend eager (seconds; the numbers mean nothing)")
     args = p.parse_args(argv)
-    torch.set_num_threads(1)
+    if args.plumbing:
+        import tempfile
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import _plumbing
+
+        with tempfile.TemporaryDirectory() as d:
+            _, student = _plumbing.tiny_models(d)
+            return measure(argparse.Namespace(**{**vars(args), "batch": 2, "max_tokens": 3, "repeats": 1,
+                                                 "backend": "eager"}), student)
     _, student = prepare(load_sweep(args.config), threads=1)
+    return measure(args, student)
+
+
+def measure(args, student) -> int:
+    """The decode of ``student``'s model eager and compiled (module docstring), printed."""
+    torch.set_num_threads(1)
     model = load_model(student).eval().requires_grad_(False)
     ids, attn = _inputs(args.batch, model.config.vocab_size)
     n = args.max_tokens
-    compiled = torch.compile(FullWidthDecoder.step_full, dynamic=False)
+    compiled = torch.compile(FullWidthDecoder.step_full, dynamic=False, backend=args.backend)
     t0 = time.perf_counter()
     out_c = decode(model, ids, attn, n, compiled)
     first = time.perf_counter() - t0

@@ -1,13 +1,14 @@
-"""Precision of the saturated-JSD gradient in float32 against float64 (ops.kl, "Precision of
+"""Precision of the saturated-JSD gradient in float32 against float64 (ops.divergence, "Precision of
 the JSD gradient"): relative error ‖g32 − g64‖ / ‖g64‖ of ∂JSD(β)/∂z_S at V = 32,000, logits
 N(0, std²) (teacher and student independent, so the divergence nears its maximum, the binary
 entropy of β: column JSD/max),
-τ_S = 1, τ_T = 0.5, for the reference path (autograd of ``ops.kl.token_divergence`` in float32,
+τ_S = 1, τ_T = 0.5, for the reference path (autograd of ``ops.divergence.token_divergence`` in float32,
 what ``distill_loss`` and the estimator oracle's reference-path gradient use), the chunked op's
 torch row math and, where they run, the Triton kernels.
 
     python benchmarks/jsd_precision.py                  # ~20 s on CPU
     TRITON_INTERPRET=1 python benchmarks/jsd_precision.py --triton   # + the kernels, interpreted (~2 min)
+    python benchmarks/jsd_precision.py --plumbing       # the path at V = 257, 2 rows (seconds)
 
 The float64 peer is the definition itself, autograd through log M = log(β π_T + (1 − β) π_S) in
 float64 on the same float32 logits (independent of the ops' gradient code).
@@ -20,7 +21,7 @@ import math
 
 import torch
 
-from distillab.ops.kl import token_divergence, token_divergence_and_grad
+from distillab.ops.divergence import token_divergence, token_divergence_and_grad
 
 
 def definition_jsd(z_s: torch.Tensor, z_t: torch.Tensor, beta: float, tau_s: float = 1.0,
@@ -44,7 +45,10 @@ def main(argv=None) -> None:
     p.add_argument("--vocab", type=int, default=32_000)
     p.add_argument("--rows", type=int, default=16)
     p.add_argument("--triton", action="store_true", help="also the Triton kernels (CUDA, or TRITON_INTERPRET=1)")
+    p.add_argument("--plumbing", action="store_true", help="V = 257 and 2 rows (seconds; the numbers mean nothing)")
     args = p.parse_args(argv)
+    if args.plumbing:
+        args.vocab, args.rows = 257, 2
     torch.set_num_threads(1)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     rows = [("reference", reference_rows), ("torch rows", token_divergence_and_grad)]

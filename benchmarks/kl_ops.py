@@ -5,6 +5,7 @@ weights: peak memory and median time of each implementation, and ratios to the n
     python benchmarks/kl_ops.py --device cuda --vocab 128256 --hidden 4096 --tokens 8192 \\
         --dtype bfloat16 --impls naive,reference,chunked,triton,triton_logits
     python benchmarks/kl_ops.py --impls naive,sampled,topk,topk_chunked,topk_tail_chunked,k3,k3_chunked
+    python benchmarks/kl_ops.py --plumbing            # every implementation at V=101, 37 tokens, in this process
 
 Every implementation computes the same thing: student logits h_S W_Sᵀ, teacher logits
 h_T W_Tᵀ (no grad), the forward KL(π_T ‖ π_S) (``--kind``) token-mean over all N tokens,
@@ -21,7 +22,7 @@ and the gradients w.r.t. h_S and W_S.
                    z_S = h_S W_Sᵀ and z_T = h_T W_Tᵀ (N × H × V each), ∂L/∂h_S = G W_S and
                    ∂L/∂W_S = Gᵀ h_S (G an (N, V) stand-in for ∂L/∂z_S), each one full-size GEMM
 
-The estimators of ``loss.estimator`` (``ops.kl`` module docstring), the same shapes:
+The estimators of ``loss.estimator`` (``ops.kl``, whose docstring names each one's module), the same shapes:
 
     sampled            full logits, ``ops.kl.estimator_loss`` estimator sampled (one extra draw per token)
     topk               full logits, estimator topk (``--top-k``, ``--topk-source``; renormalised)
@@ -282,8 +283,12 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rounds", type=int, default=1, help="interleaved rounds over the impls (times pooled)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--plumbing", action="store_true",
+                   help="V=101, H=24, 37 tokens, one repeat, in this process (seconds; the numbers mean nothing)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.plumbing:
+        args.vocab, args.hidden, args.tokens, args.repeats, args.rounds, args.top_k = 101, 24, 37, 1, 1, 8
 
     if args.child:  # one implementation in this fresh process; JSON on the last line
         print(json.dumps(measure(args.child, args)))
@@ -309,7 +314,7 @@ def main(argv=None) -> None:
     got: dict[str, dict] = {}
     for rnd in range(args.rounds):  # interleaved: every impl once per round, the order reversed every other round
         for impl in (runnable if rnd % 2 == 0 else runnable[::-1]):
-            r = measure(impl, args) if cuda else _child(impl, argv)
+            r = measure(impl, args) if cuda or args.plumbing else _child(impl, argv)
             if r is None:
                 continue
             if impl in got:
@@ -328,12 +333,17 @@ def main(argv=None) -> None:
         return
     print("\nimpl               peak MiB   median ms  cpu median ms  peak/naive  time/naive  time/floor  cpu/floor")
     for r in rows:
-        cols = [f"{r['peak_bytes'] / base['peak_bytes']:11.3f}" if base else f"{'':11s}",
+        cols = [f"{_ratio(r['peak_bytes'], base['peak_bytes']):11.3f}" if base else f"{'':11s}",
                 f"{r['median'] / base['median']:11.3f}" if base else f"{'':11s}",
                 f"{r['median'] / floor['median']:11.3f}" if floor else f"{'':11s}",
                 f"{r['cpu_median'] / floor['cpu_median']:10.3f}" if floor else ""]
         print(f"{r['impl']:17s} {r['peak_bytes'] / 2**20:9.1f} {r['median'] * 1e3:11.1f} {r['cpu_median'] * 1e3:14.1f} "
               + " ".join(cols))
+
+
+def _ratio(a: float, b: float) -> float:
+    """a / b, NaN where b is 0 (a peak too small for the resident-set counters: tiny --plumbing shapes)."""
+    return a / b if b else float("nan")
 
 
 if __name__ == "__main__":

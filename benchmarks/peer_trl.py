@@ -6,13 +6,15 @@ per second and their ratio, in-loop and for a whole 40-step run.
     python benchmarks/peer_trl.py --no-whole      # in-loop steps only
     python benchmarks/peer_trl.py --rounds 0      # the whole-run comparison only
     python benchmarks/peer_trl.py --compile       # both compiled (resources.compile; TRL's torch_compile)
-    python benchmarks/peer_trl.py --config search_spaces/smoke.yaml --rounds 2 --steps 4 --no-whole   # plumbing
+    python benchmarks/peer_trl.py --plumbing      # the path on tiny random models, in this process (seconds)
 
 Setting (both frameworks): the prepared micro teacher and student of ``--config``
 (``distillab prepare search_spaces/micro.yaml`` first; cached models are reused), the
 trial's training prompts in step order, ``--batch`` (16) prompts per step, one rollout
 each, up to ``--max-tokens`` (32) new tokens, τ = 1 for sampling and for the loss, the
-forward KL(π_T ‖ π_S) over completion tokens (TRL: β = 0), ``torch.set_num_threads(1)``.
+forward KL(π_T ‖ π_S) over completion tokens (TRL: β = 0), no learning-rate warm-up (TRL's
+``warmup_steps=0``; the config's own, micro.yaml's 10, would outlast the 8-step rounds),
+``torch.set_num_threads(1)``.
 
 - OnPD: distillab's trial loop with ``rollout.policy: onpd`` (the student samples in
   process each step) against ``GKDTrainer`` with ``lmbda = 1`` (the student generates
@@ -32,6 +34,11 @@ not counted (with ``--compile``, 4: both frameworks compile at their first steps
 generate() recompiles at its second).
 Tokens are the completion tokens of the step (eos included): distillab's rollout
 lengths, TRL's labels ≠ −100.
+
+``--plumbing``: the same path (both frameworks, both policies, one round of 2 steps, batch 2, 4
+new tokens; the whole run's configuration validated, not run) on `_plumbing.tiny_models`, with
+the children called in this process; what a fast test runs so the benchmark cannot rot. Its
+numbers mean nothing.
 
 Whole run: wall time of ``distillab sweep`` (CLI, imports, ``prepare`` cached, Ray
 start-up, Tune and Train start, evaluations before and after, 40 steps, checkpoint,
@@ -63,7 +70,7 @@ def overrides(args, policy: str, steps: int) -> dict:
         "trial.rollout.engine": "transformers", "trial.rollout.max_tokens": args.max_tokens,
         "trial.rollout.tau_s": 1.0, "trial.rollout.tau_t": 1.0, "trial.loss.tau_s": 1.0, "trial.loss.tau_t": 1.0,
         "trial.loss.kind": "forward", "trial.optimizer.prompts_per_step": args.batch,
-        "trial.optimizer.steps": steps, "resources.torch_threads": 1,
+        "trial.optimizer.steps": steps, "trial.optimizer.warmup_steps": 0, "resources.torch_threads": 1,
         "resources.compile": bool(getattr(args, "compile", False)), **extra_sets(args),
     }
 
@@ -273,7 +280,23 @@ def _passed_on(args) -> list[str]:
     return [a for kv in args.set for a in ("--set", kv)] + (["--compile"] if args.compile else [])
 
 
+CHILDREN = {"distillab": child_distillab, "trl": child_trl, "trl_whole": child_trl_whole}
+
+
+def _run_here(args, kind: str, policy: str) -> list[dict]:
+    """A child's rows computed in this process (``--plumbing``: no timing to keep apart)."""
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        CHILDREN[kind](argparse.Namespace(**{**vars(args), "child": kind, "policy": policy}))
+    return [json.loads(line[len(MARK):]) for line in buf.getvalue().splitlines() if line.startswith(MARK)]
+
+
 def _run_child(args, kind: str, policy: str) -> list[dict]:
+    if args.plumbing:
+        return _run_here(args, kind, policy)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--policy", policy, "--steps", str(args.steps),
            "--config", args.config, "--cache", args.cache, "--batch", str(args.batch),
            "--max-tokens", str(args.max_tokens)] + _passed_on(args)
@@ -313,13 +336,18 @@ def _prepare_untimed(config: str, sets: dict) -> None:
     prepare(load_sweep(config, sets), threads=1)
 
 
+def whole_sets(args, storage: str) -> dict:
+    """The overrides of the whole run's one-trial OnPD sweep."""
+    return {**overrides(args, "onpd", WHOLE_STEPS), "name": "peer_trl_whole", "storage_path": storage,
+            "models.cache_dir": str(Path(args.cache).resolve()), "search.grids": None,  # one trial, also
+            # where the config is a union of grids (micro_findings.yaml)
+            "search.grid": {"rollout.policy": ["onpd"]}}
+
+
 def whole(args) -> tuple[float, float]:
     """(distillab sweep wall s, TRL run wall s), one after the other."""
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as d:
-        sets = {**overrides(args, "onpd", WHOLE_STEPS), "name": "peer_trl_whole", "storage_path": d,
-                "models.cache_dir": str(Path(args.cache).resolve()), "search.grids": None,  # one trial, also
-                # where the config is a union of grids (micro_findings.yaml)
-                "search.grid": {"rollout.policy": ["onpd"]}}
+        sets = whole_sets(args, d)
         cmd = ["distillab", "sweep", args.config, "--no-dashboard"]
         for k, v in sets.items():
             cmd += ["--set", f"{k}={json.dumps(v)}"]
@@ -354,16 +382,42 @@ def main(argv=None) -> int:
                    help="extra sweep override (as distillab --set), e.g. the settings the cached models were prepared with")
     p.add_argument("--compile", action="store_true",
                    help="both frameworks compiled: distillab's resources.compile, TRL's torch_compile")
+    p.add_argument("--plumbing", action="store_true",
+                   help="the whole path on tiny random models, 1 round of 2 steps, in this process (seconds; "
+                        "the numbers mean nothing)")
     p.add_argument("--profile", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--policy", default="onpd", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.plumbing:
+        return plumbing(args)
     args.warmup = args.warmup if args.warmup is not None else 4 if args.compile else 1
     if not 0 <= args.warmup < args.steps:
         p.error(f"--warmup ({args.warmup}) must be >= 0 and less than --steps ({args.steps})")
     if args.child:
-        {"distillab": child_distillab, "trl": child_trl, "trl_whole": child_trl_whole}[args.child](args)
+        CHILDREN[args.child](args)
         return 0
+    return compare(args)
+
+
+def plumbing(args) -> int:
+    """``--plumbing`` (module docstring): tiny models in a temporary cache, then `compare`; the whole
+    run's sweep is loaded (validated), not run."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _plumbing
+    from distillab.config import load_sweep
+
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as d:
+        sets = [f"{k}={v}" for k, v in _plumbing.plumbing_sets(d).items()]
+        args = argparse.Namespace(**{**vars(args), "config": _plumbing.CONFIG, "cache": d, "batch": 2, "max_tokens": 4,
+                                     "steps": 2, "warmup": 1, "rounds": 1, "no_whole": True, "set": args.set + sets})
+        load_sweep(args.config, whole_sets(args, d))
+        one_rank()
+        return compare(args)
+
+
+def compare(args) -> int:
+    """The in-loop comparison (``--rounds``) and the whole run (unless ``--no-whole``), printed."""
     print(f"{args.config}: batch {args.batch}, <= {args.max_tokens} new tokens, tau 1, 1 torch thread, "
           f"{args.rounds} interleaved rounds x {args.steps} steps (first {args.warmup} of each round not counted)"
           f"{', both compiled' if args.compile else ''}", flush=True)

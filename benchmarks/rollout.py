@@ -19,6 +19,11 @@ random weights), it prints
     python benchmarks/rollout.py              # ~6 minutes on 2 cores
     python benchmarks/rollout.py --no-100m    # the micro models only (~1 minute)
     python benchmarks/rollout.py --no-100m --prompts 48 --max-tokens 32 --threads 1   # an OnPD step of micro.yaml
+    python benchmarks/rollout.py --plumbing   # the path on a tiny random model, in this process (seconds)
+
+``--plumbing``: `_plumbing.tiny_models`' student only, 2 prompts x 4 tokens, one thread, the
+engines of ``--engines`` (transformers) held in this process instead of Ray actors, the sync
+into the last of them: what a fast test runs (its numbers mean nothing).
 """
 
 from __future__ import annotations
@@ -73,47 +78,78 @@ def _train_step_s(path: Path, rollouts, pad_id: int, threads: int):
     return time.perf_counter() - t0, model
 
 
+class _Here:
+    """An engine held in this process with a Ray actor's calling convention (``engine.method.remote(...)``
+    returns the result; `_get` and `_kill` are the identity and a no-op): ``--plumbing``."""
+
+    def __init__(self, obj):
+        self._obj = obj
+
+    def __getattr__(self, name):
+        fn = getattr(self._obj, name)
+        return type("_Method", (), {"remote": staticmethod(fn)})
+
+
+def _get(x):
+    """``ray.get`` of an actor call's reference; a value computed here as it is."""
+    if type(x).__module__.startswith("ray"):
+        import ray
+
+        return ray.get(x)
+    return x
+
+
+def _start(kind: str, path: Path, eos: int, pad: int, threads: int, here: bool, **kw):
+    """The ``kind`` engine: in a Ray actor (`rollout.actor.start_rollout_actor`), or ``here``."""
+    from distillab.rollout.actor import RolloutActor, start_rollout_actor
+
+    if here:
+        return _Here(RolloutActor(kind, str(path), eos, pad, threads, **kw))
+    return start_rollout_actor(kind, path, eos, pad, threads=threads,
+                               num_gpus=1.0 if torch.cuda.is_available() else 0.0, **kw)
+
+
 def bench(name: str, path: Path, eos: int, pad: int, vocab: int, threads: int, n_prompts: int = 64,
-          max_tokens: int = 128) -> dict:
+          max_tokens: int = 128, engines: tuple[str, ...] = ("transformers", "vllm"), here: bool = False) -> dict:
     """One model's row: each engine's start-up seconds and tokens/s on ``n_prompts`` random
     prompts of `PROMPT_LEN` tokens × up to ``max_tokens`` new tokens (τ = 1; the second of two
-    calls), and for vLLM one weight sync's seconds against one training step's."""
-    import ray
-
-    from distillab.rollout.actor import start_rollout_actor
+    calls), and for the last engine (vLLM) one weight sync's seconds against one training step's."""
     from distillab.rollout.types import SamplingParams
 
     prompts = _prompts(vocab, n_prompts)
     row = {"model": name}
-    for kind in ("transformers", "vllm"):
+    for kind in engines:
         t0 = time.perf_counter()
         kw = {"seed": 0, "max_model_len": max(512, PROMPT_LEN + max_tokens), "kv_cache_gib": 2} if kind == "vllm" else {}
-        actor = start_rollout_actor(kind, path, eos, pad, threads=threads,
-                                    num_gpus=1.0 if torch.cuda.is_available() else 0.0, **kw)
+        actor = _start(kind, path, eos, pad, threads, here, **kw)
         sp = SamplingParams(1.0, 1.0, max_tokens, 1, 0)
-        ray.get(actor.generate.remote(prompts[:2], sp))
+        _get(actor.generate.remote(prompts[:2], sp))
         row[f"{kind} start s"] = time.perf_counter() - t0
-        ray.get(actor.generate.remote(prompts, SamplingParams(1.0, 1.0, max_tokens, 1, 1)))  # warm-up
+        _get(actor.generate.remote(prompts, SamplingParams(1.0, 1.0, max_tokens, 1, 1)))  # warm-up
         t0 = time.perf_counter()
-        ro = ray.get(actor.generate.remote(prompts, SamplingParams(1.0, 1.0, max_tokens, 1, 2)))
+        ro = _get(actor.generate.remote(prompts, SamplingParams(1.0, 1.0, max_tokens, 1, 2)))
         dt = time.perf_counter() - t0
         row[f"{kind} tok/s"] = sum(ro.lengths) / dt
         row[f"{kind} tokens"] = sum(ro.lengths)
-        if kind == "vllm":
+        if kind == engines[-1]:
             step_s, model = _train_step_s(path, ro, pad, threads)
             tensors = [(k, v.detach()) for k, v in model.state_dict().items()]
-            ray.get(actor.update_weights.remote(tensors))  # first sync warms the path up
+            _get(actor.update_weights.remote(tensors))  # first sync warms the path up
             t0 = time.perf_counter()
-            ray.get(actor.update_weights.remote(tensors))
+            _get(actor.update_weights.remote(tensors))
             row["sync s"] = time.perf_counter() - t0
             row["train step s"] = step_s
-        ray.kill(actor)
-    row["vllm/transformers"] = row["vllm tok/s"] / row["transformers tok/s"]
+        if not here:
+            import ray
+
+            ray.kill(actor)
+    if "vllm" in engines and "transformers" in engines:
+        row["vllm/transformers"] = row["vllm tok/s"] / row["transformers tok/s"]
     row["sync/step"] = row["sync s"] / row["train step s"]
     return row
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(REPO / "search_spaces" / "micro.yaml"))
     ap.add_argument("--no-100m", action="store_true", help="skip the 100M-parameter model")
@@ -121,7 +157,14 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--prompts", type=int, default=64, help="prompts per call")
     ap.add_argument("--max-tokens", dest="max_tokens", type=int, default=128, help="most new tokens per prompt")
-    args = ap.parse_args()
+    ap.add_argument("--engines", default="transformers,vllm", help="comma-separated; the weight sync goes into the last")
+    ap.add_argument("--plumbing", action="store_true",
+                    help="a tiny random model, 2 prompts x 4 tokens, engines in this process (seconds; the numbers "
+                         "mean nothing)")
+    args = ap.parse_args(argv)
+    engines = tuple(args.engines.split(","))
+    if args.plumbing:
+        return plumbing(args, engines if args.engines != "transformers,vllm" else ("transformers",))
 
     import ray
     from safetensors.torch import load_file
@@ -138,21 +181,41 @@ def main() -> int:
             tok = load_tokenizer(teacher)
             for name, path in (("micro teacher", teacher), ("micro student", student)):
                 rows.append(bench(name, Path(path), tok.eos_token_id, tok.pad_token_id, len(tok), args.threads,
-                                  args.prompts, args.max_tokens))
+                                  args.prompts, args.max_tokens, engines))
         if not args.no_100m:
             with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as d:
                 path = _llama_100m(Path(d) / "llama100m")
                 params = sum(int(t.numel()) for t in load_file(str(path / "model.safetensors")).values())
-                rows.append(bench(f"llama {params / 1e6:.0f}M", path, 2, 0, 32000, args.threads, args.prompts, args.max_tokens))
+                rows.append(bench(f"llama {params / 1e6:.0f}M", path, 2, 0, 32000, args.threads, args.prompts,
+                                  args.max_tokens, engines))
     finally:
         ray.shutdown()
-    cols = ["model", "transformers tok/s", "vllm tok/s", "vllm/transformers", "transformers start s",
-            "vllm start s", "sync s", "train step s", "sync/step"]
+    return table(rows, args, engines)
+
+
+def table(rows: list[dict], args, engines: tuple[str, ...]) -> int:
+    """Print the rows (the columns of ``engines``)."""
+    cols = (["model"] + [f"{k} tok/s" for k in engines] + (["vllm/transformers"] if len(engines) == 2 else [])
+            + [f"{k} start s" for k in engines] + ["sync s", "train step s", "sync/step"])
     print(f"\n{args.prompts} prompts x up to {args.max_tokens} new tokens, τ = 1, {args.threads} threads")
     print(" | ".join(cols))
     for r in rows:
         print(" | ".join(r["model"] if c == "model" else f"{r[c]:.3g}" for c in cols))
     return 0
+
+
+def plumbing(args, engines: tuple[str, ...]) -> int:
+    """``--plumbing`` (module docstring)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _plumbing
+    from distillab.models import load_tokenizer
+
+    args.prompts, args.max_tokens, args.threads = 2, 4, 1
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as d:
+        _, student = _plumbing.tiny_models(d)
+        tok = load_tokenizer(student)
+        row = bench("tiny student", student, tok.eos_token_id, tok.pad_token_id, len(tok), 1, 2, 4, engines, here=True)
+    return table([row], args, engines)
 
 
 if __name__ == "__main__":

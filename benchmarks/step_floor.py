@@ -2,7 +2,7 @@
 nothing around them.
 
     python benchmarks/step_floor.py                    # OnPD and OffPD, 8 steps each (~6 min on 2 cores)
-    python benchmarks/step_floor.py --config search_spaces/smoke.yaml --steps 3   # plumbing
+    python benchmarks/step_floor.py --plumbing         # the path on tiny random models (seconds)
 
 Same setting as benchmarks/peer_trl.py (the prepared micro models of ``--config``, its
 training prompts, ``--batch`` (16) prompts per step, up to ``--max-tokens`` (32) new
@@ -24,7 +24,8 @@ other on the same rollouts:
 floor = forward/backward + decode; it prints each, the real step and real/floor, in wall
 time and in CPU time of this (single-threaded) process, which other processes on a shared
 machine stretch less. The decode floors are traced and timed after all the real steps
-(`run` says why); the study's setting is ``--batch 48``.
+(`run` says why); the study's setting is ``--batch 48``. ``--plumbing``: both policies, 2 steps,
+batch 2, 4 new tokens on `_plumbing.tiny_models` (what a fast test runs; the numbers mean nothing).
 """
 
 from __future__ import annotations
@@ -145,7 +146,21 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=8, help="steps per policy (the first is a warm-up, not counted)")
     p.add_argument("--policies", default="onpd,offpd", help="comma-separated: onpd, offpd")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra sweep override")
+    p.add_argument("--plumbing", action="store_true",
+                   help="2 steps on tiny random models (seconds; the numbers mean nothing)")
     args = p.parse_args(argv)
+    if args.plumbing:
+        import _plumbing
+
+        with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as d:
+            sets = [f"{k}={v}" for k, v in _plumbing.plumbing_sets(d).items()]
+            return measure(argparse.Namespace(**{**vars(args), "config": _plumbing.CONFIG, "cache": d, "batch": 2,
+                                                 "max_tokens": 4, "steps": 2, "set": args.set + sets}))
+    return measure(args)
+
+
+def measure(args) -> int:
+    """Every policy's steps (`run`), then the table of medians."""
     torch.set_num_threads(1)
     peer_trl.one_rank()
     print(f"{args.config}: batch {args.batch}, <= {args.max_tokens} new tokens, tau 1, 1 torch thread", flush=True)

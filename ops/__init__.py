@@ -1,10 +1,15 @@
 """distillab.ops: the divergence kernels, one definition of the math three ways.
 
-- ``distillab.ops.kl``: the float64-safe PyTorch reference on (B, T, V) logits (ground
-  truth of the tests), every estimator of the token-level divergence behind one switch
-  (``estimator_loss``: full, sampled, top-k, the rollout-token k1/k2/k3), reductions and
-  diagnostics, and the closed-form per-row math (``token_divergence_and_grad``,
-  ``topk_divergence_and_grad``, ``rollout_token_estimate_and_grad``) that the fused ops share.
+- ``distillab.ops.divergence``: the math of the forward KL, reverse KL and JSD(β) and the
+  float64-safe PyTorch reference (``token_divergence``, ground truth of the tests and of every
+  other path), with the closed-form per-row math the fused ops share (``token_divergence_and_grad``).
+- ``distillab.ops.kl``: the loss on (B, T, V) logits (``distill_loss``) and every estimator of the
+  token-level divergence behind one switch (``estimator_loss``: full, sampled, top-k, the
+  rollout-token k1/k2/k3); it re-exports every op below, the import path the docs use.
+- ``distillab.ops.reduction`` (``reduce_loss``, ``row_coefficients``), ``distillab.ops.sampled``,
+  ``distillab.ops.topk``, ``distillab.ops.rollout_token`` (the estimators and their row math),
+  ``distillab.ops.weights`` (``token_logprobs``, engine-mismatch weights),
+  ``distillab.ops.diagnostics`` (the per-token statistics).
 - ``distillab.ops.chunked``: the chunked fused-linear loss from hidden states and lm_head
   weights (never more than chunk × V logits; full, top-k and k1/k2/k3); ``pad_vocab`` for
   padded vocabularies.

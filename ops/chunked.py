@@ -1,4 +1,4 @@
-r"""Chunked fused-linear distillation loss: the divergences of ``ops.kl`` computed from
+r"""Chunked fused-linear distillation loss: the divergences of ``ops.divergence`` computed from
 hidden states and lm_head weights, never holding more than ``chunk_size × V`` logits.
 
 Why
@@ -10,7 +10,7 @@ time (Liger-Kernel's fused linear cross-entropy pattern):
 
     for each chunk of rows i:                         # (c, H) hidden states
         z_S = h_S W_Sᵀ (+ b_S),  z_T = h_T W_Tᵀ (+ b_T)   # (c, V) each, over τ_S and τ_T (the GEMM's α)
-        D_i, ∂D_i/∂z_S = ops.kl.token_divergence_and_grad(z_S, z_T)   # same math as the reference
+        D_i, ∂D_i/∂z_S = ops.divergence.token_divergence_and_grad(z_S, z_T)   # same math as the reference
                                                        # (CPU: a few rows at a time, in cache; written
                                                        #  over z_S, which is not needed again)
         L      += Σ_i c_i D_i                          # c_i: the reduction's row coefficient
@@ -25,7 +25,7 @@ hidden-state gradient; time: the same four matmuls as the naive loss.
 
 Reductions as linear row weights
 --------------------------------
-Every reduction of ``ops.kl.reduce_loss`` is L = Σ_i c_i D_i over the selected rows,
+Every reduction of ``ops.reduction.reduce_loss`` is L = Σ_i c_i D_i over the selected rows,
 row i belonging to sequence b(i) with n_b rows, K sequences with ≥ 1 row, N rows,
 and optional per-sequence weights w (detached):
 
@@ -35,7 +35,7 @@ and optional per-sequence weights w (detached):
 
 Row math backends
 -----------------
-``backend="torch"`` evaluates ``ops.kl.token_divergence_and_grad`` on each chunk;
+``backend="torch"`` evaluates ``ops.divergence.token_divergence_and_grad`` on each chunk;
 ``backend="triton"`` runs the row kernels of ``ops.triton_kl`` (online softmax,
 temperature and floor fused); ``"auto"`` (default) picks Triton for CUDA tensors
 when ``triton`` imports (and ``compute_dtype`` is float32), torch otherwise.
@@ -65,21 +65,19 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from distillab.ops.kl import (
-    ESTIMATORS,
-    REDUCTIONS,
-    _check_beta,
-    _check_compute_dtype,
-    _check_mask,
-    _check_tau,
-    rollout_token_estimate_and_grad,
-    row_coefficients,
-    token_divergence_and_grad,
-    token_logprobs,
-    topk_divergence_and_grad,
+from distillab.ops._checks import _check_beta, _check_compute_dtype, _check_mask, _check_tau
+from distillab.ops.divergence import token_divergence_and_grad
+from distillab.ops.reduction import row_coefficients
+from distillab.ops.rollout_token import rollout_token_estimate_and_grad
+from distillab.ops.topk import topk_divergence_and_grad
+from distillab.ops.triton_kl import (
+    TRITON_KINDS,
+    check_triton_usable,
+    triton_available,
+    triton_token_divergence_and_grad,
 )
-from distillab.ops.triton_kl import TRITON_KINDS, check_triton_usable, triton_available, triton_token_divergence_and_grad
-from distillab.registry import check_choice, check_estimator
+from distillab.ops.weights import token_logprobs
+from distillab.registry import ESTIMATORS, REDUCTIONS, check_choice, check_estimator
 
 __all__ = ["ChunkedOutput", "RowEstimator", "chunked_distill_loss", "estimator_rows", "pad_vocab", "triton_fits",
            "check_vocab_sizes", "token_logprobs_from_hidden"]
@@ -94,7 +92,7 @@ MIN_CHUNK = 256
 class ChunkedOutput(NamedTuple):
     """``chunked_distill_loss(..., return_stats=True)``: the loss and per-row diagnostics.
 
-    ``stats`` is (N, 4) float32, detached, columns ``ops.kl.STAT_NAMES``
+    ``stats`` is (N, 4) float32, detached, columns ``ops.divergence.STAT_NAMES``
     (forward KL, reverse KL, teacher entropy, teacher→student cross-entropy), one row
     per selected position, in the order of ``mask.nonzero()`` (or of the given rows).
     """
@@ -124,7 +122,7 @@ def pad_vocab(weight: Tensor, new_size: int, bias: Tensor | None = None) -> tupl
     by unused padding rows (Qwen2.5-1.5B has 151,936 rows, Qwen2.5-7B 152,064; the
     tokenizer has 151,665 tokens). The new rows have zero weight and bias −inf, so
     their probability is exactly 0 under the padded model; the divergence then treats
-    them like any −inf logit (ops.kl: 0·log 0 = 0; teacher mass on a row the student
+    them like any −inf logit (ops.divergence: 0·log 0 = 0; teacher mass on a row the student
     cannot produce costs the floored penalty π_T(v)·(log π_T(v) − LOGPROB_FLOOR), which
     is negligible when those rows are truly unused, i.e. have ≈ 0 teacher mass).
 
@@ -204,7 +202,7 @@ def _upcast(w: Tensor) -> Tensor | None:
 @torch.no_grad()
 def token_logprobs_from_hidden(hidden: Tensor, weight: Tensor, targets: Tensor, tau: float,
                                bias: Tensor | None = None, chunk_size: int = 1024) -> Tensor:
-    """``ops.kl.token_logprobs`` of the lm_head logits z = h Wᵀ (+ b) of ``(N, H)`` rows,
+    """``ops.weights.token_logprobs`` of the lm_head logits z = h Wᵀ (+ b) of ``(N, H)`` rows,
     ``chunk_size`` rows at a time (never N × V logits at once; logits as in the loss).
 
     Args:
@@ -238,7 +236,7 @@ def _row_fn(backend: str):
 
 class RowEstimator(NamedTuple):
     """The row math of an estimator other than ``full`` (`estimator_rows`): ``fn`` has the
-    interface of ``ops.kl.token_divergence_and_grad`` plus ``kwargs``; ``targets`` (N,)
+    interface of ``ops.divergence.token_divergence_and_grad`` plus ``kwargs``; ``targets`` (N,)
     are the rollout tokens of the rows (k1, k2, k3), sliced per chunk."""
 
     fn: Callable
@@ -258,8 +256,8 @@ def estimator_rows(estimator: str = "full", *, top_k: int = 64, topk_source: str
     Args:
         estimator: ``full`` | ``topk`` | ``k1`` | ``k2`` | ``k3`` (``sampled`` draws from the
             whole distributions and has no chunked path: ``ops.kl.estimator_loss``).
-        top_k, topk_source, topk_tail: ``ops.kl.topk_divergence_and_grad``.
-        k_gradient, targets: ``ops.kl.rollout_token_estimate_and_grad``; ``targets`` (N,)
+        top_k, topk_source, topk_tail: ``ops.topk.topk_divergence_and_grad``.
+        k_gradient, targets: ``ops.rollout_token.rollout_token_estimate_and_grad``; ``targets`` (N,)
             int64, one rollout token per selected row.
 
     Raises:
@@ -375,8 +373,7 @@ def _check_2d(name: str, t: Tensor, rows: int | None = None) -> None:
 def _check_inputs(student_hidden: Tensor, student_weight: Tensor, teacher_hidden: Tensor, teacher_weight: Tensor,
                   student_bias: Tensor | None, teacher_bias: Tensor | None, reduction: str, backend: str) -> None:
     """`chunked_distill_loss`'s argument checks (its Raises), before any compute."""
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduction!r}; allowed values: {', '.join(map(repr, REDUCTIONS))}")
+    check_choice("reduction", reduction, REDUCTIONS)
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; allowed values: {', '.join(map(repr, BACKENDS))}")
     for name, t in (("student_hidden", student_hidden), ("teacher_hidden", teacher_hidden)):
@@ -516,8 +513,8 @@ def chunked_distill_loss(
         seq_index, num_seqs: with 2-D hidden states: (N,) int64 sequence of each row,
             and B. Default: all rows in one sequence.
         student_bias, teacher_bias: optional (V,) lm_head biases.
-        kind, tau_s, tau_t, beta: as in ``ops.kl.token_divergence``.
-        reduction, weights: as in ``ops.kl.reduce_loss``.
+        kind, tau_s, tau_t, beta: as in ``ops.divergence.token_divergence``.
+        reduction, weights: as in ``ops.reduction.reduce_loss``.
         chunk_size: rows per chunk; default: Liger's rule, next power of two of
             ceil(N / ceil(V / H_S)) (chunk logits about the size of the hidden
             states), at least `MIN_CHUNK` (256). On CPU the row math then runs over
@@ -527,10 +524,10 @@ def chunked_distill_loss(
         backend: ``"auto"`` | ``"torch"`` | ``"triton"`` (module docstring).
         return_stats: also return per-row diagnostics (``ChunkedOutput``).
         estimator: ``"full"`` (the divergence), ``"topk"`` or ``"k1"`` | ``"k2"`` | ``"k3"``
-            (``ops.kl`` module docstring; their rows are torch math, so ``"auto"``
+            (``ops.topk``, ``ops.rollout_token``; their rows are torch math, so ``"auto"``
             picks torch for them and ``"triton"`` is an error). The loss is then
             Σ_i c_i of the estimator's value, with the estimator's gradient.
-        top_k, topk_source, topk_tail: the top-k support (``ops.kl.topk_support``).
+        top_k, topk_source, topk_tail: the top-k support (``ops.topk.topk_support``).
         k_gradient: ``"auto"`` | ``"score"`` | ``"pathwise"`` (k1/k2/k3).
         targets: the rollout tokens (k1/k2/k3): (B, T) int64 with ``mask``, else (N,).
 

@@ -9,7 +9,7 @@ N selected rows i (completion positions) with reduction coefficients c_i
 has the estimate L̂ of the reduced divergence of ``kind`` (``ops.kl.EstimatorLoss``'s
 ``estimate``) and the gradient Ĝ = ∂(training loss)/∂z_S, (N, V). The exact
 gradients are G_k = c_i ∂D_k(i)/∂z_S for k ∈ {forward, reverse, kind}
-(``ops.kl.token_divergence_and_grad``, the closed forms of ``ops.kl``):
+(``ops.divergence.token_divergence_and_grad``, the closed forms of ``ops.divergence``):
 
     bias             = L̂ − Σ_i c_i D_kind(i)                     (nats)
     grad_cos         = ⟨Ĝ, G_kind⟩ / (‖Ĝ‖ ‖G_kind‖)               (Frobenius, over all rows)
@@ -33,8 +33,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from distillab.ops._checks import _check_kind
 from distillab.ops.chunked import RowEstimator, _check_2d, _logits, _upcast
-from distillab.ops.kl import KINDS, _check_kind, token_divergence_and_grad
+from distillab.ops.divergence import token_divergence_and_grad
+from distillab.registry import KINDS
 
 __all__ = ["ORACLE_METRICS", "oracle_kinds", "oracle_sums", "oracle_metrics", "logits_oracle", "chunked_oracle"]
 
@@ -57,7 +59,7 @@ def oracle_sums(zs: Tensor, zt: Tensor, g_est: Tensor, coef: Tensor, *, kind: st
         g_est: (c, V) the estimator's gradient of the training loss w.r.t. ``zs``
             (coefficients included).
         coef: (c,) the rows' reduction coefficients c_i.
-        kind, beta, tau_s, tau_t, compute_dtype: as in ``ops.kl.token_divergence``.
+        kind, beta, tau_s, tau_t, compute_dtype: as in ``ops.divergence.token_divergence``.
 
     Returns:
         (1 + 3·K,) float64: [‖Ĝ‖², then per k of `oracle_kinds` (Σ c_i D_k, ⟨Ĝ, G_k⟩, ‖G_k‖²)].
@@ -102,7 +104,7 @@ def logits_oracle(student_logits: Tensor, teacher_logits: Tensor, g_est: Tensor,
         student_logits, teacher_logits: (N, V) logits of the selected rows.
         g_est: (N, V) ∂(training loss)/∂``student_logits`` (e.g. ``torch.autograd.grad``).
         coef: (N,) reduction coefficients. estimate: the estimator's L̂ (nats).
-        kind, beta, tau_s, tau_t, compute_dtype: the divergence (``ops.kl``).
+        kind, beta, tau_s, tau_t, compute_dtype: the divergence (``ops.divergence``).
         chunk_size: rows per chunk of the exact gradients.
 
     Returns:

@@ -1,9 +1,9 @@
-r"""Triton kernels for the token-level divergences of ``ops.kl``: one program per row,
+r"""Triton kernels for the token-level divergences of ``ops.divergence``: one program per row,
 online softmax over the vocabulary, temperatures, the log-probability floor and row
 masking fused, the gradient w.r.t. the student logits written in the same launch.
 
-Math: exactly ``ops.kl.token_divergence_and_grad`` (module docstring of ``ops.kl``,
-"Gradient with the log-probability floor"); tests compare both, and both against the
+Math: exactly ``ops.divergence.token_divergence_and_grad`` (module docstring of
+``ops.divergence``, "Gradient with the log-probability floor"); tests compare both, and both against the
 float64 reference. Per row, with a = z/τ and F = LOGPROB_FLOOR:
 
     pass 1  online log-sum-exp of a_S and a_T over blocks of the vocabulary
@@ -14,7 +14,7 @@ float64 reference. Per row, with a = z/τ and F = LOGPROB_FLOOR:
             ℓ_S + log(1 − β)) with Σ p_T (ℓ_T − log M), Σ p_S (ℓ_S − log M) and, for the
             gradient, Σ p_S h with h = −softplus(ℓ_T − ℓ_S + log(β/(1 − β)))
     pass 3  (if a gradient is needed) c_row · ∂D/∂z_S, stored in the gradient buffer
-            (JSD: (1 − β) p_S (h − Σ p_S h), the cancellation-free form of ``ops.kl``)
+            (JSD: (1 − β) p_S (h − Σ p_S h), the cancellation-free form of ``ops.divergence``)
 
 Divergences are accumulated as sums of products of differences (never as a
 difference of two large sums), so small KLs keep their relative precision.
@@ -22,7 +22,7 @@ Computation is float32 whatever the logits' dtype (bf16/fp16/fp32 loads).
 
 Two faces:
 * ``triton_token_divergence_and_grad`` — same signature and results as
-  ``ops.kl.token_divergence_and_grad`` for (N, V) logits; the row backend of
+  ``ops.divergence.token_divergence_and_grad`` for (N, V) logits; the row backend of
   ``ops.chunked.chunked_distill_loss`` (selected automatically on CUDA).
 * ``triton_distill_loss`` — ``ops.kl.distill_loss`` on (B, T, V) logits as an
   ``autograd.Function``; only rows with ``mask`` True are read (row indices are
@@ -41,14 +41,10 @@ import os
 import torch
 from torch import Tensor
 
-from distillab.ops.kl import (
-    LOGPROB_FLOOR,
-    REDUCTIONS,
-    _check_batch,
-    _check_divergence,
-    _check_logits_pair,
-    row_coefficients,
-)
+from distillab.ops._checks import _check_batch, _check_divergence, _check_logits_pair
+from distillab.ops.divergence import LOGPROB_FLOOR
+from distillab.ops.reduction import row_coefficients
+from distillab.registry import REDUCTIONS, check_choice
 
 __all__ = [
     "TRITON_KINDS",
@@ -229,7 +225,7 @@ if triton is not None:
                 g = ps * keep_t - tl.where(ls > FLOOR, tl.exp(lt), 0.0)
             elif KIND == 1:
                 g = ps * ((lsc - ltc) - div)
-            else:  # (1 − β) π_S (h − Σ π_S h): ops.kl, "Precision of the JSD gradient"
+            else:  # (1 − β) π_S (h − Σ π_S h): ops.divergence, "Precision of the JSD gradient"
                 g = (1.0 - beta) * ps * (_jsd_h(ltc - lsc + log_c) - h_s)
             tl.store(grad_row + offs, (g * scale).to(grad_row.dtype.element_ty), mask=valid)
 
@@ -283,7 +279,7 @@ def triton_token_divergence_and_grad(
     with_stats: bool = False,
     block_size: int | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """``ops.kl.token_divergence_and_grad`` for (N, V) logits, with the Triton kernel.
+    """``ops.divergence.token_divergence_and_grad`` for (N, V) logits, with the Triton kernel.
 
     Args and returns as there (float32 results; ``grad`` is a new (N, V) float32
     tensor); ``block_size`` (vocabulary entries per step of the row loop; default
@@ -356,8 +352,7 @@ def triton_distill_loss(
 
     _check_batch(student_logits, teacher_logits, mask)
     kind, tau_s, tau_t, beta = _check_divergence(kind, tau_s, tau_t, beta)
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduction!r}; allowed values: {', '.join(map(repr, REDUCTIONS))}")
+    check_choice("reduction", reduction, REDUCTIONS)
     check_triton_usable(student_logits.device)
     B, T, V = student_logits.shape
     rows = mask.reshape(-1).nonzero().squeeze(1)  # (N,) flat row indices into (B·T, V)

@@ -23,11 +23,15 @@ import time
 from pathlib import Path
 
 import polars as pl
+import _tolerance as tol
 import pytest
 
 from distillab.driver.cli import HARMLESS_RAY_LINES
 from distillab.config import load_sweep
 from distillab.models import build_char_tokenizer, micro_llama_config
+
+#: float64 roundings (tests/_tolerance.py, approx64): a metric stored, read back and handed on
+ROUNDINGS = 4
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "search_spaces" / "smoke.yaml"
@@ -244,9 +248,9 @@ def test_trackers_hold_every_trials_config_and_accuracy(run_locally, tmp_path: P
         # distillab's trial id, not Tune's, and none of the keys Tune adds to a report
         assert run["config"]["trial_id"] == tid
         assert not {"hostname", "pid", "node_ip", "experiment_tag", "date"} & (set(run["config"]) | set(run["summary"]))
-        assert run["summary"][ACC] == pytest.approx(acc[tid]) and run["summary"]["step"] == 4
+        assert run["summary"][ACC] == tol.approx64(acc[tid], ROUNDINGS) and run["summary"]["step"] == 4
         configs[tid] = set(run["config"]) - {"_wandb", "trial_log_path"}  # W&B's own; Ray's: the trial's Tune folder
-        assert run["summary"]["eval/distill/params/sparsity@1e-06"] == pytest.approx(sparsity[tid])
+        assert run["summary"]["eval/distill/params/sparsity@1e-06"] == tol.approx64(sparsity[tid], ROUNDINGS)
         assert [h["step"] for h in run["history"]] == [4, 4]  # the last step's report, then the final one
         seen[tid] = path
     assert sorted(seen) == sorted(acc)
@@ -261,8 +265,8 @@ def test_trackers_hold_every_trials_config_and_accuracy(run_locally, tmp_path: P
         assert r.data.params["trial_id"] == tid and r.data.params["rollout.policy"] == policy[tid]
         # both trackers hold the trial's config and nothing else
         assert set(r.data.params) == configs[tid], set(r.data.params) ^ configs[tid]
-        assert r.data.metrics[ACC] == pytest.approx(acc[tid])
-        assert r.data.metrics["eval/distill/params/sparsity_at_1e-06"] == pytest.approx(sparsity[tid])  # '@' → '_at_'
+        assert r.data.metrics[ACC] == tol.approx64(acc[tid], ROUNDINGS)
+        assert r.data.metrics["eval/distill/params/sparsity_at_1e-06"] == tol.approx64(sparsity[tid], ROUNDINGS)  # '@' → '_at_'
         assert "eval/distill/countdown3/pass_at_1" in r.data.metrics and "pid" not in r.data.metrics
         history = client.get_metric_history(r.info.run_id, "loss")
         assert {m.step for m in history} == {4}  # the reports of the last step, at its optimizer step

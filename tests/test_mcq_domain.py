@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
+import _tolerance as tol
 import pytest
 from _helpers import AlwaysEngine
 from pydantic import ValidationError
@@ -16,6 +17,9 @@ from distillab.evals.sampling import sample_batched
 from distillab.evals.suite import Evaluator
 from distillab.models import build_char_tokenizer
 from distillab.tasks.mcq import item_key, mcq_prompt_ids, mcq_target_text, mcq_test_split, mcq_train_items
+
+#: float64 roundings (tests/_tolerance.py, approx64) of a share: one division each side
+ROUNDINGS = 2
 
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures"
@@ -110,8 +114,8 @@ def test_mcq_rows_against_hand_counted_answers() -> None:
     assert 0 < share_c < 40  # the synthetic answers are spread over A-D
     assert rows_c == [
         {"task": "mcq", "metric": "accuracy", "value": share_c / 40, "n": 40},
-        {"task": "mcq", "metric": "pass@1", "value": pytest.approx(share_c20 / 20), "n": 20},
-        {"task": "mcq", "metric": "pass@4", "value": pytest.approx(share_c20 / 20), "n": 20},
+        {"task": "mcq", "metric": "pass@1", "value": tol.approx64(share_c20 / 20, ROUNDINGS), "n": 20},
+        {"task": "mcq", "metric": "pass@4", "value": tol.approx64(share_c20 / 20, ROUNDINGS), "n": 20},
     ]
     assert rows("<answer>C</answer><answer>C</answer>")[0]["value"] == 0.0  # two answer blocks: no answer
 

@@ -5,6 +5,7 @@ teacher's prompts, config errors, the cache keys, and the style metric."""
 
 from __future__ import annotations
 
+import _tolerance as tol
 import pytest
 import torch
 from _helpers import EngineStandIn
@@ -13,11 +14,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from distillab.config import LossConfig, StyleConfig, TasksConfig, TrialConfig
 from distillab.evals.style import in_style, style_share
-from distillab.recipe.loss import loss_step
+from distillab.recipe.loss import loss_step, pack_batch
 from distillab.rollout.source import TeacherPrompts, offpd_rollout_set, step_prompts
 from distillab.rollout.types import Rollouts
 from distillab.tasks.data import train_prompts
 from distillab.recipe.teacher import LocalTeacher
+
+#: float64 roundings (tests/_tolerance.py, approx64) of a share: one division each side
+ROUNDINGS = 2
 
 V, PAD = 37, 0
 
@@ -38,11 +42,14 @@ def _conditioned_rollouts() -> Rollouts:
     return Rollouts(list(s), list(c), [[0.0] * len(x) for x in c], ["stop"] * 4, teacher_prompt_ids=list(t))
 
 
-def _reference_loss(teacher, student, ro: Rollouts, kind: str, tau_s: float, tau_t: float) -> float:
+def _reference_loss(teacher, student, ro: Rollouts, kind: str, tau_s: float, tau_t: float,
+                    dz: float = 0.0) -> tuple[float, float]:
     """Each sequence alone in float64: teacher on (teacher prompt + completion), student on
-    (student prompt + completion), the per-token KL over the completion, seq_mean."""
+    (student prompt + completion), the per-token KL over the completion, seq_mean; and the bound on a
+    float32 computation of it whose logits err by ``dz`` (Σ over the pair of max|δz|/τ): ρ S per row,
+    seq_mean'd, and the mean over 4 sequences (tests/_tolerance.py)."""
     t64, s64 = teacher.double(), student.double()
-    per_seq = []
+    per_seq, bound = [], []
     for sp, tp, c in zip(ro.prompt_ids, ro.teacher_prompt_ids, ro.completion_ids):
         with torch.no_grad():
             zt = t64(input_ids=torch.tensor([tp + c])).logits[0, len(tp) - 1 : len(tp) + len(c) - 1]
@@ -50,8 +57,12 @@ def _reference_loss(teacher, student, ro: Rollouts, kind: str, tau_s: float, tau
         lt, ls = torch.log_softmax(zt / tau_t, -1), torch.log_softmax(zs / tau_s, -1)
         kl = (lt.exp() * (lt - ls)).sum(-1) if kind == "forward" else (ls.exp() * (ls - lt)).sum(-1)
         per_seq.append(float(kl.mean()))
+        _, S, _ = tol.divergence_scale(zs, zt, kind=kind, tau_s=tau_s, tau_t=tau_t)
+        A = tol.logit_range((zs, tau_s), (zt, tau_t), rows=True)
+        rho = tol.row(V, torch.float32, A, dz) + tol.gamma(len(c) + 6, torch.float32)
+        bound.append(float((rho * S).mean()))
     teacher.float(), student.float()
-    return sum(per_seq) / len(per_seq)
+    return sum(per_seq) / len(per_seq), sum(bound) / len(bound)
 
 
 @pytest.mark.parametrize("impl", ["reference", "chunked"])
@@ -61,8 +72,13 @@ def test_conditioned_loss_matches_per_sequence_float64(impl, kind):
     ro = _conditioned_rollouts()
     trial = TrialConfig(loss=LossConfig(kind=kind, impl=impl, tau_t=0.5, tau_s=1.0))
     loss, diag = loss_step(trial, EngineStandIn(student), LocalTeacher(teacher), ro, PAD, torch.Generator().manual_seed(0))
-    ref = _reference_loss(teacher, student, ro, kind, 1.0, 0.5)
-    assert loss.item() == pytest.approx(ref, rel=1e-5)
+    # the batch's float32 logits err by E (measured against the models in float64, tests/_tolerance.py), a
+    # sequence alone in float32 by as much: 2E each against the float64 reference
+    batch = pack_batch(ro, PAD)
+    E = {m: tol.forward_err(lambda x, kw=kw: x(**kw).logits, m)
+         for m, kw in ((student, batch.inputs), (teacher, batch.teacher_inputs))}
+    ref, bound = _reference_loss(teacher, student, ro, kind, 1.0, 0.5, dz=2 * E[student] / 1.0 + 2 * E[teacher] / 0.5)
+    assert abs(loss.item() - ref) <= bound
     # and it is not the unconditioned loss (the teacher's prompt matters)
     plain = Rollouts(ro.prompt_ids, ro.completion_ids, ro.logprobs, ro.finish_reasons)
     other, _ = loss_step(trial, EngineStandIn(student), LocalTeacher(teacher), plain, PAD, torch.Generator().manual_seed(0))
@@ -135,9 +151,9 @@ def test_style_metric_language_and_regex():
              "We take the largest number and multiply it by the smallest one.",
              "Nous prenons le plus grand nombre et le multiplions par le plus petit.",
              "<answer>2+3=5</answer>"]
-    assert style_share(texts, de) == pytest.approx(1 / 4)
+    assert style_share(texts, de) == tol.approx64(1 / 4, ROUNDINGS)
     spaced = StyleConfig(kind="regex", pattern=r"\d \+ \d")
-    assert style_share(["2 + 3=5", "2+3=5", "7 + 1=8, 8*2=16"], spaced) == pytest.approx(2 / 3)
+    assert style_share(["2 + 3=5", "2+3=5", "7 + 1=8, 8*2=16"], spaced) == tol.approx64(2 / 3, ROUNDINGS)
     with pytest.raises(ValueError, match="at least one text"):
         style_share([], spaced)
     with pytest.raises(ValidationError, match="needs language"):

@@ -7,11 +7,16 @@ import math
 from pathlib import Path
 
 import polars as pl
+import _tolerance as tol
 import pytest
 
 from distillab import tables
 from distillab.analysis.results import aggregate, config_columns, final_table, format_table, joined_evals, load
 from distillab.tables import write_rows
+
+#: float64 roundings (tests/_tolerance.py, approx64) of a value below: a mean, SEM or difference over at
+#: most 4 trials of 3 seeds (sums, squares, a division and a square root) and the literals' own rounding
+ROUNDINGS = 64
 
 
 def _eval(trial_id: str, stage: str, step: int, value: float, metric: str = "accuracy") -> dict:
@@ -128,10 +133,10 @@ def test_aggregate_mean_sem_by_hand() -> None:
     assert out.columns == ["lr", "mean", "sem", "n"]
     a, b = out.rows(named=True)
     assert a["lr"] == 1e-5 and a["n"] == 3
-    assert a["mean"] == pytest.approx(0.6)
-    assert a["sem"] == pytest.approx(0.1 / math.sqrt(3))  # std = 0.1
-    assert b["n"] == 2 and b["mean"] == pytest.approx(0.3)
-    assert b["sem"] == pytest.approx(0.1)  # std = sqrt(0.02) = 0.1414, / sqrt(2)
+    assert a["mean"] == tol.approx64(0.6, ROUNDINGS)
+    assert a["sem"] == tol.approx64(0.1 / math.sqrt(3), ROUNDINGS)  # std = 0.1
+    assert b["n"] == 2 and b["mean"] == tol.approx64(0.3, ROUNDINGS)
+    assert b["sem"] == tol.approx64(0.1, ROUNDINGS)  # std = sqrt(0.02) = 0.1414, / sqrt(2)
     single = aggregate(df.filter(pl.col("seed") == 42), ["lr"])
     assert single["sem"].to_list() == [None, None] and single["n"].to_list() == [1, 1]
     assert aggregate(df, [])["n"].to_list() == [5]
@@ -167,11 +172,11 @@ def test_final_table_excludes_and_counts_failed(tmp_path: Path) -> None:
         (1e-5, "pre"), (1e-5, "distill"), (5e-5, "pre"), (5e-5, "distill")]
     a, b = rows[(1e-5, "distill")], rows[(5e-5, "distill")]
     assert (a["n"], a["n_failed"]) == (3, 0)
-    assert a["mean"] == pytest.approx(0.6) and a["sem"] == pytest.approx(0.1 / math.sqrt(3))
+    assert a["mean"] == tol.approx64(0.6, ROUNDINGS) and a["sem"] == tol.approx64(0.1 / math.sqrt(3), ROUNDINGS)
     assert (b["n"], b["n_failed"]) == (2, 1)
-    assert b["mean"] == pytest.approx(0.3) and b["sem"] == pytest.approx(0.1)
-    assert rows[(5e-5, "pre")]["mean"] == pytest.approx(0.1)
-    assert rows[(5e-5, "pre")]["sem"] == pytest.approx(0.0)
+    assert b["mean"] == tol.approx64(0.3, ROUNDINGS) and b["sem"] == tol.approx64(0.1, ROUNDINGS)
+    assert rows[(5e-5, "pre")]["mean"] == tol.approx64(0.1, ROUNDINGS)
+    assert rows[(5e-5, "pre")]["sem"] == tol.approx64(0.0, ROUNDINGS)
 
     text = format_table(table)
     assert "0.6 ± 0.058" in text and "0.3 ± 0.1" in text and "n_failed" in text
@@ -268,24 +273,24 @@ def test_forgetting_and_gains_by_hand(tmp_path: Path) -> None:
     per_trial = forgetting(res).sort("trial_id").collect()
     assert per_trial["trial_id"].to_list() == ["forward-s42", "forward-s43", "reverse-s42",
                                                "reverse-s44"]  # the failed trial is excluded
-    assert per_trial["value"].to_list() == pytest.approx([-0.10, -0.04, -0.20, -0.16])
-    assert per_trial["before"].to_list() == pytest.approx([0.80, 0.78, 0.80, 0.82])
+    assert per_trial["value"].to_list() == tol.approx64([-0.10, -0.04, -0.20, -0.16], ROUNDINGS)
+    assert per_trial["before"].to_list() == tol.approx64([0.80, 0.78, 0.80, 0.82], ROUNDINGS)
     assert {"loss.kind", "seed", "status", "after"} <= set(per_trial.columns)
 
     f = _by_kind(aggregate(forgetting(res), ["loss.kind"]))
     # forward: -0.10, -0.04 -> mean -0.07, std sqrt(2 * 0.03**2) = 0.0424, sem 0.03
-    assert f["forward"]["mean"] == pytest.approx(-0.07) and f["forward"]["sem"] == pytest.approx(0.03)
+    assert f["forward"]["mean"] == tol.approx64(-0.07, ROUNDINGS) and f["forward"]["sem"] == tol.approx64(0.03, ROUNDINGS)
     # reverse (seed 43 missing): -0.20, -0.16 -> mean -0.18, sem 0.02
-    assert f["reverse"]["mean"] == pytest.approx(-0.18) and f["reverse"]["sem"] == pytest.approx(0.02)
+    assert f["reverse"]["mean"] == tol.approx64(-0.18, ROUNDINGS) and f["reverse"]["sem"] == tol.approx64(0.02, ROUNDINGS)
     assert f["forward"]["n"] == f["reverse"]["n"] == 2
 
     g = _by_kind(aggregate(generalisation_gain(res), ["loss.kind"]))
-    assert g["forward"]["mean"] == pytest.approx(0.22) and g["forward"]["sem"] == pytest.approx(0.02)
-    assert g["reverse"]["mean"] == pytest.approx(0.14) and g["reverse"]["sem"] == pytest.approx(0.04)
+    assert g["forward"]["mean"] == tol.approx64(0.22, ROUNDINGS) and g["forward"]["sem"] == tol.approx64(0.02, ROUNDINGS)
+    assert g["reverse"]["mean"] == tol.approx64(0.14, ROUNDINGS) and g["reverse"]["sem"] == tol.approx64(0.04, ROUNDINGS)
 
     r = _by_kind(aggregate(rlvr_gain(res), ["loss.kind"]))
     assert list(r) == ["forward"]  # no RLVR for the reverse configuration
-    assert r["forward"]["mean"] == pytest.approx(0.14) and r["forward"]["sem"] == pytest.approx(0.06)
+    assert r["forward"]["mean"] == tol.approx64(0.14, ROUNDINGS) and r["forward"]["sem"] == tol.approx64(0.06, ROUNDINGS)
 
     assert stage_delta(res, "ood", "nope").collect().height == 0
     with pytest.raises(ValueError, match="stage must be one of"):
@@ -305,9 +310,9 @@ def test_trial_counts_exclude_and_count_failed(tmp_path: Path) -> None:
         (pl.col("stage") == "distill") & (pl.col("metric") == "ood_mean"))
     t = _by_kind(table)
     assert (t["forward"]["n"], t["forward"]["n_failed"]) == (2, 1)
-    assert t["forward"]["mean"] == pytest.approx(0.72) and t["forward"]["sem"] == pytest.approx(0.02)
+    assert t["forward"]["mean"] == tol.approx64(0.72, ROUNDINGS) and t["forward"]["sem"] == tol.approx64(0.02, ROUNDINGS)
     assert (t["reverse"]["n"], t["reverse"]["n_failed"]) == (2, 0)
-    assert t["reverse"]["mean"] == pytest.approx(0.63) and t["reverse"]["sem"] == pytest.approx(0.03)
+    assert t["reverse"]["mean"] == tol.approx64(0.63, ROUNDINGS) and t["reverse"]["sem"] == tol.approx64(0.03, ROUNDINGS)
     with pytest.raises(ValueError, match="'nope'"):
         trial_counts(res, ["nope"])
 
@@ -320,7 +325,7 @@ def test_filter_trials(tmp_path: Path) -> None:
     assert sorted(fwd.trials.collect()["trial_id"]) == ["forward-s42", "forward-s43", "forward-s44"]
     assert set(fwd.evals.collect()["trial_id"]) == {"forward-s42", "forward-s43", "forward-s44"}
     assert set(fwd.metrics.collect()["trial_id"]) == {"forward-s42", "forward-s43"}
-    assert forgetting(fwd).collect()["value"].to_list() == pytest.approx([-0.10, -0.04])
+    assert forgetting(fwd).collect()["value"].to_list() == tol.approx64([-0.10, -0.04], ROUNDINGS)
 
     both = filter_trials(res, seed=[42, 44], status="completed")
     assert sorted(both.trials.collect()["trial_id"]) == ["forward-s42", "reverse-s42", "reverse-s44"]
@@ -337,7 +342,7 @@ def test_filter_trials(tmp_path: Path) -> None:
     assert sel.evals.collect()["sweep"].unique().to_list() == ["b"]
     assert sel.evals.collect().height == 2 * 6
     f = _by_kind(aggregate(forgetting(two), ["loss.kind"]))
-    assert f["forward"]["n"] == 4 and f["forward"]["mean"] == pytest.approx(-0.07)
+    assert f["forward"]["n"] == 4 and f["forward"]["mean"] == tol.approx64(-0.07, ROUNDINGS)
 
 
 def test_final_evals_keeps_failed_on_request(tmp_path: Path) -> None:

@@ -6,10 +6,15 @@ from __future__ import annotations
 import itertools
 import math
 
+import _tolerance as tol
 import pytest
 import torch
 
 from distillab.evals.metrics import mean_pass_at_k, pass_at_k, update_sparsity
+
+#: float64 roundings (tests/_tolerance.py, approx64) of pass@k: a product of up to c <= 1000 factors
+#: (1 − k/i), two roundings each
+ROUNDINGS = 2048
 
 
 @pytest.mark.parametrize(
@@ -26,7 +31,7 @@ from distillab.evals.metrics import mean_pass_at_k, pass_at_k, update_sparsity
     ],
 )
 def test_pass_at_k_closed_form(n: int, c: int, k: int, expected: float) -> None:
-    assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+    assert pass_at_k(n, c, k) == tol.approx64(expected, ROUNDINGS)
 
 
 def test_pass_at_k_brute_force_subsets() -> None:
@@ -36,15 +41,13 @@ def test_pass_at_k_brute_force_subsets() -> None:
             for k in range(1, n + 1):
                 subsets = list(itertools.combinations(samples, k))
                 brute = sum(any(s) for s in subsets) / len(subsets)
-                assert pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12), (n, c, k)
-                assert pass_at_k(n, c, k) == pytest.approx(
-                    1 - math.comb(n - c, k) / math.comb(n, k), abs=1e-12
-                )
+                assert pass_at_k(n, c, k) == tol.approx64(brute, ROUNDINGS), (n, c, k)
+                assert pass_at_k(n, c, k) == tol.approx64(1 - math.comb(n - c, k) / math.comb(n, k), ROUNDINGS)
 
 
 def test_pass_at_k_large_n_is_stable() -> None:
     # C(1000, 500) overflows float; the product form does not.
-    assert pass_at_k(1000, 1, 500) == pytest.approx(0.5)
+    assert pass_at_k(1000, 1, 500) == tol.approx64(0.5, ROUNDINGS)
     assert 0.0 <= pass_at_k(2000, 7, 100) <= 1.0
 
 
@@ -63,12 +66,12 @@ def test_pass_at_k_type_errors() -> None:
         pass_at_k(10, 3, 1.0)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="c"):
         pass_at_k(10, True, 1)
-    assert pass_at_k(10, torch.tensor(3), 1) == pytest.approx(0.3)
+    assert pass_at_k(10, torch.tensor(3), 1) == tol.approx64(0.3, ROUNDINGS)
 
 
 def test_mean_pass_at_k() -> None:
     assert mean_pass_at_k([0, 10], n=10, k=10) == 0.5
-    assert mean_pass_at_k([3, 1], n=10, k=1) == pytest.approx((0.3 + 0.1) / 2)
+    assert mean_pass_at_k([3, 1], n=10, k=1) == tol.approx64((0.3 + 0.1) / 2, ROUNDINGS)
     with pytest.raises(ValueError, match="non-empty"):
         mean_pass_at_k([], n=10, k=1)
     with pytest.raises(ValueError, match=r"correct_counts\[1\]"):

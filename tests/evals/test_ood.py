@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import _tolerance as tol
 import pytest
 import torch
 
@@ -14,6 +15,9 @@ from lm_eval.api.model import LM  # the eval extra (scripts/install.sh installs 
 
 from distillab.config import EvaluationConfig, LMEvalConfig, LMEvalTask, TasksConfig, TrialConfig
 from distillab.evals.ood import LMEvalBackend, MicroSkillsBackend, lm_eval_rows, mean_row
+
+#: float64 roundings (tests/_tolerance.py, approx64) of a share or a mean of at most 12 values
+ROUNDINGS = 16
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "lm_eval"
 
@@ -103,10 +107,10 @@ def test_lm_eval_backend_returns_the_known_accuracy_of_a_scripted_answer_set(inc
     lm = ScriptedLM()
     rows = lm_eval_rows(backend.run(lm, seed=0), TASKS)
     assert rows == [
-        {"task": "ood/distillab_qa_mini", "metric": "exact_match", "value": pytest.approx(7 / 10), "n": 10},
-        {"task": "ood/distillab_mc_mini", "metric": "acc", "value": pytest.approx(9 / 12), "n": 12},
+        {"task": "ood/distillab_qa_mini", "metric": "exact_match", "value": tol.approx64(7 / 10, ROUNDINGS), "n": 10},
+        {"task": "ood/distillab_mc_mini", "metric": "acc", "value": tol.approx64(9 / 12, ROUNDINGS), "n": 12},
     ]
-    assert mean_row(rows) == {"task": "ood", "metric": "ood_mean", "value": pytest.approx((0.7 + 0.75) / 2), "n": 2}
+    assert mean_row(rows) == {"task": "ood", "metric": "ood_mean", "value": tol.approx64((0.7 + 0.75) / 2, ROUNDINGS), "n": 2}
     assert lm.calls == {"generate_until": 10, "loglikelihood": 12 * 4}  # one request per item, per choice
 
 
@@ -114,7 +118,7 @@ def test_lm_eval_item_limit_is_per_task(include_path: str) -> None:
     backend = LMEvalBackend(LMEvalConfig(tasks=TASKS, limit=5, include_path=include_path))
     rows = lm_eval_rows(backend.run(ScriptedLM(), seed=0), TASKS)
     # the first 5 items: QA wrong on 1 and 4 (3/5), MC wrong on 2 (4/5)
-    assert [(r["value"], r["n"]) for r in rows] == [(pytest.approx(0.6), 5), (pytest.approx(0.8), 5)]
+    assert [(r["value"], r["n"]) for r in rows] == [(tol.approx64(0.6, ROUNDINGS), 5), (tol.approx64(0.8, ROUNDINGS), 5)]
 
 
 def _micro_model_and_tokenizer():
@@ -150,8 +154,8 @@ def test_lm_eval_backend_on_a_micro_model_matches_a_float64_rescoring(include_pa
     expected = sum(correct) / len(correct)
     assert 0 < expected < 1  # the random micro model is right on some items and wrong on others
     assert rows == [
-        {"task": "ood/distillab_mc_mini", "metric": "acc", "value": pytest.approx(expected), "n": 12},
-        {"task": "ood", "metric": "ood_mean", "value": pytest.approx(expected), "n": 1},
+        {"task": "ood/distillab_mc_mini", "metric": "acc", "value": tol.approx64(expected, ROUNDINGS), "n": 12},
+        {"task": "ood", "metric": "ood_mean", "value": tol.approx64(expected, ROUNDINGS), "n": 1},
     ]
 
 
@@ -193,4 +197,4 @@ def test_micro_backend_rows_and_unweighted_mean() -> None:
     rows = MicroSkillsBackend(TasksConfig(), cfg).evaluate(model, tok, seed=0)
     assert [r["task"] for r in rows] == ["ood/add", "ood/mul", "ood/reverse", "ood/sort", "ood"]
     assert all(r["n"] == 4 and r["metric"] == "accuracy" for r in rows[:4])
-    assert rows[-1]["value"] == pytest.approx(sum(r["value"] for r in rows[:4]) / 4)
+    assert rows[-1]["value"] == tol.approx64(sum(r["value"] for r in rows[:4]) / 4, ROUNDINGS)

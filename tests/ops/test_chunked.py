@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import _tolerance as tol
 import pytest
 import torch
 
@@ -20,7 +21,7 @@ from distillab.ops.kl import (
     token_divergence_and_grad,
 )
 
-F64 = torch.float64
+F32, F64 = torch.float32, torch.float64
 CASES = [  # kind, beta
     ("forward", 0.5),
     ("reverse", 0.5),
@@ -57,6 +58,17 @@ def reference(hs, ws, bs, ht, wt, mask, **kw):
     return loss, grads
 
 
+def bounds(hs, ws, bs, ht, wt, mask, *, kind, beta=0.5, tau_s=1.0, tau_t=0.5, reduction="seq_mean", weights=None,
+           dtype=torch.float32, ref=True, bt=None):
+    """Rounding bounds of the chunked op in ``dtype`` against the float64 reference (tests/_tolerance.py,
+    ``linear_loss_bounds``): ``(loss, [hidden, weight, bias])``, the loss's absolute bound and the
+    gradients' relative norm-wise bounds, on the masked rows."""
+    rows = mask.nonzero(as_tuple=True)
+    coef = row_coefficients(rows[0], mask.shape[0], reduction=reduction, weights=weights)
+    return tol.linear_loss_bounds(hs[rows], ws, bs, ht[rows], wt, bt, coef, kind=kind, beta=beta, tau_s=tau_s,
+                                  tau_t=tau_t, dtype=dtype, ref=ref)
+
+
 def ours(hs, ws, bs, ht, wt, mask, **kw):
     leaves = [x.detach().clone().requires_grad_() for x in (hs, ws)]
     b = None if bs is None else bs.detach().clone().requires_grad_()
@@ -86,16 +98,22 @@ def test_row_math_matches_autograd_of_reference(kind, beta):
     (want_g,) = torch.autograd.grad(want.sum(), x)
     div, grad, stats = token_divergence_and_grad(zs, zt, with_stats=True, **kw)
     assert torch.isfinite(div).all() and torch.isfinite(grad).all()
-    torch.testing.assert_close(div, want.detach(), rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(grad, want_g, rtol=1e-10, atol=1e-12)
+    # two float64 computations of each row (closed form, autograd): twice the row bound, per row and entry
+    rho = 2 * tol.row(29, F64, tol.logit_range((zs, 0.8), (zt, 0.5)))
+    sk = dict(tau_s=0.8, tau_t=0.5, beta=beta)
+    _, S, m = tol.divergence_scale(zs, zt, kind=kind, **sk)
+    assert ((div - want.detach()).abs() <= rho * S).all() and ((grad - want_g).abs() <= rho * m).all()
     # stats columns: forward KL, reverse KL, H(π_T), H(π_T, π_S)
     assert STAT_NAMES == ("forward_kl", "reverse_kl", "teacher_entropy", "cross_entropy")
     for col, k in ((0, "forward"), (1, "reverse")):
-        torch.testing.assert_close(stats[:, col], token_divergence(zs, zt, **{**kw, "kind": k}), rtol=1e-10, atol=1e-10)
+        S = tol.divergence_scale(zs, zt, kind=k, **sk)[1]
+        assert ((stats[:, col] - token_divergence(zs, zt, **{**kw, "kind": k})).abs() <= rho * S).all()
     mask = torch.ones(1, 6, dtype=torch.bool)
     ent, ce = entropy_and_cross_entropy(zs[None], zt[None], mask, 0.8, 0.5)
-    assert stats[:, 2].mean().item() == pytest.approx(ent.item(), rel=1e-12)
-    assert stats[:, 3].mean().item() == pytest.approx(ce.item(), rel=1e-12)
+    ls, lt = (torch.log_softmax(z / tau, -1).clamp_min(-1e4) for z, tau in ((zs, 0.8), (zt, 0.5)))
+    for col, want, lp in ((2, ent, lt), (3, ce, ls)):  # the magnitudes 2 + Σ π_T |log π|, and a mean of 6
+        scale = (2 + (lt.exp() * lp.abs()).sum(-1)).mean().item()
+        assert abs(stats[:, col].mean().item() - want.item()) <= (rho + 2 * tol.gamma(8, F64)) * scale
 
 
 def test_row_math_float32_and_no_grad():
@@ -104,7 +122,10 @@ def test_row_math_float32_and_no_grad():
     zt = torch.randn(4, 50, generator=gen)
     div, grad, stats = token_divergence_and_grad(zs, zt, kind="reverse", need_grad=False)
     assert grad is None and stats is None and div.dtype == torch.float32
-    torch.testing.assert_close(div, token_divergence(zs, zt, kind="reverse"), rtol=1e-6, atol=1e-7)
+    # two float32 computations of each row (bf16 values are exact in float32): twice the row bound
+    _, S, _ = tol.divergence_scale(zs, zt, kind="reverse", tau_s=1.0, tau_t=0.5)
+    rho = 2 * tol.row(50, torch.float32, tol.logit_range((zs, 1.0), (zt, 0.5)))
+    assert ((div - token_divergence(zs, zt, kind="reverse")).abs() <= rho * S).all()
 
 
 def test_row_coefficients_are_the_gradient_of_reduce_loss():
@@ -118,7 +139,8 @@ def test_row_coefficients_are_the_gradient_of_reduce_loss():
         x = torch.zeros(4, 6, dtype=F64, requires_grad=True)
         reduce_loss(x, mask, reduction=reduction, weights=w).backward()
         coef = row_coefficients(seq, 4, reduction=reduction, weights=w)
-        torch.testing.assert_close(coef, x.grad[mask], rtol=1e-14, atol=0)
+        # a product of at most 4 roundings each way (count, 1/count, 1/#sequences, the weight)
+        assert ((coef - x.grad[mask]).abs() <= 2 * tol.gamma(4, F64) * coef.abs()).all()
     with pytest.raises(ValueError, match="seq_mean"):
         row_coefficients(seq, 4, reduction="mean")
     with pytest.raises(ValueError, match=r"\[0, 2\)"):
@@ -147,17 +169,19 @@ def test_chunked_float32_matches_float64_reference(shape, kind, beta):
         kw = dict(kind=kind, beta=beta, tau_s=1.0, tau_t=0.5, reduction=reduction, weights=weights)
         ref, ref_g = reference(hs, ws, bs, ht, wt, mask, **kw)
         loss, grads = ours(hs, ws, bs, ht, wt, mask, chunk_size=chunk, backend="torch", **kw)
+        value, rels = bounds(hs, ws, bs, ht, wt, mask, **kw)
         assert loss.dtype == torch.float32
-        assert abs(loss.item() - ref.item()) <= 1e-5 * abs(ref.item()), (reduction, loss.item(), ref.item())
-        for name, g, r in zip(("hidden", "weight", "bias"), grads, ref_g):
+        assert abs(loss.item() - ref.item()) <= value, (reduction, loss.item(), ref.item(), value)
+        for name, g, r, bound in zip(("hidden", "weight", "bias"), grads, ref_g, rels):
             assert g.dtype == torch.float32
-            assert rel(g, r) <= 1e-5, (reduction, name, rel(g, r))
+            assert rel(g, r) <= bound, (reduction, name, rel(g, r), bound)
 
 
 @pytest.mark.parametrize("kind,beta", CASES)
 def test_row_blocks_smaller_than_the_chunk_match_the_float64_reference(kind, beta, monkeypatch):
     """CPU row math over blocks of 2 rows inside chunks of 7 (the last block of each
-    chunk 1 row), its gradient written over the chunk's logits: float64 reference to 1e-5."""
+    chunk 1 row), its gradient written over the chunk's logits: the float64 reference to
+    float32's rounding bound."""
     import distillab.ops.chunked as chunked
 
     B, T, H_s, H_t, V = 3, 5, 9, 7, 53
@@ -167,20 +191,25 @@ def test_row_blocks_smaller_than_the_chunk_match_the_float64_reference(kind, bet
     kw = dict(kind=kind, beta=beta, tau_s=0.7, tau_t=1.0, reduction="token_mean")
     ref, ref_g = reference(hs, ws, bs, ht, wt, mask, **kw)
     loss, grads = ours(hs, ws, bs, ht, wt, mask, chunk_size=7, backend="torch", **kw)
-    assert abs(loss.item() - ref.item()) <= 1e-5 * abs(ref.item())
-    for name, g, r in zip(("hidden", "weight", "bias"), grads, ref_g):
-        assert rel(g, r) <= 1e-5, (name, rel(g, r))
+    value, rels = bounds(hs, ws, bs, ht, wt, mask, **kw)
+    assert abs(loss.item() - ref.item()) <= value
+    for name, g, r, bound in zip(("hidden", "weight", "bias"), grads, ref_g, rels):
+        assert rel(g, r) <= bound, (name, rel(g, r), bound)
 
 
 @pytest.mark.parametrize("kind,beta", CASES)
-def test_chunked_bf16_within_1e2_of_float64_reference(kind, beta):
+def test_chunked_bf16_matches_float64_reference(kind, beta):
+    """bf16 hidden states and heads: the op computes in float32 from the bf16 values (exact in
+    float32), so the loss is within float32's bound of the float64 reference on the same values;
+    the gradients come back in bf16, one more rounding (u of bf16) per entry."""
     hs, ws, bs, ht, wt, mask = make(77 + len(kind), 3, 6, 32, 24, 301, dtype=torch.bfloat16)
     ref, ref_g = reference(hs, ws, bs, ht, wt, mask, kind=kind, beta=beta)
     loss, grads = ours(hs, ws, bs, ht, wt, mask, kind=kind, beta=beta, chunk_size=5)
+    value, rels = bounds(hs, ws, bs, ht, wt, mask, kind=kind, beta=beta)
     assert loss.dtype == torch.float32
-    assert abs(loss.item() - ref.item()) <= 1e-2 * abs(ref.item())
-    for g, r in zip(grads, ref_g):
-        assert g.dtype == torch.bfloat16 and rel(g, r) <= 1e-2
+    assert abs(loss.item() - ref.item()) <= value
+    for g, r, bound in zip(grads, ref_g, rels):
+        assert g.dtype == torch.bfloat16 and rel(g, r) <= bound + tol.u(torch.bfloat16)
 
 
 @pytest.mark.parametrize("kind,beta", CASES)
@@ -198,18 +227,21 @@ def test_chunked_gradcheck_float64(kind, beta):
 def test_chunk_size_and_row_layout_invariance():
     hs, ws, bs, ht, wt, mask = make(5, 3, 8, 12, 12, 97)
     outs = [ours(hs, ws, bs, ht, wt, mask, kind="reverse", chunk_size=c) for c in (1, 3, 7, 1000, None)]
+    # two float32 computations in other orders: twice the bound of one (no float64 reference)
+    value, rels = bounds(hs, ws, bs, ht, wt, mask, kind="reverse", ref=False)
     for loss, grads in outs[1:]:
-        assert loss.item() == pytest.approx(outs[0][0].item(), rel=1e-6)
-        for g, g0 in zip(grads, outs[0][1]):
-            assert rel(g, g0) <= 1e-6
+        assert abs(loss.item() - outs[0][0].item()) <= 2 * value
+        for g, g0, bound in zip(grads, outs[0][1], rels):
+            assert rel(g, g0) <= 2 * bound
     # pre-selected rows + seq_index give the same loss as (B, T, H) + mask
     seq = torch.arange(3).unsqueeze(1).expand_as(mask)[mask]
     flat = chunked_distill_loss(hs[mask], ws, ht[mask], wt, seq_index=seq, num_seqs=3, student_bias=bs, kind="reverse")
-    assert flat.item() == pytest.approx(outs[0][0].item(), rel=1e-6)
+    assert abs(flat.item() - outs[0][0].item()) <= 2 * value
     # without seq_index the rows are one sequence: seq_mean = token_mean
     one = chunked_distill_loss(hs[mask], ws, ht[mask], wt, student_bias=bs, kind="reverse")
     tm = chunked_distill_loss(hs, ws, ht, wt, mask, student_bias=bs, kind="reverse", reduction="token_mean")
-    assert one.item() == pytest.approx(tm.item(), rel=1e-6)
+    tm_value, _ = bounds(hs, ws, bs, ht, wt, mask, kind="reverse", reduction="token_mean", ref=False)
+    assert abs(one.item() - tm.item()) <= 2 * tm_value
 
 
 # ---------------------------------------------------------------------- masks and padding
@@ -228,13 +260,14 @@ def test_padding_and_prompt_positions_do_not_change_the_loss(kind, beta):
     for b, ((cs, ct), n) in enumerate(zip(comp, lens)):
         hs[b, T - n - 1 : T - 1], ht[b, T - n - 1 : T - 1] = cs, ct  # left padding + prompt, last position too
         mask[b, T - n - 1 : T - 1] = True
+    value, _ = bounds(hs, ws, None, ht, wt, mask, kind=kind, beta=beta, ref=False)
     hs.requires_grad_()
     loss = chunked_distill_loss(hs, ws, ht, wt, mask, kind=kind, beta=beta, chunk_size=3)
     singles = [
         chunked_distill_loss(cs[None], ws, ct[None], wt, torch.ones(1, n, dtype=torch.bool), kind=kind, beta=beta)
         for (cs, ct), n in zip(comp, lens)
     ]
-    assert loss.item() == pytest.approx(sum(s.item() for s in singles) / 3, rel=1e-6)
+    assert abs(loss.item() - sum(s.item() for s in singles) / 3) <= 2 * value  # two float32 computations
     (g,) = torch.autograd.grad(loss, hs)
     assert torch.isfinite(g).all() and (g[~mask] == 0).all() and (g[mask].abs().sum(-1) > 0).all()
 
@@ -247,7 +280,8 @@ def test_all_masked_sequence_and_empty_batch():
     for kind, beta in CASES:
         loss, grads = ours(hs, ws, bs, ht, wt, mask, kind=kind, beta=beta, weights=w)
         ref, _ = reference(hs[[0, 2]], ws, bs, ht[[0, 2]], wt, mask[[0, 2]], kind=kind, beta=beta, weights=w[[0, 2]])
-        assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
+        value, _ = bounds(hs[[0, 2]], ws, bs, ht[[0, 2]], wt, mask[[0, 2]], kind=kind, beta=beta, weights=w[[0, 2]])
+        assert abs(loss.item() - ref.item()) <= value
         assert all(torch.isfinite(g).all() for g in grads)
     empty = torch.zeros_like(mask)
     for reduction in ("seq_mean", "token_mean", "sum"):
@@ -272,8 +306,9 @@ def test_neg_inf_logits_in_both_equal_the_reduced_vocab(kind, beta):
     loss = chunked_distill_loss(x, ws, ht, wt, mask, student_bias=b_inf, teacher_bias=bt, kind=kind, beta=beta)
     (g,) = torch.autograd.grad(loss, x)
     red, red_g = reference(hs, ws[keep], bs[keep], ht, wt[keep], mask, kind=kind, beta=beta)
-    assert abs(loss.item() - red.item()) <= 1e-5 * abs(red.item())
-    assert rel(g, red_g[0]) <= 1e-5
+    value, rels = bounds(hs, ws, b_inf, ht, wt, mask, kind=kind, beta=beta, bt=bt)
+    assert abs(loss.item() - red.item()) <= value
+    assert rel(g, red_g[0]) <= rels[0]
 
 
 @pytest.mark.parametrize("kind,beta", CASES)
@@ -294,7 +329,9 @@ def test_teacher_only_neg_inf_and_huge_logits_are_finite(kind, beta):
         ref = distill_loss(zs, ht @ wt.T + bt, mask, **kw)
         got = chunked_distill_loss(hs, ws, ht, wt, mask, student_bias=big_s, teacher_bias=bt, **kw)
         assert torch.isfinite(got)
-        assert got.item() == pytest.approx(ref.item(), rel=1e-5)
+        # two float32 computations (logits of ±1e4: u·1e4 per log-probability, in the row bound)
+        value, _ = bounds(hs, ws, big_s, ht, wt, mask, bt=bt, ref=False, **kw)
+        assert abs(got.item() - ref.item()) <= 2 * value
 
 
 # ----------------------------------------------------------------------- stats, autograd use
@@ -306,21 +343,30 @@ def test_stats_and_no_grad_and_grad_scaling():
     assert isinstance(out, ChunkedOutput) and out.stats.shape == (int(mask.sum()), 4)
     zs, zt = hs @ ws.T + bs, ht @ wt.T
     ent, ce = entropy_and_cross_entropy(zs, zt, mask)
-    torch.testing.assert_close(out.stats[:, 0], token_divergence(zs[mask], zt[mask], kind="forward"), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(out.stats[:, 1], token_divergence(zs[mask], zt[mask], kind="reverse"), rtol=1e-5, atol=1e-6)
-    assert out.stats[:, 2].mean().item() == pytest.approx(ent.item(), rel=1e-5)
-    assert out.stats[:, 3].mean().item() == pytest.approx(ce.item(), rel=1e-5)
-    # no grad: a plain value, nothing requires grad
+    # two float32 computations of each row from float32 matmuls (the test's and the op's): twice the row bound
+    z64s, z64t = hs[mask].double() @ ws.double().T + bs.double(), ht[mask].double() @ wt.double().T
+    dz = (float(tol.matmul_err(hs[mask], ws.T, F32, bs).max()) / 1.0
+          + float(tol.matmul_err(ht[mask], wt.T, F32).max()) / 0.5)
+    rho = 2 * tol.row(40, F32, tol.logit_range((z64s, 1.0), (z64t, 0.5)), dz)
+    for col, kind in ((0, "forward"), (1, "reverse")):
+        S = tol.divergence_scale(z64s, z64t, kind=kind, tau_s=1.0, tau_t=0.5)[1]
+        assert ((out.stats[:, col] - token_divergence(zs[mask], zt[mask], kind=kind)).abs() <= rho * S).all()
+    ls, lt = torch.log_softmax(z64s, -1), torch.log_softmax(z64t / 0.5, -1)
+    for col, want, lp in ((2, ent, lt), (3, ce, ls)):  # magnitudes 2 + Σ π_T |log π|, and a mean over N rows
+        scale = (2 + (lt.exp() * lp.abs()).sum(-1)).mean().item()
+        assert abs(out.stats[:, col].mean().item() - want.item()) <= (rho + 2 * tol.gamma(len(ls) + 1, F32)) * scale
+    # no grad: a plain value, nothing requires grad (another chunking: twice the float32 bound)
     x = hs.clone().requires_grad_()
     with torch.no_grad():
         v = chunked_distill_loss(x, ws, ht, wt, mask, student_bias=bs)
-    assert not v.requires_grad and v.item() == pytest.approx(out.loss.item(), rel=1e-6)
-    # the incoming gradient scales the precomputed gradients; the teacher gets none
+    value, _ = bounds(hs, ws, bs, ht, wt, mask, kind="forward", ref=False)
+    assert not v.requires_grad and abs(v.item() - out.loss.item()) <= 2 * value
+    # the incoming gradient scales the precomputed gradients (one float32 product, as 3.0 * x1.grad is)
     x1, x2 = hs.clone().requires_grad_(), hs.clone().requires_grad_()
     t = ht.clone().requires_grad_()
     chunked_distill_loss(x1, ws, t, wt, mask).backward()
     (3.0 * chunked_distill_loss(x2, ws, ht, wt, mask)).backward()
-    torch.testing.assert_close(x2.grad, 3.0 * x1.grad)
+    assert torch.equal(x2.grad, 3.0 * x1.grad)
     assert t.grad is None
 
 
@@ -342,7 +388,8 @@ def test_vocab_mismatch_names_both_sizes_and_pad_vocab():
     loss = chunked_distill_loss(hs, w_pad, ht, wt, mask, student_bias=b_pad, kind="forward")
     zs = torch.nn.functional.pad(hs @ ws[:27].T, (0, 3), value=float("-inf"))
     ref = distill_loss(zs, ht @ wt.T, mask, kind="forward")
-    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
+    value, _ = bounds(hs, w_pad.detach(), b_pad, ht, wt, mask, kind="forward", ref=False)
+    assert abs(loss.item() - ref.item()) <= 2 * value  # two float32 computations
     loss.backward()
     assert small.grad is not None and torch.isfinite(small.grad).all()
     with pytest.raises(ValueError, match="only padding"):
@@ -375,9 +422,10 @@ def test_invalid_arguments_raise():
 @pytest.mark.parametrize("std", [8.0, 16.0])
 def test_saturated_jsd_gradient_within_1e2_of_float64(std):
     """JSD(0.5) at V = 32,000 with logit std 8 and 16 saturates (D ≈ log 2, a tiny gradient);
-    in float32 compute the chunked op's gradient is within 1e-2 relative of the float64
-    reference on the same (float32) logits (the g − Σ π_S g form was 1.8e-2 at std 8 and 1.4e2
-    at std 16; ops.kl, "Precision of the JSD gradient")."""
+    in float32 compute the chunked op's value and gradient are within float32's rounding bound
+    (tests/_tolerance.py; about 3e-4 relative here) of the float64 reference on the same
+    (float32) logits (the g − Σ π_S g form was 1.8e-2 off at std 8 and 1.4e2 at std 16;
+    ops.divergence, "Precision of the JSD gradient")."""
     N, V = 4, 32_000
     gen = torch.Generator().manual_seed(0)
     z_s = (torch.randn(N, V, generator=gen, dtype=F64) * std).float()
@@ -392,8 +440,11 @@ def test_saturated_jsd_gradient_within_1e2_of_float64(std):
     loss = chunked_distill_loss(eye, w_s, eye, z_t.T.contiguous(), mask, kind="jsd", beta=0.5, chunk_size=3,
                                 backend="torch")
     loss.backward()
-    assert rel(w_s.grad.T, ref_g) <= 1e-2
-    assert abs(loss.item() - ref.item()) <= 1e-5 * ref.item()
+    # one-hot rows make the logits, and the gradient of W from the logits' gradient, exact copies
+    value, grad = tol.loss_bounds(z_s.double(), z_t.double(), torch.full((N,), 1 / N), kind="jsd", beta=0.5,
+                                  tau_s=1.0, tau_t=0.5, dtype=torch.float32)
+    assert rel(w_s.grad.T, ref_g) <= tol.norm_ratio(grad, ref_g)
+    assert abs(loss.item() - ref.item()) <= value
 
 
 def test_auto_picks_triton_only_for_the_kinds_it_has_kernels_for(monkeypatch):

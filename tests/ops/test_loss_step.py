@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import math
 
+import _tolerance as tol
 import pytest
 import torch
 from _helpers import EngineStandIn, random_rollouts
@@ -14,7 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from distillab.config import LossConfig, TrialConfig
 from distillab.recipe.loss import loss_step
-from distillab.ops.kl import distill_loss, token_divergence
+from distillab.ops.kl import distill_loss, row_coefficients, token_divergence
 from distillab.rollout.types import Rollouts, pack_rollouts, position_ids
 from distillab.recipe.teacher import LocalTeacher
 
@@ -48,6 +49,47 @@ def _run(impl, kind="forward", teacher_vocab=V, student_vocab=V, pad=False):
     return loss, diag, grads
 
 
+def _bounds(kind, teacher_vocab=V, student_vocab=V, beta=0.5, ref=False):
+    """Rounding bounds of one loss path against another (``ref``: against float64 on the hidden states),
+    from the models' final hidden states on: ``(loss, diagnostics, grads)``, the loss's and each
+    diagnostic's absolute bound and each student parameter's relative norm-wise gradient bound
+    (tests/_tolerance.py: the lm_head's directly, the others through ``backward_gains``). Two float32
+    paths differ by twice one's bound. The student's hidden states are the same float32 code in both."""
+    teacher, student = _models(teacher_vocab, student_vocab)
+    ro = _rollouts()
+    ids, attn, cmask = pack_rollouts(ro.prompt_ids, ro.completion_ids, PAD)
+    kw = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
+    h = student.model(**kw).last_hidden_state  # (B, T, H), with the graph to the parameters
+    with torch.no_grad():
+        h_t = teacher.model(**kw).last_hidden_state
+    rows = cmask.nonzero(as_tuple=True)
+    coef = row_coefficients(rows[0], cmask.shape[0])
+    W, W_t = student.lm_head.weight.detach(), teacher.lm_head.weight
+    if W_t.shape[0] > W.shape[0]:  # pad_vocab: the student's extra rows have logit -inf
+        W = torch.cat([W, torch.zeros(W_t.shape[0] - W.shape[0], W.shape[1])])
+    bias = None if W_t.shape[0] == student_vocab else torch.cat(
+        [torch.zeros(student_vocab), torch.full((W_t.shape[0] - student_vocab,), float("-inf"))])
+    k = 2 if not ref else 1
+    bkw = dict(kind=kind, beta=beta, tau_s=1.0, tau_t=0.5, ref=ref)
+    value, rels = tol.linear_loss_bounds(h[rows].detach(), W, bias, h_t[rows], W_t, None, coef, **bkw)
+    zs, zt, dz = tol.linear_logits(h[rows], W, bias, h_t[rows], W_t, None, tau_s=1.0, tau_t=0.5, ref=ref)
+    rho = tol.row(W.shape[0], torch.float32, tol.logit_range((zs, 1.0), (zt, 0.5), rows=True), dz)
+    if ref:
+        rho = rho + tol.row(W.shape[0], torch.float64, tol.logit_range((zs, 1.0), (zt, 0.5), rows=True))
+    scale = tol.stats_scale(zs, zt, tau_s=1.0, tau_t=0.5)  # (N, 4): the diagnostics are their token means
+    diag = (rho.unsqueeze(-1) * scale).mean(0) + tol.gamma(len(coef) + 1, torch.float32) * scale.mean(0)
+    x = zs.clone().requires_grad_()
+    (gz,) = torch.autograd.grad((coef.double() * token_divergence(x, zt, compute_dtype=torch.float64, **{
+        k_: v for k_, v in bkw.items() if k_ != "ref"})).sum(), x)
+    g = torch.zeros(h.shape, dtype=torch.float64)
+    g[rows] = gz @ W.double()
+    params = {n: p for n, p in student.named_parameters() if n != "lm_head.weight"}
+    gains = tol.backward_gains(h, params, g)
+    grads = {n: k * rels[0] * gain for n, gain in gains.items()} | {"lm_head.weight": k * rels[1]}
+    names = ("kl/forward", "kl/reverse", "teacher/entropy", "teacher/cross_entropy")
+    return k * value, {n: k * float(d) for n, d in zip(names, diag)}, grads
+
+
 def _impls():
     out = ["chunked"]
     if importlib.util.find_spec("triton") is not None:
@@ -67,13 +109,14 @@ def test_fused_impls_match_reference(impl, kind):
             pytest.skip(str(e))
     ref_loss, ref_diag, ref_grads = _run("reference", kind)
     loss, diag, grads = _run(impl, kind)
-    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-5)
+    value, diag_err, grad_err = _bounds(kind)
+    assert abs(loss.item() - ref_loss.item()) <= value
     assert diag.keys() == ref_diag.keys()
     for k in diag:
-        assert diag[k] == pytest.approx(ref_diag[k], rel=1e-5), k
+        assert abs(diag[k] - ref_diag[k]) <= diag_err[k], k
     assert grads.keys() == ref_grads.keys() and "lm_head.weight" in grads
     for n, g in grads.items():
-        assert ((g - ref_grads[n]).norm() / ref_grads[n].norm()).item() <= 1e-4, n
+        assert ((g - ref_grads[n]).norm() / ref_grads[n].norm()).item() <= grad_err[n], n
 
 
 @pytest.mark.parametrize("kind", ["forward", "reverse"])
@@ -116,15 +159,16 @@ def test_jsd_loss_step_equals_the_float64_reference(impl, beta):
     ref = distill_loss(h.detach() @ w.T, t_logits, cmask, kind="jsd", beta=beta, tau_s=1.0, tau_t=0.5,
                        compute_dtype=torch.float64)
     ref.backward()
-    assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
-    assert ((grad.double() - w.grad).norm() / w.grad.norm()).item() <= 1e-4
-    if beta in (0.0, 1.0):  # the endpoints are the KL directions, exactly as ops.kl defines them
+    value, diag_err, grad_err = _bounds("jsd", beta=beta, ref=True)
+    assert abs(loss.item() - ref.item()) <= value
+    assert ((grad.double() - w.grad).norm() / w.grad.norm()).item() <= grad_err["lm_head.weight"]
+    if beta in (0.0, 1.0):  # the endpoints are the KL directions, exactly as ops.kl defines them: the same math
         kl = distill_loss((h @ w.T).detach(), t_logits, cmask, kind="forward" if beta == 0.0 else "reverse",
                           compute_dtype=torch.float64)
-        assert ref.item() == pytest.approx(kl.item(), rel=1e-12)
+        assert ref.item() == kl.item()
     s_rows = (h.detach() @ w.detach().T)[cmask]
     fkl = token_divergence(s_rows, t_logits[cmask], kind="forward", tau_s=1.0, tau_t=0.5, compute_dtype=torch.float64)
-    assert diag["kl/forward"] == pytest.approx(fkl.mean().item(), rel=1e-5)
+    assert abs(diag["kl/forward"] - fkl.mean().item()) <= diag_err["kl/forward"]
 
 
 def test_vocab_mismatch_is_an_error_unless_padded():
@@ -134,8 +178,9 @@ def test_vocab_mismatch_is_an_error_unless_padded():
         assert str(V) in str(ei.value) and str(V + 7) in str(ei.value)
     ref_loss, ref_diag, _ = _run("reference", teacher_vocab=V + 7, pad=True)
     loss, diag, grads = _run("chunked", teacher_vocab=V + 7, pad=True)
-    assert torch.isfinite(loss) and loss.item() == pytest.approx(ref_loss.item(), rel=1e-5)
-    assert diag["kl/reverse"] == pytest.approx(ref_diag["kl/reverse"], rel=1e-5)
+    value, diag_err, _ = _bounds("forward", teacher_vocab=V + 7)
+    assert torch.isfinite(loss) and abs(loss.item() - ref_loss.item()) <= value
+    assert abs(diag["kl/reverse"] - ref_diag["kl/reverse"]) <= diag_err["kl/reverse"]
     assert grads["lm_head.weight"].shape == (V, 32)
 
 
@@ -172,9 +217,27 @@ def _iw_trial(policy: str, impl: str, importance_weight: bool) -> TrialConfig:
     })
 
 
-def _per_sequence_losses(trial, student, teacher, rollouts, pad_id) -> list[float]:
-    """Each rollout's own seq_mean divergence (a batch of one), float64 reference."""
-    out = []
+def _logprob_err(trial, student, teacher, rollouts, pad_id) -> float:
+    """A bound E on the error of one float32 log-probability (or divergence row, per unit of its magnitude)
+    that a float32 forward of these models gives: the row bound ρ (tests/_tolerance.py) with, as the
+    logits' own error dz, twice the largest error of the float32 logits against the same models in
+    float64 (the reference), over τ: another float32 forward of the same tokens (the sampler's cached
+    decode, another batch) errs as much."""
+    import copy
+
+    ids, attn, cmask = pack_rollouts(rollouts.prompt_ids, rollouts.completion_ids, pad_id)
+    kw = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
+    with torch.no_grad():
+        z = [(m(**kw).logits[cmask].double(), copy.deepcopy(m).double()(**kw).logits[cmask]) for m in (student, teacher)]
+    dz = sum(2 * float((a - b).abs().max()) / tau for (a, b), tau in zip(z, (trial.loss.tau_s, trial.loss.tau_t)))
+    A = tol.logit_range((z[0][1], trial.loss.tau_s), (z[1][1], trial.loss.tau_t))
+    return tol.row(z[0][1].shape[-1], torch.float32, A, dz) + tol.row(z[0][1].shape[-1], torch.float64, A)
+
+
+def _per_sequence_losses(trial, student, teacher, rollouts, pad_id) -> tuple[list[float], list[float]]:
+    """Each rollout's own seq_mean divergence (a batch of one), float64 reference, and the mean over its
+    tokens of the magnitude 2 + Σ|t| its rounding is relative to (tests/_tolerance.py)."""
+    out, scales = [], []
     for k in range(len(rollouts.completion_ids)):
         ids, attn, cmask = pack_rollouts([rollouts.prompt_ids[k]], [rollouts.completion_ids[k]], pad_id)
         kw = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
@@ -182,7 +245,9 @@ def _per_sequence_losses(trial, student, teacher, rollouts, pad_id) -> list[floa
             s, t = student(**kw).logits.double(), teacher(**kw).logits.double()
         out.append(float(distill_loss(s, t, cmask, kind=trial.loss.kind, tau_s=trial.loss.tau_s,
                                       tau_t=trial.loss.tau_t, compute_dtype=torch.float64)))
-    return out
+        scales.append(float(tol.divergence_scale(s[cmask], t[cmask], kind=trial.loss.kind, tau_s=trial.loss.tau_s,
+                                                 tau_t=trial.loss.tau_t)[1].mean()))
+    return out, scales
 
 
 @pytest.mark.parametrize("impl", ["reference", "chunked"])
@@ -199,18 +264,27 @@ def test_importance_weight_in_the_loss(char_models, impl, policy) -> None:
     eng = EngineStandIn(student)
     loss_w, diag = loss_step(trial, eng, LocalTeacher(teacher), ro, tok.pad_token_id, gen)
     loss_0, _ = loss_step(plain, eng, LocalTeacher(teacher), ro, tok.pad_token_id, gen)
-    assert diag["is/weight_mean"] == pytest.approx(1.0, abs=1e-5)  # exp(0) = 1 for every token
-    assert float(loss_w.detach()) == pytest.approx(float(loss_0.detach()), rel=1e-5)
+    # the sampler's and the trainer's float32 log-probabilities of a token differ by Δ, |Δ| ≤ 2E, so each
+    # ratio e^Δ is 1 within e^{2E} − 1 (and the mean adds γ_N); the weighted loss moves by that share
+    E = _logprob_err(trial, student, teacher, ro, tok.pad_token_id)
+    n = sum(len(c) for c in ro.completion_ids)
+    w_err = math.expm1(2 * E) * (1 + tol.gamma(n + 1, torch.float32)) + tol.gamma(n + 1, torch.float32)
+    assert abs(diag["is/weight_mean"] - 1.0) <= w_err  # exp(0) = 1 for every token
+    assert abs(float(loss_w.detach()) - float(loss_0.detach())) <= (w_err + tol.gamma(n + 4, torch.float32)) * abs(
+        float(loss_0.detach()))
 
     # engine logprobs off by -1 nat on sequence 0 (ratio e, clipped to 2) and +log 2 on
     # sequence 1 (ratio 1/2): w = (2, 1/2, 1, 1)
     ro.logprobs[0] = [x - 1.0 for x in ro.logprobs[0]]
     ro.logprobs[1] = [x + math.log(2.0) for x in ro.logprobs[1]]
     loss_w, diag = loss_step(trial, eng, LocalTeacher(teacher), ro, tok.pad_token_id, gen)
-    ls = _per_sequence_losses(trial, student, teacher, ro, tok.pad_token_id)
+    ls, S = _per_sequence_losses(trial, student, teacher, ro, tok.pad_token_id)
     expected = (2.0 * ls[0] + 0.5 * ls[1] + ls[2] + ls[3]) / 4
-    assert float(loss_w.detach()) == pytest.approx(expected, rel=1e-5)
-    assert diag["is/weight_mean"] == pytest.approx((2.0 + 0.5 + 1 + 1) / 4, abs=1e-5)
+    # float32 rows (E per unit of their magnitude S) and weights, against float64 per-sequence losses of
+    # float32 logits from another batch (their own error: in E)
+    scale = (2.0 * S[0] + 0.5 * S[1] + S[2] + S[3]) / 4
+    assert abs(float(loss_w.detach()) - expected) <= E * scale + w_err * expected
+    assert abs(diag["is/weight_mean"] - (2.0 + 0.5 + 1 + 1) / 4) <= w_err * 2.0
 
 
 # --------------------------------------------------------------------------------------
@@ -281,9 +355,38 @@ def _peer_oracle(trial, seed=0):
         val = distill_loss(x, t, batch.cmask, kind=k, compute_dtype=F64, **kw)
         exact[k] = (val.item(), torch.autograd.grad(val, x)[0])
     cos = {k: (torch.sum(g_est * g) / (g_est.norm() * g.norm())).item() for k, (_, g) in exact.items()}
-    return {"estimator/bias": out.estimate.item() - exact[L.kind][0], "estimator/grad_cos": cos[L.kind],
-            "estimator/grad_norm_ratio": (g_est.norm() / exact[L.kind][1].norm()).item(),
-            "estimator/grad_cos_forward": cos["forward"], "estimator/grad_cos_reverse": cos["reverse"]}
+    metrics = {"estimator/bias": out.estimate.item() - exact[L.kind][0], "estimator/grad_cos": cos[L.kind],
+               "estimator/grad_norm_ratio": (g_est.norm() / exact[L.kind][1].norm()).item(),
+               "estimator/grad_cos_forward": cos["forward"], "estimator/grad_cos_reverse": cos["reverse"]}
+    return metrics, _oracle_bounds(L, fwd, batch, g_est, exact)
+
+
+def _oracle_bounds(L, fwd, batch, g_est, exact) -> dict[str, float]:
+    """The oracle's float32 numbers against the float64 peer (tests/_tolerance.py): the estimator's gradient
+    and each exact gradient err by ε_est, ε_k relative (ρ times their magnitudes, ``estimator_magnitudes``),
+    so a cosine by at most 2(ε_est + ε_k), the norm ratio by (ε_est + ε_k) times itself, and the bias by
+    the bounds of the estimate and of the exact value."""
+    rows = batch.cmask.nonzero(as_tuple=True)
+    coef = row_coefficients(rows[0], batch.cmask.shape[0]).double()
+    zs, zt, dz = tol.linear_logits(fwd.h_s[rows], fwd.w_s, None, fwd.h_t[rows], fwd.w_t, None, tau_s=L.tau_s,
+                                   tau_t=L.tau_t)
+    A = tol.logit_range((zs, L.tau_s), (zt, L.tau_t), rows=True)
+    rho = (tol.row(zs.shape[-1], torch.float32, A, dz) + tol.row(zs.shape[-1], F64, A)
+           + tol.gamma(len(coef) + 2, torch.float32)) * coef
+    kw = dict(tau_s=L.tau_s, tau_t=L.tau_t, beta=L.beta)
+    E, M = tol.estimator_magnitudes(zs, zt, estimator=L.estimator, kind=L.kind, targets=batch.targets[rows],
+                                    top_k=L.top_k, topk_source=L.topk_source, topk_tail=L.topk_tail,
+                                    k_gradient=L.k_gradient, **kw)
+    eps_est = tol.norm_ratio(rho.unsqueeze(-1) * M, g_est[rows])
+    eps, value = {}, {}
+    for k in exact:
+        _, S, m = tol.divergence_scale(zs, zt, kind=k, **kw)
+        eps[k], value[k] = tol.norm_ratio(rho.unsqueeze(-1) * m, exact[k][1][rows]), float((rho * S).sum())
+    ratio = float(g_est.norm() / exact[L.kind][1].norm())
+    cos = {f"estimator/grad_cos{s}": 2 * (eps_est + eps[k]) + tol.gamma(3 * g_est.numel(), F64)
+           for s, k in (("", L.kind), ("_forward", "forward"), ("_reverse", "reverse"))}
+    return {"estimator/bias": float((rho * E).sum()) + value[L.kind],
+            "estimator/grad_norm_ratio": (eps_est + eps[L.kind]) * ratio, **cos}
 
 
 F64 = torch.float64
@@ -293,17 +396,18 @@ F64 = torch.float64
 def test_the_oracle_matches_a_float64_peer(impl, loss, policy):
     trial = _oracle_trial(impl, loss, policy)
     _, diag, _, _ = _step(trial, 10)
-    want = _peer_oracle(trial)
+    want, bound = _peer_oracle(trial)
     for k, v in want.items():
-        assert diag[k] == pytest.approx(v, rel=1e-4, abs=1e-5), k
+        assert abs(diag[k] - v) <= bound[k], (k, diag[k], v, bound[k])
 
 
 def test_grad_cos_is_one_for_full_and_below_one_for_sampled_on_the_same_batch():
     full = {impl: _step(_oracle_trial(impl, {"kind": "forward"}, "offpd"), 10)[1] for impl in ("chunked", "reference")}
     sampled = _step(_oracle_trial("reference", {"kind": "forward", "estimator": "sampled"}, "offpd"), 10)[1]
-    for diag in full.values():
-        assert diag["estimator/grad_cos"] == pytest.approx(1.0, abs=1e-6)
-        assert diag["estimator/bias"] == pytest.approx(0.0, abs=1e-6)
-        assert diag["estimator/grad_norm_ratio"] == pytest.approx(1.0, abs=1e-5)
+    for impl, diag in full.items():  # 1 and 0 within float32's bounds on both gradients (as against the peer)
+        _, bound = _peer_oracle(_oracle_trial(impl, {"kind": "forward"}, "offpd"))
+        assert abs(diag["estimator/grad_cos"] - 1.0) <= bound["estimator/grad_cos"]
+        assert abs(diag["estimator/bias"]) <= bound["estimator/bias"]
+        assert abs(diag["estimator/grad_norm_ratio"] - 1.0) <= bound["estimator/grad_norm_ratio"]
     assert sampled["estimator/grad_cos"] < 0.9 and sampled["estimator/bias"] != 0.0
     assert sampled["kl/forward"] == full["reference"]["kl/forward"]  # the same batch, the same exact KL

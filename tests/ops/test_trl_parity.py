@@ -16,6 +16,7 @@ import os
 import textwrap
 from pathlib import Path
 
+import _tolerance as tol
 import pytest
 import torch
 
@@ -84,13 +85,18 @@ def test_reference_equals_trl_generalized_jsd(trl_jsd, beta):
     (got_g,) = torch.autograd.grad(got, x)
     got_sum = distill_loss(s, t, mask, kind="jsd", beta=beta, tau_s=1.0, tau_t=1.0, reduction="sum")
 
-    assert abs(got.item() - want.item()) <= 1e-6 * max(1.0, abs(want.item()))
-    assert abs(got_sum.item() - want_sum.item()) <= 1e-6 * max(1.0, abs(want_sum.item()))
-    torch.testing.assert_close(got_g, want_g, rtol=1e-5, atol=1e-6)
+    # two float32 computations of one JSD(β) (ours and TRL's): twice the bound of one (tests/_tolerance.py)
+    rows = mask.nonzero(as_tuple=True)
+    n, kw = len(rows[0]), dict(kind="jsd", beta=beta, tau_s=1.0, tau_t=1.0, dtype=torch.float32, ref=False)
+    value, grad = tol.loss_bounds(s[rows], t[rows], torch.full((n,), 1 / n), **kw)
+    value_sum, _ = tol.loss_bounds(s[rows], t[rows], torch.ones(n), **kw)
+    assert abs(got.item() - want.item()) <= 2 * value
+    assert abs(got_sum.item() - want_sum.item()) <= 2 * value_sum
+    assert ((got_g[rows] - want_g[rows]).abs() <= 2 * grad).all() and (got_g[~mask] == 0).all()
     if beta in (0.0, 1.0):  # the endpoints are exactly our forward / reverse KL
         kind = "forward" if beta == 0.0 else "reverse"
         kl = distill_loss(s, t, mask, kind=kind, tau_s=1.0, tau_t=1.0, reduction="token_mean")
-        assert kl.item() == pytest.approx(want.item(), abs=1e-6)
+        assert abs(kl.item() - want.item()) <= 2 * value
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
@@ -107,4 +113,8 @@ def test_triton_equals_trl_generalized_jsd(trl_jsd, beta):
     want = trl_jsd(s, t, labels=labels, beta=beta, temperature=1.0)
     got = triton_distill_loss(s.to(dev), t.to(dev), mask.to(dev), kind="jsd", beta=beta, tau_s=1.0, tau_t=1.0,
                               reduction="token_mean", block_size=16)
-    assert abs(got.item() - want.item()) <= 1e-6 * max(1.0, abs(want.item()))
+    rows = mask.nonzero(as_tuple=True)
+    n = len(rows[0])
+    value, _ = tol.loss_bounds(s[rows], t[rows], torch.full((n,), 1 / n), kind="jsd", beta=beta, tau_s=1.0, tau_t=1.0,
+                               dtype=torch.float32, ref=False)
+    assert abs(got.item() - want.item()) <= 2 * value  # two float32 computations

@@ -4,6 +4,7 @@ tested with the loss step in tests/ops/test_loss_step.py."""
 
 from __future__ import annotations
 
+import _tolerance as tol
 import pytest
 import torch
 from transformers import LlamaForCausalLM
@@ -11,6 +12,7 @@ from transformers import LlamaForCausalLM
 from distillab.config import TrialConfig
 from distillab.models import build_char_tokenizer, micro_llama_config
 from distillab.rollout.engine import TransformersEngine
+from distillab.rollout.types import pack_rollouts, position_ids
 from distillab.rollout.source import offpd_rollout_path, offpd_rollout_set, rollout_seed, sample_rollouts, step_prompts
 from distillab.tasks.data import train_prompts
 
@@ -62,8 +64,16 @@ def test_offpd_reuse_is_the_in_trial_sampling_and_is_generated_once(tok, models,
         got = sets[step]
         assert got.prompt_ids == fresh.prompt_ids and got.completion_ids == fresh.completion_ids
         assert got.finish_reasons == fresh.finish_reasons
+        # two float32 decodes of the same tokens: each log-probability within 2 (2E)/τ and its row's ρ
+        # (tests/_tolerance.py), E the teacher's float32 logits' error on these rollouts
+        ids, attn, cmask = pack_rollouts(fresh.prompt_ids, fresh.completion_ids, tok.pad_token_id)
+        kw = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
+        E, tau = tol.forward_err(lambda m: m(**kw).logits, teacher), trial.rollout.tau_t
+        with torch.no_grad():
+            A = tol.logit_range((teacher(**kw).logits[cmask], tau))
+        bound = 2 * (2 * 2 * E / tau + tol.row(len(tok), torch.float32, A))
         for a, b in zip(got.logprobs, fresh.logprobs):
-            assert a == pytest.approx(b, abs=1e-6)
+            assert a == pytest.approx(b, abs=bound)
     batched = offpd_rollout_set(trial, path, tok, 0, 1, tmp_path / "b", generate_many=engine.generate_many)
     assert [r.completion_ids for r in batched] == [r.completion_ids for r in sets]
     again = offpd_rollout_set(trial, path, tok, 0, 1, tmp_path, generate=generate)  # from the cache

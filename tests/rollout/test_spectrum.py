@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import math
 
+import _tolerance as tol
 import pytest
 import torch
-from _helpers import REPO, load_script, spectrum_rescored
+from _helpers import REPO, load_script
 from transformers import LlamaForCausalLM
 
 from distillab.models import build_char_tokenizer, micro_llama_config
 from distillab.rollout.engine import TransformersEngine
 from distillab.rollout.spectrum import SPECTRUM_CLIP, SpectrumEngine, plausibility_mask, spectrum_logits
-from distillab.rollout.types import SamplingParams, pack_rollouts, position_ids
+from distillab.rollout.types import SamplingParams, left_pad, pack_rollouts, position_ids
 
 torch.set_num_threads(1)
 NEG = float("-inf")
@@ -21,6 +22,12 @@ NEG = float("-inf")
 
 def _logp(*vals: float) -> torch.Tensor:
     return torch.log(torch.tensor(vals, dtype=torch.float64))
+
+
+def _hand_err(*logps: torch.Tensor) -> float:
+    """float64 by hand against spectrum_logits: a few roundings (the logs, the weights' products and sums, a
+    clip: 16) on log-probabilities as large as the inputs' (tests/_tolerance.py)."""
+    return tol.gamma(16) * sum(float(x.abs().max()) for x in logps)
 
 
 # --------------------------------------------------------------------------------------
@@ -32,9 +39,9 @@ def test_interpolation_by_hand() -> None:
     ps, pt = _logp(0.5, 0.25, 0.25), _logp(0.25, 0.25, 0.5)
     z = spectrum_logits(ps, pt, 0.0)  # geometric mean: ½ log p_S + ½ log p_T
     expected = torch.tensor([0.5 * math.log(0.5 * 0.25), math.log(0.25), 0.5 * math.log(0.25 * 0.5)], dtype=torch.float64)
-    torch.testing.assert_close(z, expected, rtol=0, atol=1e-15)
+    assert ((z - expected).abs() <= _hand_err(ps, pt)).all()
     z = spectrum_logits(ps, pt, 0.5)  # ¾ log p_S + ¼ log p_T
-    torch.testing.assert_close(z[0], torch.tensor(0.75 * math.log(0.5) + 0.25 * math.log(0.25), dtype=torch.float64))
+    assert abs(z[0].item() - (0.75 * math.log(0.5) + 0.25 * math.log(0.25))) <= _hand_err(ps, pt)
 
 
 def test_extrapolation_by_hand() -> None:
@@ -42,13 +49,14 @@ def test_extrapolation_by_hand() -> None:
     ps, pt = _logp(0.6, 0.3, 0.1), _logp(0.2, 0.3, 0.5)
     z = spectrum_logits(ps, pt, 2.0)  # k = ½, r = (log 3, 0, log 0.2) → clipped (log 3, 0, 0), masked (…, …, 0)
     expected = ps + 0.5 * torch.tensor([math.log(3.0), 0.0, 0.0], dtype=torch.float64)
-    torch.testing.assert_close(z, expected, rtol=0, atol=1e-15)
+    assert ((z - expected).abs() <= _hand_err(ps, pt)).all()
     # r_0 = log 3 < c = 2 log 3: not clipped; with c = 0.5 it is
     z = spectrum_logits(ps, pt, 2.0, c=0.5)
-    torch.testing.assert_close(z[0], ps[0] + 0.25)
+    assert abs(z[0].item() - (ps[0].item() + 0.25)) <= _hand_err(ps, pt)
     # λ = −1.5 (k = ¼) beyond the teacher: M_T: p ≥ 0.1 → (1, 1, 1); −r = (log ⅓, 0, log 5) → (0, 0, log 5)
     z = spectrum_logits(ps, pt, -1.5)
-    torch.testing.assert_close(z, pt + 0.25 * torch.tensor([0.0, 0.0, math.log(5.0)], dtype=torch.float64))
+    expected = pt + 0.25 * torch.tensor([0.0, 0.0, math.log(5.0)], dtype=torch.float64)
+    assert ((z - expected).abs() <= _hand_err(ps, pt)).all()
 
 
 def test_plausibility_mask_by_hand() -> None:
@@ -74,8 +82,11 @@ def test_endpoints_are_student_and_teacher(seed: int) -> None:
     s, t = _random_pair(seed)
     s[:, 0], t[:, 1] = NEG, NEG  # a token each model rules out must not leak into the other's endpoint
     s, t = torch.log_softmax(s, -1), torch.log_softmax(t, -1)
-    torch.testing.assert_close(torch.softmax(spectrum_logits(s, t, 1.0), -1), s.exp(), rtol=0, atol=1e-15)
-    torch.testing.assert_close(torch.softmax(spectrum_logits(s, t, -1.0), -1), t.exp(), rtol=0, atol=1e-15)
+    # float64: the endpoint's log-probabilities renormalised by a softmax over 50 entries, each probability within
+    # its row's bound of exp(log p) (tests/_tolerance.py), 2ρ relative
+    for lam, want in ((1.0, s.exp()), (-1.0, t.exp())):
+        rho = tol.row(50, torch.float64, tol.logit_range((s, 1.0), (t, 1.0)))
+        assert ((torch.softmax(spectrum_logits(s, t, lam), -1) - want).abs() <= 2 * rho * want).all()
     assert torch.isfinite(spectrum_logits(s, t, 2.0)[:, 1]).all()  # student keeps token 1 beyond λ = 1
     assert (spectrum_logits(s, t, 0.3)[:, :2] == NEG).all()  # interpolation: either −inf gives −inf
 
@@ -170,8 +181,10 @@ def test_endpoints_reproduce_the_plain_sampler(tok, models, lam: float, tau_s: f
     b = plain.generate(_prompts(tok), SamplingParams(tau, 1.0, 20, 4, 7))
     assert a.completion_ids == b.completion_ids  # token for token
     assert a.finish_reasons == b.finish_reasons
+    seqs, attn = left_pad([p + c for p, c in zip(b.prompt_ids, b.completion_ids)], tok.pad_token_id)
+    gap = tol.logprob_gap(anchor, seqs, attn, tau)  # two float32 decodes of the anchor model (tests/_tolerance.py)
     for x, y in zip(a.logprobs, b.logprobs):
-        torch.testing.assert_close(torch.tensor(x), torch.tensor(y), rtol=0, atol=1e-5)
+        assert (torch.tensor(x) - torch.tensor(y)).abs().max() <= gap
 
 
 def _rescore(model, tok, ro, tau: float) -> list[float]:
@@ -192,14 +205,26 @@ def test_recorded_logliks_and_logprobs_match_a_rescoring(tok, models, lam: float
     eng = SpectrumEngine(student, teacher, tok.eos_token_id, tok.pad_token_id, lam=lam, tau_s=tau_s, tau_t=tau_t)
     ro = eng.generate(_prompts(tok), SamplingParams(max_tokens=16, n=3, seed=11))
     assert len(ro.completion_ids) == 9 and all(len(c) for c in ro.completion_ids)
-    torch.testing.assert_close(torch.tensor(ro.extras["student_loglik"], dtype=torch.float64),
-                               torch.tensor(_rescore(student, tok, ro, tau_s), dtype=torch.float64), rtol=0, atol=1e-5)
-    torch.testing.assert_close(torch.tensor(ro.extras["teacher_loglik"], dtype=torch.float64),
-                               torch.tensor(_rescore(teacher, tok, ro, tau_t), dtype=torch.float64), rtol=0, atol=1e-5)
+    # a cached float32 decode against a full pass: each token's log-probability within their gap (tests/_tolerance.py),
+    # so their means too (the means' own roundings: γ_17 of the mean's size)
+    seqs, attn = left_pad([p + c for p, c in zip(ro.prompt_ids, ro.completion_ids)], tok.pad_token_id)
+    gaps = {"student_loglik": tol.logprob_gap(student, seqs, attn, tau_s),
+            "teacher_loglik": tol.logprob_gap(teacher, seqs, attn, tau_t)}
+    for k, model, tau in (("student_loglik", student, tau_s), ("teacher_loglik", teacher, tau_t)):
+        got, want = torch.tensor(ro.extras[k], dtype=torch.float64), torch.tensor(_rescore(model, tok, ro, tau))
+        assert ((got - want.double()).abs() <= gaps[k] + tol.gamma(17, torch.float32) * want.abs()).all(), k
     # log π_λ of the sampled tokens, from full passes of both models
-    want = spectrum_rescored(student, teacher, ro, tok.pad_token_id, lam, tau_s, tau_t)
-    for lp, lz in zip(ro.logprobs, want):
-        torch.testing.assert_close(torch.tensor(lp, dtype=torch.float64), lz, rtol=0, atol=1e-4)
+    ids, attn, cmask = pack_rollouts(ro.prompt_ids, ro.completion_ids, tok.pad_token_id)
+    with torch.no_grad():
+        kw = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
+        ls = torch.log_softmax(student(**kw).logits.double() / tau_s, -1)
+        lt = torch.log_softmax(teacher(**kw).logits.double() / tau_t, -1)
+    lz = torch.log_softmax(spectrum_logits(ls, lt, lam), -1).gather(-1, torch.roll(ids, -1, 1).unsqueeze(-1)).squeeze(-1)
+    # log π_λ: a combination of both models' log-probabilities with weights of total at most 1 + |λ| (the
+    # extrapolation's clipped term included), then its own log-softmax: each model's gap, and one more row bound
+    bound = (1 + abs(lam)) * sum(gaps.values()) + tol.row(len(tok), torch.float32, tol.logit_range((ls, 1.0), (lt, 1.0)))
+    for b, lp in enumerate(ro.logprobs):
+        assert (torch.tensor(lp, dtype=torch.float64) - lz[b][cmask[b]]).abs().max() <= bound
 
 
 def test_loglik_moves_with_lambda(tok, models) -> None:
