@@ -80,12 +80,18 @@ def one_gloo_rank():
         ds_comm.destroy_process_group()
 
 
-def spectrum_rescored(student, teacher, ro, pad_id: int, lam: float, tau_s: float, tau_t: float) -> list[torch.Tensor]:
+def spectrum_rescored(student, teacher, ro, pad_id: int, lam: float, tau_s: float,
+                      tau_t: float) -> tuple[list[torch.Tensor], float]:
     """log π_λ (float64) of each rollout's completion tokens of ``ro``, from full teacher-forced
     passes of both models (no KV cache) at their temperatures: the reference a
-    `rollout.spectrum.SpectrumEngine`'s recorded logprobs are checked against."""
+    `rollout.spectrum.SpectrumEngine`'s recorded logprobs are checked against; and the bound on
+    their gap (nats). log π_λ combines both models' log-probabilities with weights of total at most
+    1 + |λ| (the extrapolation's clipped term included), then takes its own log-softmax: each model's
+    float32 gap (`_tolerance.logprob_gap`) times 1 + |λ|, and one more row bound (`_tolerance.row`)."""
+    import _tolerance as tol
+
     from distillab.rollout.spectrum import spectrum_logits
-    from distillab.rollout.types import pack_rollouts, position_ids
+    from distillab.rollout.types import left_pad, pack_rollouts, position_ids
 
     ids, attn, cmask = pack_rollouts(ro.prompt_ids, ro.completion_ids, pad_id)
     with torch.no_grad():
@@ -93,4 +99,7 @@ def spectrum_rescored(student, teacher, ro, pad_id: int, lam: float, tau_s: floa
         ls = torch.log_softmax(student(**kw).logits.double() / tau_s, -1)
         lt = torch.log_softmax(teacher(**kw).logits.double() / tau_t, -1)
     lz = torch.log_softmax(spectrum_logits(ls, lt, lam), -1).gather(-1, torch.roll(ids, -1, 1).unsqueeze(-1)).squeeze(-1)
-    return [lz[b][cmask[b]] for b in range(ids.shape[0])]
+    seqs, sattn = left_pad([p + c for p, c in zip(ro.prompt_ids, ro.completion_ids)], pad_id)
+    gaps = tol.logprob_gap(student, seqs, sattn, tau_s) + tol.logprob_gap(teacher, seqs, sattn, tau_t)
+    bound = (1 + abs(lam)) * gaps + tol.row(ls.shape[-1], torch.float32, tol.logit_range((ls, 1.0), (lt, 1.0)))
+    return [lz[b][cmask[b]] for b in range(ids.shape[0])], bound

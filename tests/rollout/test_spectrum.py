@@ -8,7 +8,7 @@ import math
 import _tolerance as tol
 import pytest
 import torch
-from _helpers import REPO, load_script
+from _helpers import REPO, load_script, spectrum_rescored
 from transformers import LlamaForCausalLM
 
 from distillab.models import build_char_tokenizer, micro_llama_config
@@ -213,18 +213,10 @@ def test_recorded_logliks_and_logprobs_match_a_rescoring(tok, models, lam: float
     for k, model, tau in (("student_loglik", student, tau_s), ("teacher_loglik", teacher, tau_t)):
         got, want = torch.tensor(ro.extras[k], dtype=torch.float64), torch.tensor(_rescore(model, tok, ro, tau))
         assert ((got - want.double()).abs() <= gaps[k] + tol.gamma(17, torch.float32) * want.abs()).all(), k
-    # log π_λ of the sampled tokens, from full passes of both models
-    ids, attn, cmask = pack_rollouts(ro.prompt_ids, ro.completion_ids, tok.pad_token_id)
-    with torch.no_grad():
-        kw = dict(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn))
-        ls = torch.log_softmax(student(**kw).logits.double() / tau_s, -1)
-        lt = torch.log_softmax(teacher(**kw).logits.double() / tau_t, -1)
-    lz = torch.log_softmax(spectrum_logits(ls, lt, lam), -1).gather(-1, torch.roll(ids, -1, 1).unsqueeze(-1)).squeeze(-1)
-    # log π_λ: a combination of both models' log-probabilities with weights of total at most 1 + |λ| (the
-    # extrapolation's clipped term included), then its own log-softmax: each model's gap, and one more row bound
-    bound = (1 + abs(lam)) * sum(gaps.values()) + tol.row(len(tok), torch.float32, tol.logit_range((ls, 1.0), (lt, 1.0)))
-    for b, lp in enumerate(ro.logprobs):
-        assert (torch.tensor(lp, dtype=torch.float64) - lz[b][cmask[b]]).abs().max() <= bound
+    # log π_λ of the sampled tokens, from full passes of both models, within its bound (tests/_helpers.py)
+    want, bound = spectrum_rescored(student, teacher, ro, tok.pad_token_id, lam, tau_s, tau_t)
+    for lp, lz in zip(ro.logprobs, want):
+        assert (torch.tensor(lp, dtype=torch.float64) - lz).abs().max() <= bound
 
 
 def test_loglik_moves_with_lambda(tok, models) -> None:
