@@ -119,3 +119,31 @@ def test_dry_run_plans_the_real_pair_from_its_sources(smollm2_dir, capsys) -> No
     assert main(["sweep", str(REPO / "search_spaces" / "smoke.yaml"), "--dry-run", *bad]) == 2
     assert ("models.student.derive.keep_layers: [30] out of range: the teacher has 30 layers (allowed: 0..29, "
             "strictly increasing)") in capsys.readouterr().err
+
+
+def test_countdown_prompts_render_through_smollm2s_chat_template(smollm2_dir) -> None:
+    """A Countdown prompt of search_spaces/smol_smoke.yaml's task settings, rendered for SmolLM2, is
+    token for token what ``apply_chat_template`` gives for its system and user turns; with the system
+    prompt set to ``""`` the system turn is empty (SmolLM2's template would otherwise put in its own
+    default, "You are a helpful AI assistant named SmolLM, ..."); the micro character tokenizer's
+    template, which writes no system turn by itself, still gets none."""
+    from distillab.models import build_char_tokenizer
+    from distillab.tasks.countdown import CountdownProblem, countdown_prompt_ids
+    from distillab.tasks.taskio import render_prompt
+
+    tok = load_tokenizer(smollm2_dir)
+    tasks = load_sweep(REPO / "search_spaces" / "smol_smoke.yaml").trial.tasks
+    problem = CountdownProblem(operands=(25, 3, 7), target=46)
+    user = tasks.user_template.format(nums="25 3 7", target=46)
+
+    def chat(*turns):
+        msgs = [{"role": r, "content": c} for r, c in turns]
+        return tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)["input_ids"]
+
+    ids = countdown_prompt_ids(tok, tasks, problem)
+    assert ids == chat(("system", tasks.system_prompt), ("user", user)) and ids[:3] == [1, 9690, 198]  # <|im_start|>system\n
+    bare = render_prompt(tok, "", user)
+    assert bare == chat(("system", ""), ("user", user)) and "SmolLM" not in tok.decode(bare)
+    assert tok.decode(bare).startswith("<|im_start|>system\n<|im_end|>\n<|im_start|>user\nUsing the numbers 25 3 7, make 46.")
+    micro = build_char_tokenizer()
+    assert micro.decode(render_prompt(micro, "", "3 5 -> 8")) == "<|user|>3 5 -> 8<|assistant|>"

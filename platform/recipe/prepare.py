@@ -110,10 +110,10 @@ def prepare_key(sweep: SweepConfig, role: str) -> str:
 def _examples(tok, sweep: SweepConfig, role: str, seed: int) -> list[Example]:
     """A micro model's SFT examples: every task's demonstrations (`tasks.base.Task.sft_data`, its
     training items without any test item a trial of the sweep scores), in `Demonstrations.order`,
-    each prompt rendered (`tasks.taskio.render`) and each target followed by the end of sequence."""
+    each prompt rendered (`tasks.taskio.render`) and each target followed by the tokenizer's end of sequence."""
     mcfg, tasks, ev = sweep.models.micro(role), sweep.trial.tasks, scored_evaluation(sweep)
     blocks = [b for t in registered() for b in t.sft_data(tasks, ev, mcfg, seed, role)]
-    eos = "</s>"
+    eos = tok.eos_token
     return [Example(tuple(render(tok, prompt)), tuple(tok(target + eos, add_special_tokens=False)["input_ids"]))
             for b in sorted(blocks, key=lambda b: b.order) for prompt, target in zip(b.prompts, b.targets)]
 

@@ -17,14 +17,46 @@ def render(tokenizer, prompt) -> list[int]:
 
 
 def render_prompt(tokenizer, system: str, user: str) -> list[int]:
-    """Prompt token ids: the chat template when the tokenizer has one (system +
-    user turn, generation prompt added), else ``system\\n\\nuser\\n``."""
+    """Prompt token ids: the chat template when the tokenizer has one (a system turn, the user
+    turn, the generation prompt), else ``system\\n\\nuser\\n``.
+
+    ``system`` is the whole system prompt; ``""`` means none. With ``""`` no system turn is given,
+    unless the template then writes one of its own (SmolLM2's and Qwen2.5's put in a default system
+    prompt, "You are a helpful AI assistant named SmolLM, ..."): then an empty system turn is given,
+    so the model sees no system text it was not configured with (`_fills_in_system`).
+    The text is tokenized without added special tokens (the template holds them)."""
     if getattr(tokenizer, "chat_template", None):
-        msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
-        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        turns = [{"role": "user", "content": user}]
+        if system or _fills_in_system(tokenizer):
+            turns.insert(0, {"role": "system", "content": system})
+        text = tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
     else:
         text = (system + "\n\n" if system else "") + user + "\n"
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+#: `_fills_in_system`'s answers, by chat template text
+_FILLS_IN: dict[str, bool] = {}
+#: A system prompt no template writes by itself (`_fills_in_system`'s probe)
+_PROBE = "\x00distillab system probe\x00"
+
+
+def _fills_in_system(tokenizer) -> bool:
+    """Whether ``tokenizer``'s chat template writes a system turn of its own when the messages
+    have none: the text before a probe system prompt (the system turn's opening, e.g.
+    ``<|im_start|>system\\n``) appears in the rendering of a user turn alone. Once per template."""
+    template = tokenizer.chat_template
+    if template not in _FILLS_IN:
+        def chat(turns):
+            return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+
+        user = [{"role": "user", "content": "x"}]
+        try:
+            opening = chat([{"role": "system", "content": _PROBE}, *user]).split(_PROBE)[0]
+        except Exception:  # noqa: BLE001  (a template that refuses system turns, e.g. Gemma's: it writes none)
+            opening = ""
+        _FILLS_IN[template] = bool(opening) and opening in chat(user)
+    return _FILLS_IN[template]
 
 
 def read_local_split(path, split: str, what: str):
