@@ -7,6 +7,8 @@ per second and their ratio, in-loop and for a whole 40-step run.
     python benchmarks/peer_trl.py --rounds 0      # the whole-run comparison only
     python benchmarks/peer_trl.py --compile       # both compiled (resources.compile; TRL's torch_compile)
     python benchmarks/peer_trl.py --plumbing      # the path on tiny random models, in this process (seconds)
+    python benchmarks/peer_trl.py --config search_spaces/smol_smoke.yaml --batch 8 --max-tokens 64 \
+        --steps 4 --rounds 2 --no-whole           # the real pair: SmolLM2-135M-Instruct and its 8-layer student
 
 Setting (both frameworks): the prepared micro teacher and student of ``--config``
 (``distillab prepare search_spaces/micro.yaml`` first; cached models are reused), the
@@ -33,7 +35,9 @@ optimizer, logging hooks). The first ``--warmup`` steps (1) of each round are a 
 not counted (with ``--compile``, 4: both frameworks compile at their first steps, TRL's
 generate() recompiles at its second).
 Tokens are the completion tokens of the step (eos included): distillab's rollout
-lengths, TRL's labels ≠ −100.
+lengths, TRL's labels ≠ −100. Step memory: the peak resident set of the counted steps minus
+the resident set after the warm-up steps (models, optimizer state and allocator pools are
+set up by then), from /proc/self/status, the peak reset at that point (Linux).
 
 ``--plumbing``: the same path (both frameworks, both policies, one round of 2 steps, batch 2, 4
 new tokens; the whole run's configuration validated, not run) on `_plumbing.tiny_models`, with
@@ -154,7 +158,38 @@ def child_distillab(args) -> None:
             secs, rollouts, t_gen = distillab_step(w, step)
             print(MARK + json.dumps({"step": step, "seconds": secs, "tokens": sum(rollouts.lengths),
                                      "rollout_s": t_gen}), flush=True)
+            if step + 1 == _warm(args):
+                base = step_memory_start()
         _print_profile(prof, args)
+        print(MARK + json.dumps(step_memory_end(base)), flush=True)
+
+
+def _warm(args) -> int:
+    """The uncounted first steps of a round (``--warmup``; 1, or 4 with ``--compile``), at least 1."""
+    return max(1, args.warmup if args.warmup is not None else (4 if getattr(args, "compile", False) else 1))
+
+
+def _status_mb(field: str) -> float:
+    """``field`` of /proc/self/status (``VmRSS``: resident now; ``VmHWM``: its peak), in MiB (Linux)."""
+    with open("/proc/self/status") as f:
+        kb = next(line.split()[1] for line in f if line.startswith(field + ":"))
+    return int(kb) / 1024
+
+
+def step_memory_start() -> float:
+    """The resident set after the warm-up steps (models, optimizer state, allocator pools: the set-up),
+    in MiB; the peak is reset here (``/proc/self/clear_refs`` 5) so that `step_memory_end` reads the
+    peak of the counted steps alone."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_mb("VmRSS")
+
+
+def step_memory_end(base: float) -> dict:
+    """``{"memory": {"setup_mb", "peak_mb", "step_mb"}}``: the resident set after set-up (`step_memory_start`),
+    the peak during the counted steps, and their difference: what a step needs above its set-up."""
+    peak = _status_mb("VmHWM")
+    return {"memory": {"setup_mb": base, "peak_mb": peak, "step_mb": peak - base}}
 
 
 def _profiler(args):
@@ -210,8 +245,9 @@ def _collator(pad_id: int):
     return collate
 
 
-def trl_trainer(args, steps: int, records: list | None = None):
-    """A ``GKDTrainer`` on the benchmark's setting; ``records`` gets (time, tokens) per step."""
+def trl_trainer(args, steps: int, records: list | None = None, memory: list | None = None):
+    """A ``GKDTrainer`` on the benchmark's setting; ``records`` gets (time, tokens) per step, and
+    ``memory`` the resident set after the warm-up steps (`step_memory_start`)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
     from datasets import Dataset
@@ -250,6 +286,8 @@ def trl_trainer(args, steps: int, records: list | None = None):
         def on_step_end(self, a, state, control, **kw):
             if records is not None:
                 records.append((time.perf_counter(), tokens[-1]))
+                if state.global_step == _warm(args):
+                    memory.append(step_memory_start())
 
     model = load_model(student)
     return Trainer(model=model, teacher_model=load_model(teacher), args=cfg, processing_class=tok,
@@ -260,7 +298,8 @@ def trl_trainer(args, steps: int, records: list | None = None):
 def child_trl(args) -> None:
     """``--steps`` GKDTrainer steps; one JSON line per step."""
     records: list = []
-    trainer = trl_trainer(args, args.steps, records)
+    memory: list = []
+    trainer = trl_trainer(args, args.steps, records, memory)
     prof = _profiler(args)
     if prof is not None:
         prof.enable()
@@ -268,6 +307,7 @@ def child_trl(args) -> None:
     _print_profile(prof, args)
     for i in range(1, len(records)):
         print(MARK + json.dumps({"step": i - 1, "seconds": records[i][0] - records[i - 1][0], "tokens": records[i][1]}))
+    print(MARK + json.dumps(step_memory_end(memory[0])))
 
 
 def child_trl_whole(args) -> None:
@@ -309,11 +349,13 @@ def _run_child(args, kind: str, policy: str) -> list[dict]:
 def in_loop(args, policy: str) -> dict:
     """Interleaved rounds of both frameworks; per framework, the per-step rows after warm-up."""
     rows: dict[str, list[dict]] = {"distillab": [], "trl": []}
+    mems: dict[str, list[dict]] = {"distillab": [], "trl": []}
     for r in range(args.rounds):
         order = ("distillab", "trl") if r % 2 == 0 else ("trl", "distillab")
         for kind in order:
             got = _run_child(args, kind, policy)
-            counted = got[args.warmup:]
+            mems[kind] += [x["memory"] for x in got if "memory" in x]
+            counted = [x for x in got if "memory" not in x][args.warmup:]
             rows[kind] += counted
             med = statistics.median(x["seconds"] for x in counted)
             print(f"  round {r} {policy} {kind:9s} median {med * 1e3:7.1f} ms/step over {len(counted)} steps", flush=True)
@@ -321,7 +363,9 @@ def in_loop(args, policy: str) -> dict:
     for kind, rs in rows.items():
         secs, toks = sum(x["seconds"] for x in rs), sum(x["tokens"] for x in rs)
         out[kind] = {"s_per_step": statistics.median(x["seconds"] for x in rs), "tokens_per_s": toks / secs,
-                     "tokens_per_step": toks / len(rs)}
+                     "tokens_per_step": toks / len(rs),
+                     "setup_mb": statistics.median(m["setup_mb"] for m in mems[kind]),
+                     "step_mb": statistics.median(m["step_mb"] for m in mems[kind])}
     return out
 
 
@@ -392,8 +436,9 @@ def main(argv=None) -> int:
     if args.plumbing:
         return plumbing(args)
     args.warmup = args.warmup if args.warmup is not None else 4 if args.compile else 1
-    if not 0 <= args.warmup < args.steps:
-        p.error(f"--warmup ({args.warmup}) must be >= 0 and less than --steps ({args.steps})")
+    if not 0 <= args.warmup < args.steps or _warm(args) >= args.steps:
+        p.error(f"--warmup ({args.warmup}) must be >= 0 and less than --steps ({args.steps}), and --steps at least 2 "
+                "(the step memory is measured after the first step)")
     if args.child:
         CHILDREN[args.child](args)
         return 0
@@ -416,18 +461,27 @@ def plumbing(args) -> int:
         return compare(args)
 
 
+def _ratio(a: float, b: float) -> str:
+    """``a / b`` as ``0.23x``, or ``nan`` where ``b`` is not above 0 (a step that allocated nothing beyond set-up)."""
+    return f"{a / b:.2f}x" if b > 0 else "nan"
+
+
 def compare(args) -> int:
     """The in-loop comparison (``--rounds``) and the whole run (unless ``--no-whole``), printed."""
     print(f"{args.config}: batch {args.batch}, <= {args.max_tokens} new tokens, tau 1, 1 torch thread, "
           f"{args.rounds} interleaved rounds x {args.steps} steps (first {args.warmup} of each round not counted)"
           f"{', both compiled' if args.compile else ''}", flush=True)
     results = {pol: in_loop(args, pol) for pol in args.policies.split(",")} if args.rounds else {}
-    print("\npolicy  framework   s/step  completion tok/s  tok/step" if results else "(--rounds 0: no in-loop part)")
+    print("\npolicy  framework   s/step  completion tok/s  tok/step  set-up MiB  step MiB" if results
+          else "(--rounds 0: no in-loop part)")
     for pol, res in results.items():
         for kind, r in res.items():
-            print(f"{pol:6s}  {kind:9s} {r['s_per_step']:8.4f} {r['tokens_per_s']:17.1f} {r['tokens_per_step']:9.1f}")
-        print(f"{pol:6s}  distillab/TRL completion tokens/s: {res['distillab']['tokens_per_s'] / res['trl']['tokens_per_s']:.2f}x"
-              f"   (TRL s/step / distillab s/step: {res['trl']['s_per_step'] / res['distillab']['s_per_step']:.2f}x)")
+            print(f"{pol:6s}  {kind:9s} {r['s_per_step']:8.4f} {r['tokens_per_s']:17.1f} {r['tokens_per_step']:9.1f} "
+                  f"{r['setup_mb']:11.0f} {r['step_mb']:9.0f}")
+        ds, trl = res["distillab"], res["trl"]
+        print(f"{pol:6s}  distillab/TRL completion tokens/s: {ds['tokens_per_s'] / trl['tokens_per_s']:.2f}x"
+              f"   (TRL s/step / distillab s/step: {trl['s_per_step'] / ds['s_per_step']:.2f}x)"
+              f"   step memory distillab/TRL: {_ratio(ds['step_mb'], trl['step_mb'])}")
     if not args.no_whole:
         t_ds, t_trl = whole(args)
         print(f"\nwhole {WHOLE_STEPS}-step OnPD run: distillab sweep {t_ds:.1f} s (Ray start-up, evaluations and "
