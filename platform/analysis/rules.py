@@ -165,9 +165,9 @@ RULES: dict[str, Rule] = {
 PAPER: tuple[tuple[str, str, str, str], ...] = (
     ("F1", "final in-distribution accuracy", "no consistent advantage of either rollout policy; forward KL "
      "stable across policies and LRs, reverse KL sensitive to LR", "PROTOCOL.md §7.1"),
-    ("F2", "ΔOOD (forgetting)", "within ~1.3 points at LR 1e-5; −11 to −14 points at LR 5e-5", "the paper, as distillab issue 17 quotes it"),
+    ("F2", "ΔOOD (forgetting)", "within ~1.3 points at LR 1e-5; −11 to −14 points at LR 5e-5", "the paper (arXiv 2609.35259), as docs/protocol.md quotes it"),
     ("F2", "update sparsity S_1e-6", "85–90 % at LR 1e-5; 52–60 % at LR 5e-5 (falls roughly linearly with LR; "
-     "OffPD at least as sparse)", "the paper, as distillab issue 17 quotes it; PROTOCOL.md §7.2"),
+     "OffPD at least as sparse)", "the paper (arXiv 2609.35259), as docs/protocol.md quotes it; PROTOCOL.md §7.2"),
     ("F3", "accuracy along λ", "forward KL robust along the spectrum; reverse KL needs λ > 0 and can collapse "
      "at high LR", "PROTOCOL.md §7.3"),
     ("F4", "coverage pass@k at similar pass@1", "higher for forward KL than for reverse KL", "PROTOCOL.md §7.4"),
