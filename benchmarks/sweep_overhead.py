@@ -247,7 +247,7 @@ def report_single(s: dict, steps: int, trl: float | None) -> None:
     parts += [("Tune outside the trial (set-up, results, shutdown)", in_sweep - t["wall"] - t["trainable"])]
     known = sum(v for _, v in parts if v == v)
     parts += [("report and exit", s["wall"] - known)]
-    # Ray starts in the CLI's main thread while another imports and checks (cli._sweep): its time is inside the start-up's
+    # Ray starts in the CLI's main thread while another imports and checks (driver.api._start): its time is inside the start-up's
     parts.insert(1, ("  of which ray.init, beside the imports and checks", cli.get("ray.init", float("nan"))))
     for name, v in parts:
         print(f"  {name:<52} {v:6.1f} s" if v == v else f"  {name:<52}      -")

@@ -22,10 +22,10 @@ esac
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # DeepSpeed's CPU shared-memory collective is a C++ extension compiled on first use (~50 s on 2 cores);
 # build it once here, into .cache/torch_extensions (scripts/env.sh), so that no trial or test waits for it
-# (CPU machines only: the GPU-driver files are the CLI's own, distillab.driver.cli.GPU_DRIVER_FILES)
+# (CPU machines only: the GPU-driver files are the CLI's own, distillab.driver.environ.GPU_DRIVER_FILES)
 (. scripts/env.sh && .venv/bin/python -c "
 import os, pathlib
-from distillab.driver.cli import GPU_DRIVER_FILES
+from distillab.driver.environ import GPU_DRIVER_FILES
 if not any(pathlib.Path(f).exists() for f in GPU_DRIVER_FILES):
     os.environ.setdefault('DS_ACCELERATOR', 'cpu')
     from deepspeed.comm.torch import build_shm_op

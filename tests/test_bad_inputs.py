@@ -340,18 +340,19 @@ def test_ctrl_c_during_start_up_is_one_line_and_exit_130(tmp_path) -> None:
 
 
 def test_a_ctrl_c_python_swallowed_during_start_up_is_raised_when_it_ends() -> None:
-    """`cli._start_up_interrupts`: a SIGINT whose KeyboardInterrupt is lost inside the start-up (as
-    Python loses one raised in an at-fork or finaliser callback) still ends the start-up with
-    KeyboardInterrupt; a start-up without one ends normally; the previous handler is restored."""
+    """`driver.api._start_up_interrupts` (the start-up of `distillab sweep` and `run_sweep` alike): a SIGINT
+    whose KeyboardInterrupt is lost inside the start-up (as Python loses one raised in an at-fork or finaliser
+    callback) still ends the start-up with KeyboardInterrupt; a start-up without one ends normally; the
+    previous handler is restored."""
     import os
 
-    from distillab.driver import cli
+    from distillab.driver import api
 
     before = signal.getsignal(signal.SIGINT)
-    with cli._start_up_interrupts():
+    with api._start_up_interrupts():
         pass
     with pytest.raises(KeyboardInterrupt):
-        with cli._start_up_interrupts():
+        with api._start_up_interrupts():
             try:  # the interrupt is raised here and swallowed, as in a callback Python cannot raise from
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(1.0)

@@ -26,7 +26,7 @@ import polars as pl
 import _tolerance as tol
 import pytest
 
-from distillab.driver.cli import HARMLESS_RAY_LINES
+from distillab.driver.environ import HARMLESS_RAY_LINES
 from distillab.config import load_sweep
 from distillab.models import build_char_tokenizer, micro_llama_config
 
@@ -115,10 +115,10 @@ def test_every_trials_stage_line_is_printed_when_it_arrives() -> None:
     words without digits, so the stage lines of three trials (three processes) look alike:
     by default it prints the first and holds the others for its 5 s window, then prints one
     "[repeated 2x across cluster]" line for both; under the CLI's ``RAY_DEDUP_LOGS_ALLOW_REGEX``
-    (`cli.NEVER_DEDUPLICATED_LINES`) each is printed as it arrives. Ray's own class, fake clock."""
+    (`environ.NEVER_DEDUPLICATED_LINES`) each is printed as it arrives. Ray's own class, fake clock."""
     from ray._private.ray_logging import LogDeduplicator
 
-    from distillab.driver.cli import NEVER_DEDUPLICATED_LINES, any_of
+    from distillab.driver.environ import NEVER_DEDUPLICATED_LINES, any_of
 
     allow = any_of(NEVER_DEDUPLICATED_LINES)
     line = "[trial] offpd-forward-lr0.001-s{s}-0a1b2c3{s} distill step 4: countdown3 acc 0.0{s}0 (eval 0.{s} s)"
@@ -274,11 +274,11 @@ def test_trackers_hold_every_trials_config_and_accuracy(run_locally, tmp_path: P
 
 
 def test_harmless_ray_lines_are_dropped_and_faults_kept() -> None:
-    """Ray's log deduplicator under the CLI's ``RAY_DEDUP_LOGS_SKIP_REGEX`` (`cli.HARMLESS_RAY_LINES`)
+    """Ray's log deduplicator under the CLI's ``RAY_DEDUP_LOGS_SKIP_REGEX`` (`environ.HARMLESS_RAY_LINES`)
     drops each known-harmless line as Ray forwards it, and keeps lines that signal a fault."""
     from ray._private.ray_logging import LogDeduplicator
 
-    from distillab.driver.cli import any_of
+    from distillab.driver.environ import any_of
 
     dedup = LogDeduplicator(5, None, any_of(HARMLESS_RAY_LINES), _timesource=lambda: 0.0)
     harmless = ["[mutex.cc : 452] RAW: Lock blocking 0x5632c593f900 @",
@@ -383,13 +383,13 @@ def test_token_auth_is_said_only_before_ray_reads_its_mode(monkeypatch) -> None:
     one would reach the cluster's processes only (the driver then fails "InvalidAuthToken")."""
     import ray  # noqa: F401  (imported, as in the tests that call main())
 
-    from distillab.driver.cli import _env_defaults
+    from distillab.driver.environ import env_defaults
 
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
-    _env_defaults(local_ray=True)
+    env_defaults(local_ray=True)
     assert "RAY_AUTH_MODE" not in os.environ
-    fresh = ("import os, sys; from distillab.driver.cli import _env_defaults; assert 'ray' not in sys.modules; "
-             "_env_defaults(local_ray=True); print(os.environ['RAY_AUTH_MODE'])")
+    fresh = ("import os, sys; from distillab.driver.cli import main; from distillab.driver.environ import env_defaults; "
+             "assert 'ray' not in sys.modules; env_defaults(local_ray=True); print(os.environ['RAY_AUTH_MODE'])")
     env = {k: v for k, v in os.environ.items() if k != "RAY_AUTH_MODE"}
     out = subprocess.run([sys.executable, "-c", fresh], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -344,6 +344,7 @@ def test_the_block_checks_find_what_they_should() -> None:
 RUN_OUTPUT = {
     "running.md": ["payload bytes per token: logits (in-worker) 216, hidden 256, topk 2 20, topk 8 68"],
     "rlvr.md": ["[14819, 14783]"],
+    "python_api.md": ["4 trials planned", "66 trials in docs/data/micro_findings", "the rule holds"],
 }
 
 

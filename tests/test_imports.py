@@ -31,10 +31,13 @@ FOLDERS = {"platform": "distillab", "ops": "distillab.ops", "evals": "distillab.
 #: What each layer of DESIGN.md must never import (the data path flows one way).
 RECIPE_AND_DRIVER = {"recipe", "driver"}
 LOWER = ("config", "models", "tasks", "ops", "rollout", "evals")
-LAZY_MODULES = ("driver.cli", "driver.sweep")
+LAZY_MODULES = ("driver.cli", "driver.sweep", "driver.api")
 #: The modules that sit flat in ``platform/``: the lowest layer, names (`registry`) and the results schema
 #: (`tables`) that every layer writes through; everything else is in the folder of its layer.
 FLAT = {"registry", "tables"}
+#: The Python API (`distillab.api`): flat in ``platform/`` too, but the top, above every layer: it re-exports
+#: the driver's functions (``distillab`` itself is a namespace package and cannot hold them) and no module imports it.
+FACADE = "api"
 
 
 def _modules() -> dict[str, Path]:
@@ -118,7 +121,16 @@ def test_layers_are_read_from_the_folders() -> None:
 def test_only_the_lowest_layer_is_flat() -> None:
     """Every module of ``platform/`` is in the folder of its layer, but for `FLAT`."""
     flat = {name for name in MODULES if "." not in name and name not in PACKAGES}
-    assert flat == FLAT, sorted(flat ^ FLAT)
+    assert flat == FLAT | {FACADE}, sorted(flat ^ (FLAT | {FACADE}))
+
+
+def test_the_api_is_the_top() -> None:
+    """`distillab.api` imports only the driver's API module and nothing imports it (the CLI calls the same
+    functions through `distillab.driver.api`), so the flat façade sits above every layer."""
+    assert {t for t, _, _ in _imports(MODULES[FACADE])} == {"driver.api"}
+    bad = [f"{path.relative_to(REPO)}:{line} ({name}) imports distillab.api"
+           for name, path in MODULES.items() for t, _, line in _imports(path) if t == FACADE]
+    assert not bad, "\n".join(bad)
 
 
 def test_lower_folders_never_reach_the_recipe() -> None:

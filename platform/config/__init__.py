@@ -39,7 +39,7 @@ from distillab.config.evaluation import (
 )
 from distillab.config.grid import apply_point, point_of
 from distillab.config.identity import cache_key, checkpoint_identity, config_hash, content_identity, file_sha256
-from distillab.config.load import UniqueKeyLoader, load_sweep, load_yaml, yaml_error_line
+from distillab.config.load import UniqueKeyLoader, load_sweep, load_yaml, with_overrides, yaml_error_line
 from distillab.config.models import (
     SOURCE_KINDS,
     SOURCE_SPELLINGS,
@@ -137,4 +137,5 @@ __all__ = [
     "load_yaml",
     "yaml_error_line",
     "load_sweep",
+    "with_overrides",
 ]

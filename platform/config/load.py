@@ -107,11 +107,30 @@ def load_sweep(path: str | Path, overrides: dict[str, Any] | None = None) -> Swe
             field (named in the message).
         FileNotFoundError: no such file.
     """
-    data = _resolve_extends(Path(path))
+    return _validated(_resolve_extends(Path(path)), overrides, str(path))
+
+
+def with_overrides(sweep: SweepConfig, overrides: dict[str, Any] | None) -> SweepConfig:
+    """``sweep`` with the dotted-key values ``overrides`` applied on top, validated again: what
+    `load_sweep` does with them, on a config already built (``distillab.api.run_sweep``). Without
+    overrides, ``sweep`` itself.
+
+    Raises:
+        ConfigError: an unknown key or a value a field does not allow (named in the message, with
+            the sweep's name).
+    """
+    if not overrides:
+        return sweep
+    return _validated(sweep.model_dump(mode="json"), overrides, f"sweep {sweep.name!r}")
+
+
+def _validated(data: dict[str, Any], overrides: dict[str, Any] | None, source: str) -> SweepConfig:
+    """``data`` with ``overrides`` set (`set_dotted`) as a `SweepConfig`; a `ConfigError` names
+    ``source`` and the overridden keys."""
     for k, v in (overrides or {}).items():
         set_dotted(data, k, v)
     try:
         return SweepConfig.model_validate(data)
     except ValidationError as e:
         given = f" (with --set {', '.join(overrides)})" if overrides else ""
-        raise ConfigError(f"{path}{given}: {_errors(e, SweepConfig)}") from None
+        raise ConfigError(f"{source}{given}: {_errors(e, SweepConfig)}") from None

@@ -29,99 +29,35 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import datetime
 import logging
 import os
 import shlex
-import signal
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from pathlib import Path
 
 import yaml
 
-from distillab.driver.checks import (  # the standard library only
-    checkpoint_files_error,
-    env_errors,
-    number_errors,
-    storage_error,
+from distillab.driver.api import (  # its imports of distillab's modules and ray are lazy, as here
+    RESUME_ONLY,
+    findings,
+    load_results,
+    not_sweeps,
+    preflight,
+    prepare_models,
+    print_tables,
+    run_sweep,
+    static_checks,
+    sweep_config,
 )
-from distillab.driver.imports import without_unused_integrations  # the standard library only: no cost at start-up
-
-#: Lines of Ray's forwarded worker logs that a calm console drops (``RAY_DEDUP_LOGS_SKIP_REGEX``, read
-#: when ray is imported; Ray's session logs keep them). Each is known to be harmless:
-HARMLESS_RAY_LINES = (
-    # Ray Train's PlacementGroupCleaner asks the state API, which the dashboard serves, about its
-    # controller every second; without a dashboard (--no-dashboard) it cannot, and says so each time
-    r"Failed to query Ray Train Controller actor state",
-    # the raylet's note that more worker processes started than it expects at once: every trial
-    # starts several actors (Tune trial, Train controller and its helpers, workers)
-    r"PYTHON worker processes have been started on node",
-    # Ray core's note that an actor would not survive losing its constructor's arguments: Ray Train's
-    # PreemptionWatcher (restarted with its run instead) and, with tracking.wandb, Ray's W&B logging actor
-    r"Actor with class name: '(?:PreemptionWatcher|_WandbLoggingActor)' .*constructor arguments in the object store",
-    # wandb's deprecation note on the `reinit=True` that Ray's WandbLoggerCallback passes
-    r"wandb: WARNING Using a boolean value for 'reinit' is deprecated",
-    # DeepSpeed's print after loading its CPU shared-memory collective (compiled once, loaded by every worker)
-    r"DeepSpeed deepspeed\.ops\.comm\.deepspeed_shm_comm_op built successfully",
-    # abseil's trace of a mutex wait in Ray's core worker (seen from Ray Train's PlacementGroupCleaner):
-    # "[mutex.cc : 452] RAW: Lock blocking 0x... @": a debug note, not an error
-    r"\[mutex\.cc : \d+\] RAW: Lock blocking",
-)
-
-
-#: Lines of Ray's forwarded worker logs that are never deduplicated (``RAY_DEDUP_LOGS_ALLOW_REGEX``, read
-#: when ray is imported): a trial's stage line (`evals.suite.stage_line`). Ray's deduplicator keys a
-#: line on its words without digits, so two trials' lines for one stage look alike: from a second
-#: process within ``RAY_DEDUP_LOGS_AGG_WINDOW_S`` (5 s) it held the line back (it printed after the
-#: sweep's end), and from a third it would print one "[repeated Nx across cluster]" line for them all
-NEVER_DEDUPLICATED_LINES = (r"\[trial\] ",)
-
-
-def any_of(patterns: tuple[str, ...]) -> str:
-    """One regular expression matching any of ``patterns`` (Ray's ``RAY_DEDUP_LOGS_*_REGEX`` take one)."""
-    return "|".join(f"(?:{p})" for p in patterns)
+from distillab.driver.checks import NUMBER_FLAGS, storage_error  # the standard library only
+from distillab.driver.environ import env_defaults  # the standard library only
 
 
 def help_text(doc: str) -> str:
     """``distillab --help``'s description: the module docstring up to its paragraph for
     developers (from "For developers:"), reST's double backquotes printed as single ones."""
     return doc.split("\n\nFor developers:")[0].strip().replace("``", "`")
-
-
-#: files that exist where a GPU driver is loaded (NVIDIA's; ROCm's kernel driver): without them torch sees no GPU
-GPU_DRIVER_FILES = ("/proc/driver/nvidia/version", "/dev/kfd")
-
-
-def _env_defaults(verbose: bool = False, local_ray: bool = False) -> None:
-    cache = Path(os.environ.get("DISTILLAB_CACHE", ".cache")).resolve()
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache / "torch_extensions"))
-    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
-    if not any(Path(d).exists() for d in GPU_DRIVER_FILES):  # no GPU driver: DeepSpeed's CPU accelerator, said
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")      # before anything imports it (else it warns on each run)
-    # token authentication, Ray's default for a new local cluster, said before ray is imported (so
-    # without its "Token authentication is enabled"); once imported (main() called in-process, as in
-    # the tests), Ray has read its mode and a new one would reach only the cluster's processes
-    if local_ray and "ray" not in sys.modules:
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
-    if not sys.stdout.isatty():  # a file or a pipe: Ray's worker-log prefixes without ANSI colour codes
-        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
-    if verbose:  # every line of every worker, undeduplicated
-        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    else:
-        os.environ.setdefault("RAY_DEDUP_LOGS_SKIP_REGEX", any_of(HARMLESS_RAY_LINES))
-        os.environ.setdefault("RAY_DEDUP_LOGS_ALLOW_REGEX", any_of(NEVER_DEDUPLICATED_LINES))
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # micro models load in milliseconds
-        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # tracking.mlflow: its store's set-up notes
-        # Tune's "The `on_step_begin` operation took 0.697 s, which may be a performance bottleneck"
-        # (its default threshold is 0.5 s; on a loaded machine the driver shares the cores with the
-        # trials): said from 5 s on, where a driver stall is worth a line
-        os.environ.setdefault("TUNE_WARN_THRESHOLD_S", "5")
 
 
 def parse_overrides(pairs: list[str]) -> dict:
@@ -197,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    _env_defaults(getattr(args, "verbose", False),
-                  local_ray=args.cmd == "sweep" and not args.address and not os.environ.get("RAY_ADDRESS"))
+    env_defaults(getattr(args, "verbose", False),
+                 local_ray=args.cmd == "sweep" and not args.address and not os.environ.get("RAY_ADDRESS"))
     if args.cmd == "report":
         return _report(args)
     if args.cmd == "findings":
@@ -206,94 +142,51 @@ def _main(args) -> int:
     from distillab.config import ConfigError  # lazy: see the module docstring
 
     try:
-        sweep = _load(args)
-        static_checks(args, sweep)  # before anything starts (Ray, prepare, the imports of torch)
+        if args.cmd == "sweep":
+            return _sweep(args)
+        return _prepare(args)
     except (ConfigError, FileNotFoundError) as e:
         print(f"distillab: {e}", file=sys.stderr)
         return 2
-    if getattr(args, "dry_run", False):
-        return _dry_run(args, sweep)
-    if args.cmd == "prepare":
-        try:
-            _preflight(sweep, note=False)
-        except ConfigError as e:
-            print(f"distillab: {e}", file=sys.stderr)
-            return 2
-        teacher, student = _prepare(args, sweep)
-        print(f"teacher: {teacher}\nstudent: {student}")
-        return 0
-    return _sweep(args, sweep)
 
 
-def _load(args):
-    """The validated sweep config of ``args``: the YAML with its ``--set`` overrides, or with
-    ``--resume`` the sweep directory's ``sweep.json``. Raises `config.ConfigError`."""
-    from distillab.config import ConfigError, load_sweep  # lazy: see the module docstring
-    from distillab.tasks import registry  # noqa: F401  (lazy: every task module registers its section first)
-
-    resume = getattr(args, "resume", None)
-    if resume:
-        if args.config or args.set:
-            raise ConfigError("--resume takes the sweep directory only (its sweep.json holds the config)")
-        return load_resumable(resume)
-    if not args.config:
-        raise ConfigError("sweep needs a config YAML (or --resume PATH)")
-    return load_sweep(args.config, parse_overrides(args.set))
+def _flags(args) -> dict:
+    """The numeric flags of ``args`` by their destinations (`checks.NUMBER_FLAGS`)."""
+    return {dest: getattr(args, dest, None) for dest, _, _ in NUMBER_FLAGS.values()}
 
 
-def static_checks(args, sweep) -> None:
-    """What `checks` can say without Ray or torch, every bad input in one line: the numeric
-    flags, the environment switches, the checkpoint folders' files (config, tokenizer and,
-    for a run, weights), a GGUF source's file (its package installed and holding it), and for a run (not ``--dry-run``, which plans from configs alone and
-    writes nothing) ``storage_path`` (or the ``--resume`` directory), ``models.cache_dir`` and
-    ``$DISTILLAB_CACHE``. Raises `config.ConfigError`."""
-    from distillab.config import ConfigError  # lazy: see the module docstring
+def _prepare(args) -> int:
+    """``distillab prepare``: the checks of `api.static_checks` and `api.preflight`, then
+    `api.prepare_models`. Raises `config.ConfigError`, FileNotFoundError (a missing YAML)."""
+    sweep = sweep_config(args.config, parse_overrides(args.set))
+    static_checks(sweep, _flags(args), run=True)  # before anything starts (prepare, the imports of torch)
+    preflight(sweep, note=False)
+    from distillab.recipe.telemetry import process_start_time  # lazy: see the module docstring
 
-    errors, run = number_errors(args) + env_errors(), not getattr(args, "dry_run", False)
-    if run:
-        resume = getattr(args, "resume", None)
-        dirs = {"models.cache_dir": sweep.models.cache_dir}
-        if args.cmd == "sweep":
-            dirs = {"--resume" if resume else "storage_path": resume or sweep.storage_path, **dirs}
-        if os.environ.get("DISTILLAB_CACHE"):  # torch's compiled extensions (DeepSpeed's) go under it
-            dirs["DISTILLAB_CACHE"] = os.environ["DISTILLAB_CACHE"]
-        errors += [w for f, d in dirs.items() if (w := storage_error(d, f)) is not None]
-    paths = {sweep.models.source_field(r): s.hf for r in ("teacher", "student") if (s := sweep.models.source(r)).hf}
-    errors += [w for f, p in paths.items() if (w := checkpoint_files_error(p, f, run)) is not None]
-    errors += [w for r in ("teacher", "student") if (w := sweep.models.source_error(r)) is not None]
-    if errors:
-        raise ConfigError("; ".join(errors))
+    teacher, student = prepare_models(sweep, args.threads, args.force, started=process_start_time())
+    print(f"teacher: {teacher}\nstudent: {student}")
+    return 0
 
 
-def _preflight(sweep, note: bool = True) -> None:
-    """The checks before anything runs: the checkpoints (`plan.check_checkpoints`: configs
-    and tokenizers) and, with ``note``, the bf16-on-CPU note (printed). Imports `plan` and,
-    through it, what ``prepare`` and the sweep need (without the integrations distillab never
-    uses: `imports.without_unused_integrations`). Raises `config.ConfigError`."""
-    with without_unused_integrations():
-        from distillab.driver.plan import bf16_cpu_note, check_checkpoints  # lazy: see the module docstring
-    check_checkpoints(sweep)  # before anything starts: configs and tokenizers only
-    said = bf16_cpu_note(sweep) if note else None
-    if said is not None:
-        print(f"distillab: {said}", file=sys.stderr)
+def _sweep(args) -> int:
+    """``distillab sweep``: `api.run_sweep` with the flags; exit 0, or 1 when trials failed or the
+    sweep was interrupted (a dry run: when the trials can never be placed on the cluster). Raises
+    `config.ConfigError`, FileNotFoundError (exit 2 in `_main`)."""
+    if args.resume and (args.config or args.set):
+        from distillab.config import ConfigError  # lazy: see the module docstring
 
+        raise ConfigError(RESUME_ONLY)
+    overrides = parse_overrides(args.set)
+    from distillab.recipe.telemetry import process_start_time  # lazy: see the module docstring
 
-def _prepare(args, sweep, ray_s: float | None = None):
-    """``[time] start-up`` (interpreter, imports, validation, checks) and, given ``ray_s``
-    (a sweep's: Ray started in those seconds, `_sweep`), ``[time] ray.init``; then
-    `prepare.prepare` and its ``[time]`` line. Returns ``(teacher, student)`` directories."""
-    from distillab.recipe.prepare import prepare  # lazy: see the module docstring
-    from distillab.recipe.telemetry import print_time, process_start_time
-
-    started = process_start_time()
-    if started is not None:
-        print_time("start-up", time.time() - started)  # interpreter, imports, validation, checks
-    if ray_s is not None:
-        print_time("ray.init", ray_s, note=" (within the start-up above: Ray starts while the checks run)")
-    t0 = time.perf_counter()
-    out = prepare(sweep, threads=args.threads, force=args.force)
-    print_time("prepare", time.perf_counter() - t0)
-    return out
+    run = run_sweep(args.resume or args.config, overrides, dry_run=args.dry_run, resume=bool(args.resume),
+                    address=args.address, dashboard=not args.no_dashboard, verbose=args.verbose,
+                    threads=args.threads, force=args.force, nodes=args.nodes, node_cpus=args.node_cpus,
+                    node_gpus=args.node_gpus, throughput=args.throughput,
+                    command=shlex.join(["distillab", *sys.argv[1:]]), started=process_start_time())
+    if args.dry_run:
+        return 0 if run.placeable else 1
+    return 0 if run.complete else 1  # interrupted or failed trials
 
 
 def _add_dry_run_args(sw: argparse.ArgumentParser) -> None:
@@ -307,57 +200,25 @@ def _add_dry_run_args(sw: argparse.ArgumentParser) -> None:
                     help="--dry-run: effective TFLOP/s per GPU for the estimate (default: distillab.driver.plan.ASSUMED_TFLOPS)")
 
 
-def _dry_run(args, sweep) -> int:
-    """``distillab sweep --dry-run``: the plan of `distillab.driver.plan.dry_run`; exit 2 for a bad
-    checkpoint, 1 when the trials can never be placed on the cluster, else 0."""
-    from distillab.config import ConfigError  # lazy: see the module docstring
-    from distillab.driver.plan import Cluster, dry_run
-
-    here = Cluster.this_machine()
-    given = (args.nodes, args.node_cpus, args.node_gpus) != (None, None, None)
-    cluster = Cluster(args.nodes or 1, args.node_cpus if args.node_cpus is not None else here.cpus,
-                      args.node_gpus if args.node_gpus is not None else here.gpus,
-                      "the given cluster" if given else here.source)
-    try:
-        text, placeable = dry_run(sweep, cluster, args.throughput)
-    except ConfigError as e:
-        print(f"distillab: {e}", file=sys.stderr)
-        return 2
-    print(text)
-    return 0 if placeable else 1
-
-
-def _not_sweeps(cmd: str, paths: list[str]) -> str | None:
-    """Why ``paths`` cannot be read as sweep directories (missing, or no sweep.json and no
-    trials table), or None."""
-    from distillab.analysis.results import is_sweep_dir  # lazy: see the module docstring
-
-    files = [p for p in paths if Path(p).is_file()]
-    if files:  # e.g. the sweep's YAML
-        return (f"distillab: {cmd}: {', '.join(files)}: a file, not a sweep directory; {cmd} reads the results a "
-                f"sweep wrote to <storage_path>/<name>/, e.g. runs/micro")
-    missing = [p for p in paths if not Path(p).is_dir()]
-    if missing:
-        return f"distillab: {cmd}: no such sweep directory: {', '.join(missing)}"
-    other = [p for p in paths if not is_sweep_dir(p)]
-    if other:
-        return (f"distillab: {cmd}: not a sweep directory (no sweep.json, no trials table): {', '.join(other)}; "
-                f"a sweep writes its results to <storage_path>/<name>/, e.g. runs/micro")
-    return None
+def _bad_paths(cmd: str, paths: list[str], out: str | None, flag: str) -> bool:
+    """Print why ``paths`` are not sweep directories (`api.not_sweeps`) or ``out`` cannot hold
+    what ``cmd`` writes (``flag``); True if so."""
+    err = not_sweeps(cmd, paths)
+    why = f"{err}" if err is not None else (storage_error(out, f"{cmd} {flag}") if out else None)
+    if why is not None:
+        print(f"distillab: {why}", file=sys.stderr)
+    return why is not None
 
 
 def _report(args) -> int:
-    """``distillab report``: the headline table (``--full``: every final metric), RLVR
-    rewards, and with ``--plots`` the figures."""
+    """``distillab report``: `api.load_results`, the headline table (``--full``: every final metric),
+    RLVR rewards (`api.print_tables`), and with ``--plots`` the figures."""
     from distillab.analysis.plots import write_report  # lazy: see the module docstring
-    from distillab.analysis.results import load
 
-    why = _not_sweeps("report", args.path) or (storage_error(args.plots, "report --plots") if args.plots else None)
-    if why is not None:
-        print(why if why.startswith("distillab:") else f"distillab: {why}", file=sys.stderr)
+    if _bad_paths("report", args.path, args.plots, "--plots"):
         return 2
-    res = load(args.path if len(args.path) > 1 else args.path[0])
-    _print_tables(res, full=args.full)
+    res = load_results(args.path if len(args.path) > 1 else args.path[0])
+    print_tables(res, full=args.full)
     if args.plots:
         try:
             written = write_report(res, args.plots)  # grouped by the swept config fields
@@ -370,178 +231,27 @@ def _report(args) -> int:
 
 
 def _findings(args) -> int:
-    """``distillab findings``: the verdicts with their statistics, then findings.md and figures."""
-    from distillab.analysis.findings import decide, format_verdicts, write_findings  # lazy: see the module docstring
-    from distillab.analysis.results import load
-    from distillab.recipe.telemetry import print_time
+    """``distillab findings``: `api.findings`, its verdicts with their statistics printed, then
+    findings.md and figures (`api.Findings.write`)."""
+    from distillab.recipe.telemetry import print_time  # lazy: see the module docstring
 
     t0 = time.perf_counter()
-    why = _not_sweeps("findings", args.path) or (storage_error(args.out, "findings --out") if args.out else None)
-    if why is not None:
-        print(why if why.startswith("distillab:") else f"distillab: {why}", file=sys.stderr)
+    if _bad_paths("findings", args.path, args.out, "--out"):
         return 2
-    res = load(args.path if len(args.path) > 1 else args.path[0])
     try:
-        result = decide(res, by=args.by, only=args.only.split(",") if args.only else None, task=args.task)
+        result = findings(args.path if len(args.path) > 1 else args.path[0], by=args.by,
+                          only=args.only.split(",") if args.only else None, task=args.task)
     except ValueError as e:  # an unknown --by column, finding or task
         print(f"distillab: findings: {e}", file=sys.stderr)
         return 2
     if args.task != "countdown3":
         print(f"acc, pass@1 and pass@10 are read on task {args.task} in place of Countdown-3 (--task {args.task}); "
               "the rules are otherwise PROTOCOL.md §9's as written")
-    print(format_verdicts(result))
-    written = write_findings(res, args.out or args.path[0], result, args.path, by=args.by, task=args.task)
+    print(result.text())
+    written = result.write(args.out or args.path[0])
     print(f"findings: {written['findings']}")
     print_time("findings", time.perf_counter() - t0, 0)
     return 0
-
-
-def _sweep(args, sweep) -> int:
-    """``distillab sweep``: Ray up, `prepare`, the sweep (or its resume), Ray down, the
-    report, and the run's record in the sweep directory (`tables.record_run`: the command,
-    its start, the code's git commit, the CPU model and bf16-product arithmetic
-    (`models.arithmetic`), the stages' wall seconds).
-
-    Ray starts in this, the main thread (where Ray installs its SIGTERM handler), while a
-    second thread runs `_preflight`: the checkpoint checks and, on the way, the imports of
-    torch, transformers, DeepSpeed and Ray Tune. The two overlap (issue 14: 2.2 s of a
-    one-trial run's 26 s, ``benchmarks/sweep_overhead.py --trials --steps 40``). A bad
-    checkpoint still stops the run before anything is written or trained: Ray, already up,
-    is shut down and the exit status is 2. So does a trial that no node of the connected
-    cluster can ever hold (`_check_placeable`; what `static_checks` can say without Ray was
-    said before it started). Exit 1 when trials failed or the sweep was interrupted."""
-    import ray  # lazy: see the module docstring
-
-    from distillab.config import ConfigError
-    from distillab.driver.raystart import init_ray
-
-    verbose, perf0, wall0 = 2 if args.verbose else 1, time.perf_counter(), time.time()
-    with _start_up_interrupts(), ThreadPoolExecutor(1, thread_name_prefix="preflight") as pool:
-        checks = pool.submit(_preflight, sweep)
-        try:
-            init_ray(args.address, dashboard=not args.no_dashboard, verbose=verbose,
-                     cpu_only=sweep.resources.gpus_per_worker == 0)
-            ray_s = time.perf_counter() - perf0
-            checks.result()
-            _check_placeable(sweep)
-        except ConfigError as e:
-            ray.shutdown()
-            print(f"distillab: {e}", file=sys.stderr)
-            return 2
-    try:
-        return _run_sweep(args, sweep, verbose, ray_s, perf0, wall0)
-    finally:
-        ray.shutdown()
-
-
-@contextmanager
-def _start_up_interrupts():
-    """Ctrl-C during a sweep's start-up raises KeyboardInterrupt as usual and is also remembered:
-    Python drops an exception raised inside a callback it cannot raise from (seen in CI: the
-    SIGINT landed in logging's at-fork handler ``_releaseLock`` while Ray forked its processes,
-    "Exception ignored", and the sweep ran on), so a remembered one is raised again when the
-    start-up ends, before any trial (`main` then exits 130)."""
-    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
-        yield
-        return
-    hit: list[int] = []
-
-    def interrupt(signum, frame):
-        hit.append(signum)
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGINT, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if hit:
-        raise KeyboardInterrupt
-
-
-def _check_placeable(sweep) -> None:
-    """Every trial's resources against the connected cluster's nodes (`plan.unplaceable`),
-    before any trial: a trial no node can ever hold would wait for ever. Raises
-    `config.ConfigError`."""
-    from distillab.config import ConfigError  # lazy: see the module docstring
-    from distillab.driver.plan import unplaceable
-    from distillab.driver.raystart import node_resources
-
-    why = unplaceable(sweep, node_resources())
-    if why is not None:
-        raise ConfigError(f"{why} (distillab sweep --dry-run --nodes N --node-cpus C --node-gpus G plans one)")
-
-
-def _run_sweep(args, sweep, verbose: int, ray_s: float, perf0: float, wall0: float) -> int:
-    """`_sweep` once Ray is up and the checks passed (``ray_s``: seconds of Ray's start,
-    from ``perf0``/``wall0``, `time.perf_counter`/`time.time` when it began)."""
-    import ray  # lazy: see the module docstring
-
-    from distillab.analysis.results import load
-    from distillab.driver.sweep import completed_trials, expected_trials, resume_sweep, run_sweep
-    from distillab.models import arithmetic
-    from distillab.recipe.telemetry import STAGE_SECONDS, print_time, process_start_time
-    from distillab.tables import code_version, record_run
-
-    teacher, student = _prepare(args, sweep, ray_s)
-    t1 = time.perf_counter()
-    try:
-        root = resume_sweep(args.resume, teacher, student, verbose=verbose) if args.resume else \
-            run_sweep(sweep, teacher, student, verbose=verbose)
-    except FileNotFoundError as e:  # --resume of a directory whose Tune state was never written
-        print(f"distillab: {e}", file=sys.stderr)
-        return 2
-    finally:
-        t2 = time.perf_counter()
-        ray.shutdown()
-    print_time("sweep", ray_s + t2 - t1)  # Ray up to down, less prepare
-    print_time("ray.shutdown", time.perf_counter() - t2)
-    _print_tables(load(root), full=False)
-    started = process_start_time()
-    t0 = perf0 - (wall0 - started) if started is not None else perf0  # perf_counter at the process's start
-    print_time("total", time.perf_counter() - t0, note=f"; results: {root}")
-    done = completed_trials(root)
-    started_at = datetime.datetime.fromtimestamp(started or wall0, datetime.timezone.utc).isoformat(timespec="seconds")
-    record_run(root, {"command": shlex.join(["distillab", *sys.argv[1:]]), "started": started_at, **code_version(),
-                      "cpus": os.cpu_count(), **arithmetic(), "trials_completed": done, "seconds": dict(STAGE_SECONDS)})
-    return 0 if done >= expected_trials(sweep) else 1  # interrupted or failed trials
-
-
-def _print_tables(res, full: bool) -> None:
-    """The headline table (`analysis.plots.summary_table`) or, with ``full``, every final metric
-    (`analysis.results.final_table`), both with one row per swept configuration
-    (`analysis.results.group_columns`: the study axes that vary, never the seed); then the RLVR rewards."""
-    from distillab.analysis.plots import summary_table  # lazy: see the module docstring
-    from distillab.analysis.results import final_table, format_table, group_columns
-
-    table = final_table(res, group_by=group_columns(res)) if full else summary_table(res)
-    print(format_table(table), flush=True)
-    _print_rlvr_rewards(res)
-
-
-def _print_rlvr_rewards(res) -> None:
-    """Mean RLVR training reward over the first and last 10 steps of each trial that had one."""
-    from distillab.analysis.results import rlvr_reward_summary  # lazy: see the module docstring
-
-    summary = rlvr_reward_summary(res)
-    if summary.height:
-        print("RLVR mean training reward, first 10 vs last 10 steps:")
-        for r in summary.iter_rows(named=True):
-            print(f"  {r['trial_id']}: {r['first']:.3f} -> {r['last']:.3f} ({r['change']:+.3f}, {r['steps']} steps)")
-
-
-def load_resumable(path: str):
-    """The validated config of the sweep directory ``path`` (`config.SweepConfig.saved`).
-
-    Raises:
-        ConfigError: no ``sweep.json`` there, or it does not validate (the message starts ``--resume``).
-    """
-    from distillab.config import ConfigError, SweepConfig  # lazy: see the module docstring
-
-    try:
-        return SweepConfig.saved(path)
-    except ConfigError as e:
-        raise ConfigError(f"--resume {e}") from None
 
 
 def run() -> None:
