@@ -77,8 +77,8 @@ def test_prompts_render_through_the_chat_template(pairs) -> None:
     qwen = load_tokenizer(pairs["qwen2"][0])
     assert qwen.decode(render_prompt(qwen, "Countdown.", "25 7 3 -> 96")) == (
         "<|im_start|>system\nCountdown.<|im_end|>\n<|im_start|>user\n25 7 3 -> 96<|im_end|>\n<|im_start|>assistant\n")
-    assert qwen.decode(render_prompt(qwen, "", "reverse abc")).startswith(  # no system prompt: Qwen's default
-        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.")
+    assert qwen.decode(render_prompt(qwen, "", "reverse abc")) == (  # no system prompt: an empty system turn, not
+        "<|im_start|>system\n<|im_end|>\n<|im_start|>user\nreverse abc<|im_end|>\n<|im_start|>assistant\n")  # Qwen's default
     trial = TrialConfig()
     p = TaskData.of(trial).test_split("countdown3")[0]
     text = qwen.decode(countdown_prompt_ids(qwen, trial.tasks, p))
