@@ -179,7 +179,7 @@ class LossConfig(_Strict):
 
 
 class TeacherConfig(_Strict):
-    """Where the teacher scores a trial's rollouts (issue 35, item 2; `distillab.recipe.teacher`).
+    """Where the teacher scores a trial's rollouts (`distillab.recipe.teacher`).
 
     ``serve``: ``worker`` (each trial's workers hold the whole teacher and score in-process: the
     default, the platform's behaviour before this section existed) or ``shared`` (one teacher

@@ -43,7 +43,7 @@ class TrialConfig(_Strict):
     domain: str = "countdown"
     #: optional RLVR stage after distillation (``null``: none)
     rlvr: RLVRConfig | None = None
-    #: numeric precision of training (issue 16): ``fp32``, or ``bf16`` (DeepSpeed bf16, teacher held in
+    #: numeric precision of training: ``fp32``, or ``bf16`` (DeepSpeed bf16, teacher held in
     #: bf16, the ops computing in float32 from bf16 inputs)
     precision: Literal["fp32", "bf16"] = "fp32"
     #: under ``precision: bf16``, the weights the optimizer updates: ``fp32`` master copies (DeepSpeed's

@@ -22,6 +22,7 @@ distillab.driver.sweep, distillab.recipe.prepare, distillab.driver.plan, ray"``,
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import signal
 import sys
@@ -152,12 +153,13 @@ def static_checks(sweep: SweepConfig, flags: Mapping[str, float | None], run: bo
 
 def preflight(sweep: SweepConfig, note: bool = True) -> None:
     """The checks before anything runs: the checkpoints (`plan.check_checkpoints`: configs
-    and tokenizers) and, with ``note``, the bf16-on-CPU note (printed). Imports `plan` and,
+    and tokenizers), the evaluated tasks' test splits (`plan.check_task_data`) and, with ``note``, the bf16-on-CPU note (printed). Imports `plan` and,
     through it, what ``prepare`` and the sweep need (without the integrations distillab never
     uses: `imports.without_unused_integrations`). Raises `config.ConfigError`."""
     with without_unused_integrations():
-        from distillab.driver.plan import bf16_cpu_note, check_checkpoints  # lazy: see the module docstring
+        from distillab.driver.plan import bf16_cpu_note, check_checkpoints, check_task_data  # lazy: module docstring
     check_checkpoints(sweep)  # before anything starts: configs and tokenizers only
+    check_task_data(sweep)  # the evaluated tasks' test splits (a file of your own: there, long enough)
     said = bf16_cpu_note(sweep) if note else None
     if said is not None:
         print(f"distillab: {said}", file=sys.stderr)
@@ -235,6 +237,9 @@ def run_sweep(config_or_path: Any, overrides: Mapping[str, Any] | None = None, *
             written.
     """
     started = time.time() if started is None else started
+    # as the CLI: prepare's progress lines (an SFT step every 200) show in a notebook too; a no-op where the
+    # caller has configured logging
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     env_defaults(verbose, local_ray=not address and not os.environ.get("RAY_ADDRESS"))
     sweep = sweep_config(config_or_path, overrides, resume)
     flags = {"threads": threads, "nodes": nodes, "node_cpus": node_cpus, "node_gpus": node_gpus,

@@ -65,7 +65,7 @@ from distillab.tasks.registry import Task, domain_task, get, registered
 from distillab.tasks.taskio import render
 
 __all__ = ["ASSUMED_TFLOPS", "LM_EVAL_TOKENS_PER_ITEM", "CheckpointError", "Role", "Cluster", "Placement",
-           "Estimate", "check_checkpoints", "placement", "unplaceable", "estimate", "bf16_cpu_note", "dry_run"]
+           "Estimate", "check_checkpoints", "check_task_data", "placement", "unplaceable", "estimate", "bf16_cpu_note", "dry_run"]
 
 #: Effective training-loop throughput per GPU assumed by `estimate`, TFLOP/s (bf16). ASSUMED, not
 #: measured: one tenth of the dense bf16 peak of an H100 SXM or H200, 989 TFLOP/s (NVIDIA's H100 and
@@ -305,9 +305,36 @@ class Estimate:
 
 
 def _mean_prompt_tokens(trial: TrialConfig, tok, task: Task) -> float:
-    """Mean prompt length (tokens, chat template included) of the first `PROMPT_SAMPLE` test items of ``task``."""
-    ids = [render(tok, task.prompt(trial.tasks, it)) for it in task.test_items(trial.tasks, PROMPT_SAMPLE)]
+    """Mean prompt length (tokens, chat template included) of the first `PROMPT_SAMPLE` test items of
+    ``task`` (fewer where its evaluation reads fewer: a small file of your own)."""
+    try:
+        items = task.test_items(trial.tasks, PROMPT_SAMPLE)
+    except ValueError:  # a file of your own shorter than the sample: the rows the evaluation reads (check_task_data)
+        items = task.test_items(trial.tasks, task.evaluation(trial.tasks, trial.evaluation).test_items)
+    ids = [render(tok, task.prompt(trial.tasks, it)) for it in items]
     return sum(map(len, ids)) / len(ids)
+
+
+def check_task_data(sweep: SweepConfig) -> None:
+    """Each evaluated task's test split at the size its evaluation reads (`tasks.base.EvalPlan.test_items`),
+    once per distinct task and evaluation settings of the sweep's trials: a task file that is missing,
+    malformed or shorter than the evaluation needs is said before anything starts.
+
+    Raises:
+        ConfigError: every such task, with its message (the file, its rows, the field to lower)."""
+    errors, seen = [], set()
+    for trial in sweep.trials:
+        for task in _evaluated(trial):
+            key = (task.name, repr(trial.tasks.model_dump(mode="json")), repr(trial.evaluation.model_dump(mode="json")))
+            if key in seen:
+                continue
+            seen.add(key)
+            try:
+                task.test_items(trial.tasks, task.evaluation(trial.tasks, trial.evaluation).test_items)
+            except (ValueError, OSError) as e:
+                errors.append(f"trial.tasks.{task.name}: {e}")
+    if errors:
+        raise ConfigError("; ".join(dict.fromkeys(errors)))
 
 
 def _eval_tokens(trial: TrialConfig, prompt: dict[str, float]) -> float:
@@ -539,6 +566,7 @@ def dry_run(sweep: SweepConfig, cluster: Cluster | None = None, tflops: float | 
     """
     cluster = cluster or Cluster.this_machine()
     roles = check_checkpoints(sweep, weights=False)  # planned from configs: weights need not be there yet
+    check_task_data(sweep)
     p = placement(sweep, cluster)
     lines = [f"[dry-run] {sweep.name}: nothing started (no Ray, no prepare); results would go to {sweep.sweep_dir()}"]
     lines += _models_lines(roles, sweep) + _trial_lines(sweep) + _placement_lines(sweep, p, cluster)

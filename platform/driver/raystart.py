@@ -15,6 +15,8 @@ import socket
 import psutil
 import ray
 
+from distillab.tasks.taskio import LAUNCH_DIR_ENV
+
 log = logging.getLogger(__name__)
 
 
@@ -39,7 +41,10 @@ def init_ray(address: str | None, dashboard: bool, num_cpus: int | None = None, 
     fails as in `RAY_START_RETRIES` is ended and made again, up to `RAY_START_ATTEMPTS` times;
     its last failure, and any other, is raised."""
     # offline unless the caller says otherwise (HF_HUB_OFFLINE=0 lets lm-eval fetch its hub datasets)
-    env_vars = {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false"}
+    env_vars = {"HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1"), "TOKENIZERS_PARALLELISM": "false",
+                # relative task file paths are read from the directory the sweep started in (`tasks.taskio.launch_path`):
+                # a trial's own working directory is Ray's
+                LAUNCH_DIR_ENV: os.environ.get(LAUNCH_DIR_ENV) or os.getcwd()}
     if verbose < 2:
         env_vars.update({k: os.environ.get(k, v) for k, v in QUIET_WORKER_ENV.items()})
     # a rollout actor's vLLM: quiet at the default console (`rollout.actor.quiet_vllm`), all of it with --verbose

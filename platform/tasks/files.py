@@ -64,13 +64,18 @@ class FileTaskConfig(TaskSettings):
     """Your own data (`distillab.tasks.files`): prompts and reference answers in local JSONL,
     Parquet or ``datasets`` directories, scored by the verifier ``verifier``."""
 
-    #: the training rows (JSONL, Parquet, or a datasets directory); null: none (a task only scored)
+    #: the training rows (JSONL, Parquet, or a datasets directory; a relative path is read from the directory
+    #: the sweep is started in); null: none (a task only scored)
     train_path: str | None = None
-    #: the test rows (same formats); needed to score the task or distil on it
+    #: the test rows (same formats); needed to score the task or distil on it; at least as many rows as the
+    #: evaluation reads (``evaluation.task_items.files``, ``pass_items``), checked before anything starts
     test_path: str | None = None
     #: the files' column names for the schema's (``prompt``, ``answer``, ``operands``, ``demonstration``)
     field_map: dict[str, str] = {}
-    #: how a completion is scored: ``exact``, ``numeric``, ``countdown`` or ``math`` (module docstring)
+    #: how a completion is scored, from the first ``<answer>…</answer>`` of the completion: ``exact`` (equal to the
+    #: reference, both stripped), ``numeric`` (equal numbers, ``1,024``, ``7/2``, to a relative 1e-6), ``countdown`` (a
+    #: valid solution of the row's ``operands`` reaching ``answer``); or ``math``: the last ``\boxed{…}`` equal to the
+    #: reference by math-verify
     verifier: Literal[VERIFIER_NAMES] = "exact"
     #: the system prompt ("" for none)
     system_prompt: str = ""

@@ -6,9 +6,15 @@ or the micro tokenizer's plain format), and a local task file read as one ``data
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-__all__ = ["render", "render_prompt", "read_local_split"]
+__all__ = ["render", "render_prompt", "read_local_split", "launch_path", "LAUNCH_DIR_ENV"]
+
+#: The environment variable that holds the directory a sweep was started in (set by
+#: `driver.raystart` for every Ray worker, whose own working directory is Ray's): relative task
+#: file paths are read from there (`launch_path`)
+LAUNCH_DIR_ENV = "DISTILLAB_LAUNCH_DIR"
 
 
 def render(tokenizer, prompt) -> list[int]:
@@ -59,12 +65,21 @@ def _fills_in_system(tokenizer) -> bool:
     return _FILLS_IN[template]
 
 
+def launch_path(path) -> Path:
+    """``path`` as given when absolute; a relative one joined to the directory the sweep was started
+    in (`LAUNCH_DIR_ENV`, which a sweep's Ray workers get; unset: this process's working directory),
+    so a task file given as ``my_data/test.jsonl`` is the same file in ``prepare`` and in every trial."""
+    path = Path(path).expanduser()
+    return path if path.is_absolute() else Path(os.environ.get(LAUNCH_DIR_ENV) or os.getcwd()) / path
+
+
 def read_local_split(path, split: str, what: str):
     """A local ``.jsonl``/``.json``/``.parquet`` file as one ``datasets`` split
     (``datasets.load_dataset`` with ``data_files``), or a ``datasets`` directory (written by
     ``Dataset.save_to_disk``: that dataset; by ``DatasetDict.save_to_disk``: its split ``split``),
     nothing downloaded, nothing executed. ``what`` names the file's role in messages
-    ("multiple-choice file").
+    ("multiple-choice file"). A relative ``path`` is read from the directory the sweep was
+    started in (`launch_path`).
 
     Returns:
         The ``datasets.Dataset`` (at least one row).
@@ -76,7 +91,7 @@ def read_local_split(path, split: str, what: str):
     """
     from datasets import DatasetDict, load_dataset, load_from_disk  # a second of imports, for file tasks only
 
-    path = Path(path)
+    given, path = path, launch_path(path)
     if path.is_dir():
         try:
             ds = load_from_disk(str(path))
@@ -87,7 +102,8 @@ def read_local_split(path, split: str, what: str):
                 raise ValueError(f"{what} {path}: no split {split!r}; it has {sorted(ds)}")
             ds = ds[split]
     elif not path.is_file():
-        raise FileNotFoundError(f"{what} {path} does not exist")
+        where = "" if Path(given).expanduser().is_absolute() else f" (a relative path is read from {path.parent})"
+        raise FileNotFoundError(f"{what} {given} does not exist{where}")
     else:
         kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(path.suffix.lower())
         if kind is None:

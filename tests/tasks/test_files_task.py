@@ -127,3 +127,49 @@ def test_the_example_sweep_validates_and_its_teacher_learns_the_rows() -> None:
     assert len(ex) == 400
     assert [tok.decode(e.completion_ids) for e in ex] == [f"<answer>{r['answer']}</answer></s>" for r in train]
     assert tok.decode(ex[0].prompt_ids).count(train[0]["prompt"]) == 1
+
+
+def test_a_relative_file_path_is_read_from_where_the_sweep_started(tmp_path, monkeypatch) -> None:
+    """A trial runs in Ray's working directory, not the sweep's: a relative ``test_path`` is read from
+    the directory in `taskio.LAUNCH_DIR_ENV` (which `driver.raystart` gives every worker), else from
+    the working directory; a missing one says where it looked."""
+    from distillab.tasks.taskio import LAUNCH_DIR_ENV
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    cfg = FileTaskConfig(field_map=MAP, verifier="countdown")
+    elsewhere = tmp_path / "ray_session"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv(LAUNCH_DIR_ENV, str(tmp_path))
+    assert [it.answer for it in load_items("data/rows.jsonl", "test", cfg)] == ["16", "1"]
+    monkeypatch.delenv(LAUNCH_DIR_ENV)
+    with pytest.raises(FileNotFoundError, match=rf"tasks.files.test_path data/rows.jsonl does not exist \(a relative "
+                                                rf"path is read from {elsewhere}/data\)"):
+        load_items("data/rows.jsonl", "test", cfg)
+    monkeypatch.chdir(tmp_path)
+    assert len(load_items("data/rows.jsonl", "test", cfg)) == 2
+
+
+def test_a_test_file_shorter_than_the_evaluation_is_refused_before_anything_starts(tmp_path) -> None:
+    """The example sweep with a test file of 24 rows: its evaluation reads 100 (pass_items), so the
+    checks every run and dry run make first (`plan.check_task_data`) refuse it, naming the file, its rows
+    and the fields to lower; with ``evaluation.pass_items`` and ``task_items.files`` at 24 it passes, and the dry run
+    plans from those 24 rows (fewer than its usual 32-prompt sample)."""
+    from distillab.config import ConfigError
+    from distillab.driver.plan import check_task_data, dry_run
+
+    rows = (SUMS / "test.jsonl").read_text().splitlines()[:24]
+    (tmp_path / "test.jsonl").write_text("\n".join(rows) + "\n")
+    sets = {"trial.tasks.files.test_path": str(tmp_path / "test.jsonl"), "storage_path": str(tmp_path / "runs")}
+    sweep = load_sweep(REPO / "search_spaces" / "micro_own_data.yaml", sets)
+    with pytest.raises(ConfigError, match=rf"trial.tasks.files: {tmp_path}/test.jsonl: 24 test rows, evaluation "
+                                          r"needs 100 \(lower evaluation.task_items.files or evaluation.pass_items\)"):
+        check_task_data(sweep)
+    with pytest.raises(ConfigError, match="24 test rows, evaluation needs 100"):
+        dry_run(sweep)
+    fits = load_sweep(REPO / "search_spaces" / "micro_own_data.yaml",
+                      {**sets, "trial.evaluation.pass_items": 24, "trial.evaluation.task_items.files": 24})
+    check_task_data(fits)
+    text, _ = dry_run(fits)
+    assert "trials: 4" in text
