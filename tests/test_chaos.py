@@ -141,7 +141,7 @@ def test_chaos_small(tmp_path: Path, capsys) -> None:
     """4 trials, one kill of each kind, seed 7 (the seed whose 20-trial run wedged, issue 48): every
     row once, every trial equal to the undisturbed run, no trial failed by the watchdog. (The wedge
     itself, at its smallest: tests/test_faults.py::test_killed_trial_actor_wedge_is_said_failed_and_freed.)"""
-    rc = chaos.main(["--trials", "4", "--kills", "3", "--seed", "7", "--pause", "5", "20", "--steps", "40", "--every", "10",
+    rc = chaos.main(["--trials", "4", "--kills", "3", "--seed", "7", "--pause", "3", "12", "--steps", "20", "--every", "5",
                      "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out
