@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The one prepared device call (issue 16, item 7): is the GPU path of distillab working?
+# The first check to run on a GPU machine: is the GPU path of distillab working?
 #
 #   bash benchmarks/gpu_check.sh                          # all rows this machine can run (<= 8 min on one GPU)
 #   bash benchmarks/gpu_check.sh --json out.json --only ops-torch,trial-tiny-bpe
 #
 # Prints one line per row as it finishes, then a table (row, pass / fail / skip, seconds, reason);
-# every row's output goes to $OUT/gpu_check.log (or .cache/gpu_check.log). Rows and what they check:
+# every row's output goes to $OUT/gpu_check.log when OUT names a folder for results, else .cache/gpu_check.log. Rows and what they check:
 # benchmarks/gpu_check.py's docstring and docs/cluster.md ("The GPU check"). Without CUDA the GPU rows are
 # skipped and the CPU rows run (CI runs it that way: tests/test_gpu_check.py). Exit 1 if a row failed.
 #
