@@ -1,6 +1,6 @@
-"""benchmarks/gpu_check.sh, the one prepared device call (issue 16, item 7), run here on CPU
+"""benchmarks/gpu_check.sh, the first check to run on a GPU machine, run here on CPU
 as CI runs it: every GPU row skipped with its reason, every CPU row passing, so that the
-script does not rot between the rare days a GPU is lent. Slow: ~2 min (five rows, each in
+script does not rot between the days it runs on a GPU. Slow: ~2 min (five rows, each in
 its own process)."""
 
 from __future__ import annotations

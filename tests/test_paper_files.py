@@ -38,7 +38,7 @@ ROUNDINGS = 128
 
 REPO = Path(__file__).resolve().parents[1]
 SPACES = REPO / "search_spaces"
-#: CI clones beside ../shared; a developer's worktree sits one level deeper (wt/<name>)
+#: where PROTOCOL.md may sit beside the clone: one level up (../shared), or two for a checkout one folder deeper
 PROTOCOL_AT = (REPO.parent / "shared" / "PROTOCOL.md", REPO.parents[1] / "shared" / "PROTOCOL.md")
 
 
