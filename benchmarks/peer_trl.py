@@ -165,8 +165,9 @@ def child_distillab(args) -> None:
 
 
 def _warm(args) -> int:
-    """The uncounted first steps of a round (``--warmup``; 1, or 4 with ``--compile``), at least 1."""
-    return max(1, args.warmup if args.warmup is not None else (4 if getattr(args, "compile", False) else 1))
+    """The steps after which the step memory is measured: the round's uncounted ones (``--warmup``, its
+    default set by `main`), at least 1."""
+    return max(1, args.warmup)
 
 
 def _status_mb(field: str) -> float:
