@@ -213,6 +213,35 @@ def test_orphaned_placement_groups_are_this_jobs_with_a_dead_creating_actor() ->
     assert [pg.placement_group_id[0] for pg in orphaned(pgs, JOB)] == [1, 7]  # a pending one would be placed later
 
 
+def _actor(n: int, state: str, worker: int, owner: int):
+    """A GCS actor record: id ``n``, running in worker ``worker``, owned by worker ``owner``."""
+    import ray
+    from ray.core.generated import gcs_pb2
+
+    a = gcs_pb2.ActorTableData(actor_id=bytes([n]) * ray.ActorID.size(),
+                               state=gcs_pb2.ActorTableData.ActorState.Value(state))
+    a.address.worker_id = bytes([worker]) * 28
+    a.owner_address.worker_id = bytes([owner]) * 28
+    return a
+
+
+def test_gone_actors_are_dead_or_owned_by_a_dead_actor() -> None:
+    """`watchdog.gone_actors`: a killed Tune trial actor (1, in worker 11, owned by the driver's
+    worker 10) is gone, and so is its still-alive controller (2, owned by worker 11); a live trial
+    actor (3) and its controller (4) are not, nor is an actor the driver owns (5: no actor runs in
+    worker 10); `orphaned` then takes the gone controller's group too, not the live one's."""
+    import ray
+
+    from distillab.driver.watchdog import gone_actors, orphaned
+
+    table = [_actor(1, "DEAD", 11, 10), _actor(2, "ALIVE", 12, 11), _actor(3, "ALIVE", 13, 10),
+             _actor(4, "ALIVE", 14, 13), _actor(5, "ALIVE", 15, 10)]
+    gone = gone_actors(table)
+    assert gone == {bytes([1]).hex() * ray.ActorID.size(), bytes([2]).hex() * ray.ActorID.size()}
+    pgs = [_pg(1, creator=2, dead=False), _pg(2, creator=4, dead=False), _pg(3, creator=1)]
+    assert [pg.placement_group_id[0] for pg in orphaned(pgs, JOB, gone)] == [1, 3]
+
+
 def test_cluster_holders_name_each_placement_groups_creator(monkeypatch) -> None:
     """`watchdog.cluster_holders` on 4 CPUs, 0.03 free: a trial's worker group, a dead actor's
     group, two Tune trial actors (a driver's 0.01-CPU groups), another job's group and what is
@@ -276,6 +305,7 @@ def test_sweep_watch_says_once_then_fails_the_waiting_trial(tmp_path, monkeypatc
     monkeypatch.setattr(w, "cluster_holders", lambda r, controllers, cpus: f"{r} held, controllers {controllers}")
     monkeypatch.setattr(ray, "kill", lambda actor: actor.kill())
     monkeypatch.setattr(w, "remove_orphaned_placement_groups", list)  # no Ray here
+    monkeypatch.setattr(w, "actors", list)
     clock, said = [0.0], []
     watch = w.SweepWatch(tmp_path, FaultToleranceConfig(trial_retries=3, stall_warn_s=60, stall_fail_s=300),
                          lambda t: t.tid,
@@ -318,6 +348,30 @@ def test_sweep_watch_says_once_then_fails_the_waiting_trial(tmp_path, monkeypatc
     watch.setup()
     watch.on_step_begin(0, trials)
     assert [t.max_failures for t in trials] == [3, 3, 3]  # the sweep's setting again, for every trial
+
+
+def test_sweep_watch_ignores_a_record_that_a_gone_controller_wrote(tmp_path, monkeypatch) -> None:
+    """t1's record says ``waiting`` but its controller c1 is gone (`watchdog.gone_actors`: its
+    trial actor was killed and a new controller may run the trial): with warn 60 s and fail 300 s
+    nothing is said or failed in 400 s without a step; the same record from a live c1 is failed at 300 s."""
+    import ray
+
+    import distillab.driver.watchdog as w
+    from distillab.config import FaultToleranceConfig
+
+    t1, killed = _trial(tmp_path, "t1", "waiting", controller="c1")
+    monkeypatch.setattr(w, "placement_groups", list)
+    monkeypatch.setattr(w, "actors", list)
+    monkeypatch.setattr(w, "cluster_holders", lambda r, controllers, cpus: f"{r} held")
+    monkeypatch.setattr(ray, "kill", lambda actor: actor.kill())
+    for gone, failed in ((frozenset({"c1"}), []), (frozenset(), ["t1"])):
+        monkeypatch.setattr(w, "gone_actors", lambda table, gone=gone: gone)
+        said: list[str] = []
+        watch = w.SweepWatch(tmp_path, FaultToleranceConfig(trial_retries=3, stall_warn_s=60, stall_fail_s=300),
+                             lambda t: t.tid, clock=lambda: 0.0, say=said.append)
+        for now in (0.0, 60.0, 300.0, 400.0):
+            watch.check([t1], now)
+        assert killed == failed and len(said) == 2 * len(failed)  # the stall line, then the failure
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray Data's, as Ray's own DatasetsCallback is built

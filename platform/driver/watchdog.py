@@ -15,7 +15,11 @@ cores and every later trial waited for its worker group for ever (``WorkerGroupS
 every 60 s; the chaos test with seed 7, issue 48). The sweep's driver asks Ray's GCS instead,
 every `REAP_EVERY_S`: a placement group of this job, not detached, whose creating actor is dead,
 is removed (`SweepWatch`); `sweep.TrialTrainer` leaves Ray's cleaner out (a detached actor process
-per run that this replaces). The GCS's placement-group table (creator, its liveness) is a private
+per run that this replaces). So is the group of a controller that is still alive while its trial
+actor is dead (`gone_actors`: Ray has not ended it yet; the controller is ended first), and the
+worker-group record such a controller wrote does not count as its trial waiting: a resumed sweep
+in the same Ray once started its trial's new controller while the old one, its trial actor
+already failed, got the freed CPU and kept it. The GCS's placement-group table (creator, its liveness) is a private
 Ray structure (``ray._private.state``); where it moved, nothing is removed and the sweep runs as
 before (tests/test_sweep.py builds its records, tests/test_faults.py reads a live one).
 
@@ -166,23 +170,66 @@ def _creator(pg) -> str | None:
     return None if actor is None or actor.is_nil() else actor.hex()
 
 
-def orphaned(pgs: list, job_id: str) -> list:
+def actors() -> list | None:
+    """Every actor the cluster's GCS knows (``gcs_pb2.ActorTableData``: its id, state, the
+    worker it runs in, the worker that owns it), read through Ray's private ``ray._private.state``;
+    None where that moved."""
+    try:
+        from ray._private.state import state  # private: see the module docstring
+        from ray.core.generated import gcs_pb2
+
+        return [gcs_pb2.ActorTableData.FromString(raw)
+                for raw in state._connect_and_get_accessor().get_actor_table(None, None)]
+    except Exception as e:  # noqa: BLE001 - Ray's internals moved: no actor is taken for gone
+        log.debug("could not read the actors: %s", e)
+        return None
+
+
+def _dead(actor) -> bool:
+    return type(actor).ActorState.Name(actor.state) == "DEAD"
+
+
+def gone_actors(table: list) -> frozenset[str]:
+    """The ids (hex) of the actors of ``table`` (`actors`) that are dead, or alive while the
+    actor that owns them is dead: a Train controller whose Tune trial actor was killed. Ray ends
+    such an actor once it learns of its owner's death, but until then it may ask for, get and
+    hold a placement group, and write its trial's `WorkerGroupRecord` over the one of the
+    controller that replaced it. An actor owned by a driver (no actor runs in its owner's
+    worker) is never gone while alive."""
+    dead_workers = {a.address.worker_id for a in table if _dead(a)}
+    alive_workers = {a.address.worker_id for a in table if not _dead(a)}
+    return frozenset(a.actor_id.hex() for a in table
+                     if _dead(a) or (a.owner_address.worker_id in dead_workers
+                                     and a.owner_address.worker_id not in alive_workers))
+
+
+def orphaned(pgs: list, job_id: str, gone: frozenset[str] = frozenset()) -> list:
     """The placement groups of ``pgs`` (`placement_groups`) that the job ``job_id`` (hex)
-    created from an actor that is dead, not detached and not removed yet: nothing can use
-    them any more, yet Ray keeps them until the job ends (module docstring)."""
+    created from an actor that is dead, or in ``gone`` (`gone_actors`: alive, its owner dead),
+    not detached and not removed yet: nothing can use them any more, yet Ray keeps them until
+    the job ends (module docstring)."""
     return [pg for pg in pgs if _state(pg) != "REMOVED" and not pg.is_detached and pg.creator_job_id.hex() == job_id
-            and _creator(pg) is not None and pg.creator_actor_dead]
+            and _creator(pg) is not None and (pg.creator_actor_dead or _creator(pg) in gone)]
+
+
+def _kill_actor(actor_id: str) -> None:
+    """End the actor ``actor_id`` (hex) without a handle, as ``ray.kill`` does (no restart)."""
+    core_worker = ray._private.worker.global_worker.core_worker  # private: ray.kill wants a handle
+    core_worker.kill_actor(ray.ActorID(bytes.fromhex(actor_id)), True)
 
 
 def remove_orphaned_placement_groups() -> list[str]:
-    """Remove this job's placement groups whose creating actor is dead (`orphaned`); returns
-    their ids (hex). Ray must be initialised."""
+    """Remove this job's placement groups whose creating actor is dead or gone (`orphaned`),
+    ending a gone creator first (`gone_actors`: else it asks for another); returns their ids
+    (hex). Ray must be initialised."""
     pgs = placement_groups()
     removed: list[str] = []
     if not pgs:
         return removed
-    for pg in orphaned(pgs, ray.get_runtime_context().get_job_id()):
+    for pg in orphaned(pgs, ray.get_runtime_context().get_job_id(), gone_actors(actors() or [])):
         try:
+            if not pg.creator_actor_dead:
+                _kill_actor(_creator(pg))
             remove_placement_group(PlacementGroup(ray.PlacementGroupID(pg.placement_group_id)))
             removed.append(pg.placement_group_id.hex())
         except Exception as e:  # noqa: BLE001 - removed meanwhile, or the GCS is busy: tried again later
@@ -306,9 +353,11 @@ class SweepWatch(tune.Callback):
             self._progress_at = now  # a worker group got its resources: the cluster is not stuck
         self._placed_at = placed_at
         waiting = [(t, tid, rec) for t, tid, rec in records if rec and rec.get("state") == "waiting"]
-        if waiting:  # not those whose group is placed (its workers start): only the GCS knows at once
+        if waiting:  # not those whose group is placed (its workers start): only the GCS knows at once,
+            # nor those whose record a gone controller wrote (`gone_actors`: its trial's new one may run)
             placed = {_creator(pg) for pg in placement_groups() or [] if _state(pg) == "CREATED"}
-            waiting = [(t, tid, rec) for t, tid, rec in waiting if rec.get("controller") not in placed]
+            gone = gone_actors(actors() or [])
+            waiting = [(t, tid, rec) for t, tid, rec in waiting if rec.get("controller") not in placed | gone]
         ids = frozenset(tid for _, tid, _ in waiting)
         self._waiting_since = {tid: self._waiting_since.get(tid, now) for tid in ids}
         stalled = now - self._progress_at
