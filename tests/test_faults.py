@@ -200,7 +200,10 @@ def test_killed_trial_actor_wedge_is_said_failed_and_freed(tmp_path: Path, capsy
     group for ever (0.98 CPU free): the watchdog says so in one line, naming the dead actor's group
     as the holder, after ``stall_warn_s``, fails the trial after ``stall_fail_s`` (once: not
     retried, although ``trial_retries`` allows 3) and the sweep ends. ``resume_sweep`` in the same
-    Ray, the removal on, frees the group: the trial resumes from its checkpoint and completes."""
+    Ray, the removal on, frees the group: the trial resumes from its checkpoint and completes,
+    and the ``waiting`` record that the failed trial's controller (dead now) left is not taken for
+    the resumed trial's (before `watchdog.gone_actors` it was, under load, and the resumed trial
+    was failed too)."""
     from distillab.analysis.results import load
     from distillab.driver import watchdog
     from distillab.driver.sweep import resume_sweep
@@ -209,7 +212,7 @@ def test_killed_trial_actor_wedge_is_said_failed_and_freed(tmp_path: Path, capsy
     steps, every = 20, 10
     sweep = _sweep(tmp_path, **{"search.grid": {"rollout.policy": ["offpd"]}, "trial.optimizer.steps": steps,
                                 "trial.optimizer.checkpoint_every": every, "fault_tolerance.trial_retries": 3,
-                                "fault_tolerance.stall_warn_s": 10, "fault_tolerance.stall_fail_s": 30})
+                                "fault_tolerance.stall_warn_s": 5, "fault_tolerance.stall_fail_s": 20})
     (tid,) = [t.trial_id for t in sweep.trials]
     root = sweep.sweep_dir()
     teacher, student = prepare(sweep, threads=1)
@@ -355,7 +358,8 @@ def test_ray_job_submit(tmp_path: Path) -> None:
     # every port its own: Ray's default dashboard-agent port (52365) is taken by any other Ray on this
     # machine (the other pytest-xdist worker's), and the head's job agent then never starts
     gcs, dash, mport, agent = _free_port(), _free_port(), _free_port(), _free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    # the head ends at once on SIGTERM below (Ray's default drains the node for 30 s first)
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
     temp_dir = CACHE / f"ray-job-{os.getpid()}"
     head = subprocess.Popen(
         [ray_bin, "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2", "--include-dashboard=true",

@@ -16,10 +16,10 @@ every 60 s; the chaos test with seed 7, issue 48). The sweep's driver asks Ray's
 every `REAP_EVERY_S`: a placement group of this job, not detached, whose creating actor is dead,
 is removed (`SweepWatch`); `sweep.TrialTrainer` leaves Ray's cleaner out (a detached actor process
 per run that this replaces). So is the group of a controller that is still alive while its trial
-actor is dead (`gone_actors`: Ray has not ended it yet; the controller is ended first), and the
-worker-group record such a controller wrote does not count as its trial waiting: a resumed sweep
-in the same Ray once started its trial's new controller while the old one, its trial actor
-already failed, got the freed CPU and kept it. The GCS's placement-group table (creator, its liveness) is a private
+actor is dead (`gone_actors`: Ray has not ended it yet; the controller is ended first). A
+worker-group record written by a controller that is gone does not count as its trial waiting:
+after a trial was failed, a ``--resume`` in the same Ray found the failed run's ``waiting`` record
+while the trial's new controller started, took it for the resumed trial's and failed that too. The GCS's placement-group table (creator, its liveness) is a private
 Ray structure (``ray._private.state``); where it moved, nothing is removed and the sweep runs as
 before (tests/test_sweep.py builds its records, tests/test_faults.py reads a live one).
 
