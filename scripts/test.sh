@@ -29,7 +29,7 @@ done
 [ "$failed" = 0 ]
 # The suite runs on two pytest-xdist workers (DISTILLAB_TEST_WORKERS, default 2; 0 = one process), a work unit at
 # a time (tests/conftest.py: a file, the smoke sweep's users, the multi-node cluster tests). Measured on a clean
-# clone of 6535c27 (2 cores, `DISTILLAB_TEST_WORKERS=2 CI=true bash .ci/run`): 1050 passed, tests 951 s, 1,158 s
-# in all with the install (one process: tests 1,590 s at 8228daa, on a loaded machine).
+# clone of 6254dc2 (2 cores, `DISTILLAB_TEST_WORKERS=2 CI=true bash .ci/run`): 1254 passed, tests 1,350 s, 1,584 s
+# in all with the install (at 6535c27, before the real-checkpoint, fault and chaos tests: 1050 passed, tests 951 s).
 exec .venv/bin/python -m pytest -q -m "slow or not slow" -p no:cacheprovider --durations=25 \
     -n "${DISTILLAB_TEST_WORKERS:-2}" --dist loadgroup "$@"
