@@ -248,6 +248,33 @@ def test_killed_trial_actor_wedge_is_said_failed_and_freed(tmp_path: Path, capsy
     assert m.filter(pl.col("name") == "resume/start_step")["value"].to_list() == [every]  # from its checkpoint
 
 
+def test_a_gone_actor_is_ended_by_its_id() -> None:
+    """`watchdog._kill_actor` ends a live actor from its id alone (the watchdog has no handle to a
+    gone Train controller): before, `gone_actors` does not list it; after, it does and a call to it
+    raises ``ActorDiedError``."""
+    import ray
+
+    from distillab.driver import watchdog
+
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def ping(self) -> int:
+            return 1
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False)
+    try:
+        actor = Echo.remote()
+        assert ray.get(actor.ping.remote()) == 1
+        actor_id = actor._actor_id.hex()
+        assert actor_id not in watchdog.gone_actors(watchdog.actors())
+        watchdog._kill_actor(actor_id)
+        with pytest.raises(ray.exceptions.ActorDiedError):
+            ray.get(actor.ping.remote(), timeout=60)
+        assert actor_id in watchdog.gone_actors(watchdog.actors())
+    finally:
+        ray.shutdown()
+
+
 # --------------------------------------------------------------------------------------
 # the driver killed, then --resume
 # --------------------------------------------------------------------------------------
