@@ -16,7 +16,9 @@ files set 0, the usual cosine).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import logging
 import math
 import os
 import random
@@ -26,14 +28,18 @@ from typing import Callable
 
 import deepspeed
 import torch
+from deepspeed.comm.torch import build_shm_op
 from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 from torch import Tensor
+from torch.utils.cpp_extension import _get_build_directory
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from distillab.config import OptimizerConfig, RLVRConfig
 from distillab.models import load_model
 
-__all__ = ["lr_lambda", "rlvr_schedule", "deepspeed_bf16", "setup_engine", "gathered_for_generation", "TorchStepper",
+log = logging.getLogger(__name__)
+
+__all__ = ["lr_lambda", "rlvr_schedule", "deepspeed_bf16", "load_shm_comm_op", "setup_engine", "gathered_for_generation", "TorchStepper",
            "clip_grad_norm", "optimizer_step", "TouchedParameters", "TRAINING_STATE", "engine_state",
            "load_engine_state", "rng_state", "set_rng_state", "save_checkpoint", "Resume", "load_checkpoint"]
 
@@ -101,6 +107,45 @@ def _undo_init_step(ds_opt: FP16_UnfusedOptimizer) -> None:
             m.data.copy_(p.data)
 
 
+#: DeepSpeed's CPU shared-memory collective (``ShareMemCommBuilder``): the op its torch backend loads
+SHM_COMM_OP = "deepspeed_shm_comm"
+
+
+def load_shm_comm_op(name: str = SHM_COMM_OP, load: Callable[[], object] = build_shm_op) -> object:
+    """Load DeepSpeed's shared-memory collective op once per process, safely under kills.
+
+    DeepSpeed's torch backend loads it with ``torch.utils.cpp_extension.load``, which takes a
+    lock *file* (``<build dir>/lock``, created with ``O_EXCL``) even when the op is built, for
+    the milliseconds of its version check. A process killed in those milliseconds (a sweep's
+    worker SIGKILLed by a fault or the chaos test) leaves the file, and every later load in any
+    process waits for its removal for ever (``FileBaton.wait``): a trial's workers stop in
+    `setup_engine` with their resources held (issue 48, seen once in five whole-suite runs).
+    Here each load holds an OS lock (``fcntl.flock`` on ``<build dir>.flock``), which the kernel
+    releases when its holder dies: inside it no other distillab process is loading, so a lock
+    file found there was left by a dead one and is removed (logged) before ``load`` runs.
+    DeepSpeed keeps the loaded op (``OpBuilder._loaded_ops``), so its own load later in
+    ``deepspeed.initialize`` returns at once without the lock file. A process outside distillab
+    that loads the same op from the same ``TORCH_EXTENSIONS_DIR`` does not take the OS lock;
+    the sweep's default directory (``.cache/torch_extensions``, `driver.environ.env_defaults`)
+    is its own.
+
+    ``name``: the op's build directory name; ``load``: what loads it (DeepSpeed's
+    ``build_shm_op``; None where the accelerator has no such op). Returns what ``load``
+    returns. Raises what ``load`` raises (a failed build), and ``OSError`` where the build
+    directory cannot be created."""
+    build_dir = Path(_get_build_directory(name, verbose=False))  # torch's: TORCH_EXTENSIONS_DIR or its default
+    with open(build_dir.parent / f"{name}.flock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            stale = build_dir / "lock"
+            if stale.exists():
+                log.warning("removing %s, left by a process that died while loading the op", stale)
+                stale.unlink(missing_ok=True)
+            return load()
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def init_single_process_group() -> None:
     """The default ``torch.distributed`` group of a one-process trial (``resources.local_mode``),
     once per process: world size 1 on an in-process store, with Ray Train's backend (NCCL
@@ -129,6 +174,7 @@ def setup_engine(module, o: OptimizerConfig, world_size: int, *, lr: float | Non
     Returns ``(engine, optimizer, per-worker batch)``."""
     per_worker = batch if batch is not None else o.per_worker(world_size)
     clip = o.clip if clip == "optimizer" else clip
+    load_shm_comm_op()  # before deepspeed.initialize loads it without a lock that survives a kill
     bf16 = deepspeed_bf16(precision, master_weights, o.zero_stage)
     opt = torch.optim.AdamW(module.parameters(), lr=lr if lr is not None else o.lr, betas=o.betas, eps=o.eps,
                             weight_decay=o.weight_decay)
