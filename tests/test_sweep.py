@@ -391,3 +391,48 @@ def test_trial_trainer_starts_no_placement_group_cleaner(tmp_path) -> None:
     ours = {type(c).__name__ for c in trainer._create_default_callbacks()}
     rays = {type(c).__name__ for c in TorchTrainer._create_default_callbacks(trainer)}
     assert rays - ours == {RAY_PG_CLEANER, "DatasetsCallback"}
+
+
+def test_sweep_watch_fails_a_trial_whose_started_workers_stay_silent(tmp_path, monkeypatch) -> None:
+    """`SweepWatch.fail_silent` with ``silent_fail_s`` 600: t1's and t2's worker groups are placed
+    at 0; t1 reports a step at 100, then nothing; t2 reports at 650 and completes. At 700 (t1 silent
+    600 s) the sweep is not stalled and t1 runs on; at 1249 nothing yet; at 1250 (no step from any
+    trial for 600 s, t1 silent 1150 s) t1 is failed with the line that names it and its placement
+    group, once. With ``silent_fail_s`` null nothing is failed in 5000 s."""
+    import ray
+
+    import distillab.driver.watchdog as w
+    from distillab.config import FaultToleranceConfig
+    from distillab.driver.watchdog import record_path
+    from distillab.tables import atomic_write_bytes
+
+    monkeypatch.setattr(w, "placement_groups", list)
+    monkeypatch.setattr(w, "actors", list)
+    monkeypatch.setattr(ray, "kill", lambda actor: actor.kill())
+    for limit, failed_at in ((600.0, 1250.0), (None, None)):
+        t1, killed = _trial(tmp_path, "t1", "running", controller="c1")
+        t2, _ = _trial(tmp_path, "t2", "running", controller="c2")
+        atomic_write_bytes(record_path(tmp_path, "t1"), json.dumps(
+            {"state": "running", "controller": "c1", "at": 0.0, "placement_group": "ab12"}).encode())
+        clock, said = [0.0], []
+        watch = w.SweepWatch(tmp_path, FaultToleranceConfig(stall_warn_s=60, stall_fail_s=300, silent_fail_s=limit),
+                             lambda t: t.tid, clock=lambda: clock[0], say=said.append)
+        for now in (0.0, 100.0, 650.0, 700.0, 1249.0, 1250.0, 1300.0, 5000.0):
+            clock[0] = now
+            if now == 100.0:
+                watch.on_trial_result(0, [t1, t2], t1, {})
+            if now == 650.0:
+                watch.on_trial_result(0, [t1, t2], t2, {})
+                t2.status = "TERMINATED"
+                watch.on_trial_complete(0, [t1, t2], t2)
+            watch.check([t1, t2], now)
+            if failed_at is None or now < failed_at:
+                assert killed == [] and said == [], now
+        if failed_at is None:
+            continue
+        line = ("[watchdog] trial t1 reported no step for 1150 s with its workers started (placement group ab12) "
+                "and no trial progressed for 600 s: its workers hold their resources and are stuck")
+        assert killed == ["t1"]
+        assert said == [f"[watchdog] failed trial t1 (distillab sweep --resume {tmp_path} runs it again): {line}"]
+        row = pl.read_parquet(tmp_path / "trials" / "t1.parquet").row(0, named=True)
+        assert (row["status"], row["error"]) == ("failed", line)

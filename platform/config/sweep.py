@@ -82,7 +82,11 @@ class FaultToleranceConfig(_Strict):
     ``stall_warn_s`` seconds while trials wait for their worker group's resources, the
     sweep prints one line (which trials wait, for what, held by whom); when that stall and a
     trial's wait reach ``stall_fail_s``, the waiting trials fail with that line (not retried
-    in that run; ``distillab sweep --resume`` runs them again)."""
+    in that run; ``distillab sweep --resume`` runs them again). A trial whose workers started
+    but which has reported no step for ``silent_fail_s`` seconds, while no trial progressed for
+    as long, is failed the same way: its workers hold their resources but are stuck (a stage
+    that legitimately runs longer without a step report, such as a long evaluation at scale,
+    needs a higher limit or null)."""
 
     #: restarts of a trial's Train worker group (from its latest checkpoint)
     worker_restarts: int = Field(default=2, ge=0)
@@ -94,6 +98,9 @@ class FaultToleranceConfig(_Strict):
     #: seconds of that stall (and of a trial's wait) before the waiting trials fail with that line
     #: (``distillab sweep --resume`` runs them again); null: never
     stall_fail_s: float | None = Field(default=1800.0, gt=0)
+    #: seconds a trial whose workers started reports no step, while no trial progresses, before it
+    #: fails with a line that says so (``distillab sweep --resume`` runs it again); null: never
+    silent_fail_s: float | None = Field(default=3600.0, gt=0)
 
 
 def _tracker_installed(section, package: str):

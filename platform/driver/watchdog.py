@@ -39,6 +39,13 @@ Tune does not retry it in this run, and its ``trials`` row says ``failed`` with 
 (a new Ray, for a local one) runs the failed trials again. Both limits count the driver's own
 monotonic clock and need the stall *and* the wait: a loaded machine that is slow, not stuck,
 reports steps and is never failed.
+
+**Stuck workers** (`SweepWatch.fail_silent`, ``fault_tolerance.silent_fail_s``). A trial whose
+worker group is placed but which reports no step for ``silent_fail_s`` (default an hour), while
+no trial progressed for as long, is failed the same way with a line that names it: its workers
+hold their resources and wait on something that will not come (a lock file left by a killed
+process held every later worker of a test run, issue 48; `recipe.optim.load_shm_comm_op` fixed
+that cause). A stage that runs longer than that without a step report needs a higher limit.
 """
 
 from __future__ import annotations
@@ -314,6 +321,7 @@ class SweepWatch(tune.Callback):
         self._progress_at, self._reaped_at, self._checked_at = now, -math.inf, -math.inf
         self._waiting_since: dict[str, float] = {}
         self._placed_at: dict[str, float] = {}
+        self._trial_progress_at: dict[str, float] = {}
         self._said: frozenset[str] = frozenset()
         self._failing: dict[str, str] = {}
         self._retries_set = False
@@ -332,7 +340,7 @@ class SweepWatch(tune.Callback):
             self.check(trials, now)
 
     def on_trial_result(self, iteration: int, trials: list, trial, result: dict, **info) -> None:
-        self._progress_at = self._clock()
+        self._progress_at = self._trial_progress_at[self.trial_id_of(trial)] = self._clock()
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info) -> None:
         self._progress_at = self._clock()
@@ -349,9 +357,11 @@ class SweepWatch(tune.Callback):
         running = [(t, self.trial_id_of(t)) for t in trials if t.status == "RUNNING"]
         records = [(t, tid, read_record(self.root, tid)) for t, tid in running]
         placed_at = {tid: rec.get("at") for _, tid, rec in records if rec and rec.get("state") in PLACED}
-        if any(self._placed_at.get(tid) != at for tid, at in placed_at.items()):
-            self._progress_at = now  # a worker group got its resources: the cluster is not stuck
+        for tid, at in placed_at.items():
+            if self._placed_at.get(tid) != at:  # a worker group got its resources: the cluster is not stuck
+                self._progress_at = self._trial_progress_at[tid] = now
         self._placed_at = placed_at
+        self.fail_silent(records, now)
         waiting = [(t, tid, rec) for t, tid, rec in records if rec and rec.get("state") == "waiting"]
         if waiting:  # not those whose group is placed (its workers start): only the GCS knows at once,
             # nor those whose record a gone controller wrote (`gone_actors`: its trial's new one may run)
@@ -374,6 +384,25 @@ class SweepWatch(tune.Callback):
                 if tid not in self._failing and now - self._waiting_since[tid] >= fail:
                     self.fail_trial(trial, tid, line)
 
+    def fail_silent(self, records: list, now: float) -> None:
+        """Fail each running trial whose worker group is placed but which has reported no step
+        for ``silent_fail_s`` (since its group was placed or its last report) while no trial
+        progressed for as long: its workers hold their resources and are stuck (a worker that
+        waits on a lock its dead holder left, issue 48). ``records``: ``(trial, trial id,
+        WorkerGroupRecord or None)`` of the running trials. The line names the trial, its
+        silence and its placement group; `fail_trial` says it with the failure."""
+        limit = self.limits.silent_fail_s
+        if limit is None or now - self._progress_at < limit:
+            return
+        for trial, tid, rec in records:
+            silent = now - self._trial_progress_at.get(tid, now)
+            if tid in self._placed_at and tid not in self._failing and silent >= limit:
+                group = (rec or {}).get("placement_group") or "not yet named"
+                self.fail_trial(trial, tid, f"[watchdog] trial {tid} reported no step for {silent:.0f} s with its "
+                                            f"workers started (placement group {group}) and no trial progressed for "
+                                            f"{now - self._progress_at:.0f} s: its workers hold their resources and "
+                                            f"are stuck")
+
     def stall_line(self, waiting: list[tuple[str, dict]], stalled: float, now: float,
                    controllers: dict[str, str]) -> str:
         """The one line: ``[watchdog] no trial reported a step for 612 s; waiting for resources:
@@ -391,9 +420,9 @@ class SweepWatch(tune.Callback):
                 f"{', '.join(parts)}; held: {held or 'unknown'}")
 
     def fail_trial(self, trial, trial_id: str, line: str) -> None:
-        """Fail ``trial`` (a running Tune trial that waits) with ``line``: its Tune trial actor
-        ended (``ray.kill``; its controller, workers and placement group go with it), Tune told
-        not to retry it in this run (its ``max_failures`` set to the failures it has had, put
+        """Fail ``trial`` (a running Tune trial that waits, or whose workers are stuck) with ``line``:
+        its Tune trial actor ended (``ray.kill``; its controller, workers and placement group go
+        with it), Tune told not to retry it in this run (its ``max_failures`` set to the failures it has had, put
         back in `on_trial_error`), and its ``trials`` row ``failed`` with ``line`` as ``error``.
         Reads Tune's private ``trial.temporary_state.ray_actor`` and ``trial.run_metadata``; where
         they moved, the trial is left as it is and the console says so."""
