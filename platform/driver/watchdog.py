@@ -19,17 +19,18 @@ per run that this replaces). So is the group of a controller that is still alive
 actor is dead (`gone_actors`: Ray has not ended it yet; the controller is ended first). A
 worker-group record written by a controller that is gone does not count as its trial waiting:
 after a trial was failed, a ``--resume`` in the same Ray found the failed run's ``waiting`` record
-while the trial's new controller started, took it for the resumed trial's and failed that too. The GCS's placement-group table (creator, its liveness) is a private
-Ray structure (``ray._private.state``); where it moved, nothing is removed and the sweep runs as
+while the trial's new controller started, took it for the resumed trial's and failed that too.
+The GCS's placement-group and actor tables (creator, liveness, owner) are private Ray
+structures (``ray._private.state``); where they moved, nothing is removed and the sweep runs as
 before (tests/test_sweep.py builds its records, tests/test_faults.py reads a live one).
 
 **Progress watchdog** (`SweepWatch`, ``fault_tolerance.stall_warn_s`` and ``stall_fail_s``).
 Progress is a trial's report of a step (a Tune result: every 10 steps, at a checkpoint and at its
 end, `recipe.distill.log_step`), a trial completing, or a trial's worker group placed (it got its
-resources: a slow start-up that follows is not a stall). A trial *waits for resources* while its Train controller asks for its worker group's
-placement group and holds none placed (`WorkerGroupRecord`: each run's controller writes
-``<root>/worker_groups/<trial id>.json``; the GCS says which placement groups are placed); the
-start of its workers once placed is not waiting.
+resources: a slow start-up that follows is not a stall). A trial *waits for resources* while
+its Train controller asks for its worker group's placement group and holds none placed
+(`WorkerGroupRecord`: each run's controller writes ``<root>/worker_groups/<trial id>.json``; the
+GCS says which placement groups are placed); the start of its workers once placed is not waiting.
 When no trial has progressed for ``stall_warn_s`` seconds while trials wait, the driver prints one
 line: which trials wait, for what, for how long, and who holds that resource (`cluster_holders`).
 When the stall reaches ``stall_fail_s``, each trial that has waited that long too is failed with
@@ -152,19 +153,26 @@ def read_record(root: str | Path, trial_id: str) -> dict | None:
 # --------------------------------------------------------------------------------------
 
 
-def placement_groups() -> list | None:
-    """Every placement group the cluster's GCS knows (``gcs_pb2.PlacementGroupTableData``:
-    its id, state, bundles, creating job and actor, whether those are dead, whether it is
-    detached), read through Ray's private ``ray._private.state``; None where that moved."""
+def _gcs_table(read: Callable[[Any], list], message: str, what: str) -> list | None:
+    """The rows of one of the cluster GCS's tables, each parsed as ``gcs_pb2.<message>``, read
+    through Ray's private ``ray._private.state`` (``read``: its accessor → the raw rows); None
+    where that moved (logged at debug level, naming ``what``)."""
     try:
         from ray._private.state import state  # private: see the module docstring
         from ray.core.generated import gcs_pb2
 
-        return [gcs_pb2.PlacementGroupTableData.FromString(raw)
-                for raw in state._connect_and_get_accessor().get_placement_group_table()]
-    except Exception as e:  # noqa: BLE001 - Ray's internals moved: nothing is removed or named
-        log.debug("could not read the placement groups: %s", e)
+        parse = getattr(gcs_pb2, message).FromString
+        return [parse(raw) for raw in read(state._connect_and_get_accessor())]
+    except Exception as e:  # noqa: BLE001 - Ray's internals moved: nothing is removed, named or taken for gone
+        log.debug("could not read the %s: %s", what, e)
         return None
+
+
+def placement_groups() -> list | None:
+    """Every placement group the cluster's GCS knows (``gcs_pb2.PlacementGroupTableData``:
+    its id, state, bundles, creating job and actor, whether those are dead, whether it is
+    detached); None where Ray's private table moved (`_gcs_table`)."""
+    return _gcs_table(lambda gcs: gcs.get_placement_group_table(), "PlacementGroupTableData", "placement groups")
 
 
 def _state(pg) -> str:
@@ -179,17 +187,9 @@ def _creator(pg) -> str | None:
 
 def actors() -> list | None:
     """Every actor the cluster's GCS knows (``gcs_pb2.ActorTableData``: its id, state, the
-    worker it runs in, the worker that owns it), read through Ray's private ``ray._private.state``;
-    None where that moved."""
-    try:
-        from ray._private.state import state  # private: see the module docstring
-        from ray.core.generated import gcs_pb2
-
-        return [gcs_pb2.ActorTableData.FromString(raw)
-                for raw in state._connect_and_get_accessor().get_actor_table(None, None)]
-    except Exception as e:  # noqa: BLE001 - Ray's internals moved: no actor is taken for gone
-        log.debug("could not read the actors: %s", e)
-        return None
+    worker it runs in, the worker that owns it); None where Ray's private table moved
+    (`_gcs_table`)."""
+    return _gcs_table(lambda gcs: gcs.get_actor_table(None, None), "ActorTableData", "actors")
 
 
 def _dead(actor) -> bool:
