@@ -14,6 +14,18 @@ from distillab.rollout.types import Rollouts
 REPO = Path(__file__).resolve().parents[1]
 
 
+def init_local_ray(num_cpus: int, **kw) -> None:
+    """``ray.init`` of a local Ray of ``num_cpus`` CPUs without the dashboard, with the settings
+    `distillab.driver.raystart` starts a sweep's local Ray with (``LOCAL_SYSTEM_CONFIG``: no
+    Python worker started ahead per CPU, which no trial or actor of a test takes: each cost
+    a few CPU-seconds of imports, two per Ray start)."""
+    import ray
+
+    from distillab.driver.raystart import LOCAL_SYSTEM_CONFIG
+
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _system_config=LOCAL_SYSTEM_CONFIG, **kw)
+
+
 def load_script(path: str) -> ModuleType:
     """The repository's script ``path`` (e.g. ``"benchmarks/kl_ops.py"``) imported as a module
     named after its file, registered in ``sys.modules`` (dataclasses look their module up there)."""

@@ -44,6 +44,7 @@ tempfile.tempdir = None
 
 
 import pytest  # noqa: E402
+from _helpers import init_local_ray  # noqa: E402
 
 #: pytest-xdist work units beyond one per file (`bash scripts/test.sh` runs two workers): the files whose
 #: tests use the session's ``smoke_sweep`` share one (the sweep is made once, on one worker; checked at
@@ -95,7 +96,7 @@ def _run_locally(sweep) -> Path:
     from distillab.driver.sweep import run_sweep
 
     teacher, student = prepare(sweep, threads=1)
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    init_local_ray(2)
     try:
         return run_sweep(sweep, teacher, student, verbose=0)
     finally:

@@ -12,7 +12,7 @@ import polars as pl
 import pytest
 import torch
 from _checkpoints import BPE_VOCAB, llama3_pair, padded_vocab, qwen2_pair
-from _helpers import one_gloo_rank
+from _helpers import init_local_ray, one_gloo_rank
 
 from distillab.analysis.results import load
 from distillab.config import RuntimeContext, TrialConfig
@@ -205,7 +205,7 @@ def test_vllm_engine_loads_the_qwen_layout_and_syncs_the_tied_student(pairs) -> 
 
     tok = load_tokenizer(pairs["qwen2"][0])
     prompt = render_prompt(tok, "Countdown.", "25 7 3 -> 96")
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    init_local_ray(2)
     try:
         path = pairs["qwen2"][1]  # the tied student
         model = load_model(path).eval()

@@ -26,8 +26,10 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from _helpers import init_local_ray
 
 from distillab.config import load_sweep
+from distillab.driver.raystart import LOCAL_SYSTEM_CONFIG
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / ".cache"
@@ -114,8 +116,10 @@ def _sweep_beside(killer, sweep, teacher: Path, student: Path, num_cpus: int = 2
 
     from distillab.driver.sweep import run_sweep
 
-    ray.init(**({"address": address} if address else {"address": "local", "num_cpus": num_cpus,
-                                                       "include_dashboard": False}))
+    if address:
+        ray.init(address=address)
+    else:
+        init_local_ray(num_cpus)
     try:
         t = threading.Thread(target=killer, daemon=True)
         t.start()
@@ -261,7 +265,7 @@ def test_a_gone_actor_is_ended_by_its_id() -> None:
         def ping(self) -> int:
             return 1
 
-    ray.init(address="local", num_cpus=1, include_dashboard=False)
+    init_local_ray(1)
     try:
         actor = Echo.remote()
         assert ray.get(actor.ping.remote()) == 1
@@ -346,7 +350,8 @@ def test_two_node_cluster_loses_a_node(tmp_path: Path) -> None:
     teacher, student = prepare(sweep, threads=1)
     # no dashboard: the sweep's driver frees a lost trial's placement group (`watchdog.SweepWatch`; Ray Train's
     # PlacementGroupCleaner needed the dashboard's state API, and without it the retried trials waited for ever)
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                                "_system_config": LOCAL_SYSTEM_CONFIG})
     node = cluster.add_node(num_cpus=1)  # each node fits one 0.9-CPU worker: one trial per node
     removed: dict[str, float] = {}
 

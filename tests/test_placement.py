@@ -33,6 +33,7 @@ import pytest
 from distillab.config import TasksConfig, load_sweep
 from distillab.driver.plan import Cluster as PlanCluster
 from distillab.driver.plan import dry_run, placement
+from distillab.driver.raystart import LOCAL_SYSTEM_CONFIG
 from distillab.driver.sweep import TRAIN_BACKEND_ENV, train_backend
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,7 +121,8 @@ def test_paper_trials_are_placed_as_the_dry_run_says(tmp_path: Path) -> None:
     assert "teacher service (teacher.serve shared, 2 of the trials): one teacher per node, 2 x " in text
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": NODE_CPUS, "num_gpus": NODE_GPUS,
-                                                            "include_dashboard": False})
+                                                            "include_dashboard": False,
+                                                            "_system_config": LOCAL_SYSTEM_CONFIG})
     driver = None
     try:
         for _ in range(NODES - 1):

@@ -26,6 +26,7 @@ import shutil
 
 import pytest
 import torch
+from _helpers import init_local_ray
 
 from distillab.ops.chunked import chunked_distill_loss, estimator_rows, pad_vocab
 from distillab.ops.kl import distill_loss, estimator_loss, row_coefficients
@@ -359,7 +360,7 @@ def test_vllm_engine_loads_the_derived_student_and_is_synced_every_step(smol_pai
 
     tok, model = load_tokenizer(smol_pair[1]), load_model(smol_pair[1])
     prompt = _prompts(tok)[0]
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    init_local_ray(2)
     try:
         actor = start_rollout_actor("vllm", smol_pair[1], tok.eos_token_id, tok.pad_token_id, threads=1, seed=0,
                                     max_model_len=256, kv_cache_gib=1)

@@ -22,7 +22,7 @@ import _tolerance as tol
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import EngineStandIn, random_rollouts
+from _helpers import EngineStandIn, init_local_ray, random_rollouts
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from distillab.config import TrialConfig
@@ -310,7 +310,7 @@ def test_service_actor_restarts_after_it_dies(teacher_path) -> None:
     trial = TrialConfig.model_validate({"teacher": {"serve": "shared", "payload": "hidden"}})
     inputs = pack_batch(_rollouts(), PAD).teacher_inputs
     want = TeacherScorer(str(teacher_path)).answer(TeacherRequest(inputs, "hidden", 0.5))["hidden"]
-    ray.init(address="local", num_cpus=1, include_dashboard=False)
+    init_local_ray(1)
     try:
         actors = start_teacher_service("teacher-test", teacher_path, models=[("fp32", None)])
         assert len(actors) == 1

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _helpers import init_local_ray
 
 if not os.environ.get("DISTILLAB_REQUIRE_VLLM"):
     pytest.importorskip("vllm")
@@ -31,7 +32,7 @@ def ray_local():
     """A local Ray for one test, shut down after it (the sweep test starts its own)."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    init_local_ray(2)
     yield
     ray.shutdown()
 
@@ -189,9 +190,10 @@ def test_smoke_sweep_with_vllm_rollouts(run_locally, tmp_path) -> None:
 QUIET_ACTOR_SCRIPT = r"""
 import os, sys, time
 import ray
+from distillab.driver.raystart import LOCAL_SYSTEM_CONFIG
 from distillab.rollout.actor import start_rollout_actor
 from distillab.rollout.types import SamplingParams
-ray.init(address="local", num_cpus=2, include_dashboard=False)
+ray.init(address="local", num_cpus=2, include_dashboard=False, _system_config=LOCAL_SYSTEM_CONFIG)
 for level in ("default", "INFO"):  # the project's default console, then VLLM_LOGGING_LEVEL=INFO (--verbose)
     if level == "INFO":
         os.environ["VLLM_LOGGING_LEVEL"] = "INFO"
