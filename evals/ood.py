@@ -1,14 +1,21 @@
-"""The OOD suite (PROTOCOL.md §4, forgetting): one interface, two backends.
+"""The OOD suite (PROTOCOL.md §4, forgetting): one interface, three backends.
 
 - `MicroSkillsBackend` (micro scale): exact-match accuracy on each prior-skill task
   the micro student was trained on before distillation (``tasks.ood_skills``);
 - `LMEvalBackend` (full scale): lm-eval-harness tasks (the paper's seven by default,
   `distillab.config.PAPER_OOD_SUITE`), each scored by its standard metric on at most
-  ``limit`` items.
+  ``limit`` items;
+- `PretrainedBackend` (a pretrained checkpoint on CPU, offline): the per-token loss and
+  next-token accuracy of held-out English prose (`evals.prose`: Python's ``pydoc_data``
+  topics, ``evaluation.prose``), then the prior-skill tasks of `MicroSkillsBackend` in the
+  model's chat format.
 
-Both return rows ``{task: "ood/<name>", metric, value, n}`` and a last row
-``{task: "ood", metric: "ood_mean"}``: the unweighted mean over tasks, each value in
-[0, 1]. Forgetting is ``ood_mean`` after minus before (`distillab.registry.forgetting`).
+Each returns rows ``{task: "ood/<name>", metric, value, n}`` and a last row
+``{task: "ood", metric: "ood_mean"}``: the unweighted mean over the rows whose value is a
+score in [0, 1], higher is better (every row but the prose ``loss``, which is in nats and
+lower is better: it is reported as its own row, so its own after − before, and left out of
+the mean). Forgetting is ``ood_mean`` after minus before (`distillab.registry.forgetting`);
+the same difference of any single row is `distillab.analysis.results.stage_delta`.
 `ood_backend(trial)` picks the backend from ``evaluation.ood_backend``.
 """
 
@@ -18,6 +25,7 @@ import os
 from typing import Any, Protocol
 
 from distillab.config import EvaluationConfig, LMEvalConfig, LMEvalTask, SeedsConfig, TasksConfig
+from distillab.evals.prose import prose_documents, prose_rows
 from distillab.evals.sampling import sample_batched
 from distillab.rollout.engine import TransformersEngine
 from distillab.rollout.types import SamplingParams
@@ -153,12 +161,37 @@ class LMEvalBackend:
         return rows + [mean_row(rows)]
 
 
+class PretrainedBackend:
+    """The OOD suite of a pretrained checkpoint, offline: held-out prose (`evals.prose.prose_rows`
+    on ``cfg.prose``: rows ``ood/prose`` ``loss`` in nats/token and ``next_token_accuracy``), then
+    the prior skills exactly as `MicroSkillsBackend` scores them (its rows ``ood/<skill>``
+    ``accuracy``; prompts rendered with the tokenizer's chat template, `tasks.taskio.render`).
+
+    ``ood_mean`` is the unweighted mean of the prose next-token accuracy and the skills'
+    accuracies (1 + len(``tasks.ood_skills``) values, each in [0, 1]); the prose loss is not in it
+    (another unit, lower is better): its after − before is its own row's difference.
+    """
+
+    def __init__(self, tasks: TasksConfig, cfg: EvaluationConfig, batch_size: int = 512,
+                 seeds: SeedsConfig = SeedsConfig()):
+        self.skills, self.prose = MicroSkillsBackend(tasks, cfg, batch_size, seeds), cfg.prose
+        self.texts = prose_documents(cfg.prose.documents)
+
+    def evaluate(self, model: Any, tokenizer: Any, seed: int) -> list[dict]:
+        """Rows of the prose, of each skill, then ``ood_mean`` (class docstring)."""
+        rows = prose_rows(model, tokenizer, self.texts, self.prose) + self.skills.evaluate(model, tokenizer, seed)[:-1]
+        return rows + [mean_row([r for r in rows if r["metric"] != "loss"])]
+
+
 def ood_backend(tasks: TasksConfig, cfg: EvaluationConfig, batch_size: int = 512, device: str = "cpu",
                 seeds: SeedsConfig = SeedsConfig()) -> OODBackend:
-    """The backend named by ``cfg.ood_backend`` (``micro`` or ``lm_eval``)."""
+    """The backend named by ``cfg.ood_backend`` (``micro``, ``lm_eval`` or ``pretrained``)."""
     if cfg.ood_backend == "lm_eval":
         return LMEvalBackend(cfg.lm_eval, device=device)
+    if cfg.ood_backend == "pretrained":
+        return PretrainedBackend(tasks, cfg, batch_size, seeds)
     return MicroSkillsBackend(tasks, cfg, batch_size, seeds)
 
 
-__all__ = ["OODBackend", "MicroSkillsBackend", "LMEvalBackend", "lm_eval_rows", "mean_row", "ood_backend", "ood_items"]
+__all__ = ["OODBackend", "MicroSkillsBackend", "LMEvalBackend", "PretrainedBackend", "lm_eval_rows", "mean_row",
+           "ood_backend", "ood_items"]

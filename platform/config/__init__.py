@@ -35,6 +35,7 @@ from distillab.config.evaluation import (
     EvaluationConfig,
     LMEvalConfig,
     LMEvalTask,
+    ProseConfig,
     StyleConfig,
 )
 from distillab.config.grid import apply_point, point_of
@@ -106,6 +107,7 @@ __all__ = [
     "PAPER_OOD_SUITE",
     "CODE_EXECUTING_TASKS",
     "LMEvalConfig",
+    "ProseConfig",
     "StyleConfig",
     "EvaluationConfig",
     "SeedsConfig",

@@ -81,6 +81,23 @@ class LMEvalConfig(_Strict):
         return [t.task for t in self.tasks if t.task in CODE_EXECUTING_TASKS]
 
 
+class ProseConfig(_Strict):
+    """The held-out prose of the pretrained OOD backend (``evaluation.ood_backend: pretrained``;
+    `distillab.evals.prose`): the first ``documents`` topics of the held-out split of Python's
+    ``pydoc_data.topics``, each cut to its first ``tokens_per_document`` tokens and into chunks
+    of at most ``context`` tokens, scored teacher-forced (per-token loss and next-token
+    accuracy) ``batch_size`` chunks per forward pass."""
+
+    #: held-out documents scored, the first of the split in its fixed order (null: all of them)
+    documents: int | None = Field(default=8, ge=1)
+    #: tokens read per document at most, its first ones (null: the whole document)
+    tokens_per_document: int | None = Field(default=512, ge=2)
+    #: longest chunk the model reads (tokens); at most the model's ``max_position_embeddings``
+    context: int = Field(default=256, ge=2)
+    #: chunks per forward pass (the logits are batch_size × context × vocabulary floats)
+    batch_size: int = Field(default=4, ge=1)
+
+
 class StyleConfig(_Strict):
     """The style metric of the teacher-conditioning experiment (`distillab.evals.style`):
     the share of the student's in-distribution answers written in the teacher's style.
@@ -144,10 +161,14 @@ class EvaluationConfig(_Strict):
     max_tokens: int = Field(default=48, ge=1)
     #: Countdown tasks scored (accuracy, pass@k) at every stage; add ``countdown4`` for an RLVR stage
     countdown_tasks: tuple[Literal[COUNTDOWN_TASKS], ...] = ("countdown3", "countdown4e")
-    #: OOD suite: ``micro`` = the prior-skill tasks (``tasks.ood_skills``), ``lm_eval`` = lm-eval-harness (``lm_eval``)
-    ood_backend: Literal["micro", "lm_eval"] = "micro"
+    #: OOD suite: ``micro`` = the prior-skill tasks (``tasks.ood_skills``), ``lm_eval`` = lm-eval-harness (``lm_eval``),
+    #: ``pretrained`` = held-out prose (``prose``) and the prior-skill tasks (`distillab.evals.ood.PretrainedBackend`)
+    ood_backend: Literal["micro", "lm_eval", "pretrained"] = "micro"
     #: the lm-eval-harness suite (``ood_backend: lm_eval``)
     lm_eval: LMEvalConfig = LMEvalConfig()
+    #: the held-out prose (``ood_backend: pretrained``; filled with the defaults there when not given,
+    #: absent from the dump with the other backends)
+    prose: ProseConfig | None = Field(default=None, exclude_if=lambda v: v is None)
     #: the style metric (teacher conditioning): a ``style_share`` row on the first Countdown task's answers
     style: StyleConfig | None = None
     #: multiple-choice test items (``tasks.mcq``) scored at every stage, task ``mcq`` (0: none)
@@ -174,6 +195,15 @@ class EvaluationConfig(_Strict):
     def math_test_items(self) -> int:
         """Size of the math test split, as `countdown_test_items`."""
         return max(self.math_items, self.pass_items)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _prose(cls, data):
+        """``prose`` defaults to `ProseConfig` () under ``ood_backend: pretrained`` (so it is in the dump
+        and the trial id there), and to None (absent from the dump) otherwise."""
+        if isinstance(data, dict) and data.get("ood_backend") == "pretrained" and data.get("prose") is None:
+            return {**data, "prose": {}}
+        return data
 
     @field_validator("task_items")
     @classmethod

@@ -232,7 +232,7 @@ _BUILTIN: dict[str, TaskEntry] = {name: _countdown_entry(name) for name in COUNT
 _BUILTIN["ood"] = TaskEntry(
     "ood", tuple[Literal[SKILL_NAMES], ...], SKILL_NAMES, "the prior skills forming the micro OOD suite",
     key="ood_skills", test_split_offset=None, sft_streams={"skills": 17}, in_every_key=True,
-    items=lambda ev: ev.ood_items if ev.ood_backend == "micro" else 0, items_field="evaluation.ood_items",
+    items=lambda ev: ev.ood_items if ev.ood_backend != "lm_eval" else 0, items_field="evaluation.ood_items",
     test_items=lambda ev: ev.ood_items, examples=lambda m: m.skill_examples, examples_field="skill_examples")
 _BUILTIN["mcq"] = TaskEntry(
     "mcq", MCQTaskConfig, doc="the multiple-choice task (``trial.domain: mcq``)", domain="mcq",

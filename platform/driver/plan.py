@@ -48,6 +48,7 @@ from transformers import AutoConfig
 from distillab.config import ConfigError, SweepConfig, TrialConfig
 from distillab.driver.checks import checkpoint_files_error
 from distillab.driver.sweep import expected_trials
+from distillab.evals.prose import prose_documents
 from distillab.models import (
     DTYPES,
     bf16_in_float32,
@@ -340,14 +341,18 @@ def check_task_data(sweep: SweepConfig) -> None:
 def _eval_tokens(trial: TrialConfig, prompt: dict[str, float]) -> float:
     """Tokens of one evaluation stage: every sample of every evaluated task (its `tasks.base.EvalPlan`'s
     accuracy and pass@k samples) × (prompt + ``evaluation.max_tokens``), the micro OOD suite's among
-    them, or the lm-eval suite's items × `LM_EVAL_TOKENS_PER_ITEM`."""
+    them, the lm-eval suite's items × `LM_EVAL_TOKENS_PER_ITEM`, and the held-out prose's
+    tokens (``ood_backend: pretrained``; bounded by its characters, `evals.prose.prose_documents`)."""
     ev = trial.evaluation
     n = 0.0
     for task in _evaluated(trial):
         p = task.evaluation(trial.tasks, ev)
         n += (p.items + p.pass_items * p.pass_n) * (prompt[task.name] + ev.max_tokens)
-    if ev.ood_backend != "micro":
+    if ev.ood_backend == "lm_eval":
         n += len(ev.lm_eval.tasks) * (ev.lm_eval.limit or 1000) * LM_EVAL_TOKENS_PER_ITEM
+    if ev.prose is not None and ev.ood_backend == "pretrained":
+        cap = ev.prose.tokens_per_document
+        n += sum(len(t) if cap is None else min(len(t), cap) for t in prose_documents(ev.prose.documents))
     return n
 
 

@@ -76,7 +76,7 @@ class PriorSkillsTask(Task):
                 (eval_key("<stage>", task, mean), "unweighted mean of the OOD tasks")]
 
     def evaluation(self, tasks: TasksConfig, ev: EvaluationConfig) -> EvalPlan:
-        """``ood_items`` of each skill (``items``: all of them; 0 unless ``ood_backend`` is ``micro``), one
+        """``ood_items`` of each skill (``items``: all of them; 0 when ``ood_backend`` is ``lm_eval``), one
         sample each at ``ood_temperature``, top-p 1, at most `OOD_MAX_TOKENS`; no pass@k."""
         items = self.entry.items(ev) * len(tasks.ood_skills)
         return EvalPlan(items, ev.ood_items, ev.ood_temperature, 1.0, OOD_MAX_TOKENS, 0, 1, (), 1.0)
