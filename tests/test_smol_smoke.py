@@ -28,7 +28,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def test_smol_smoke_sweep_runs_and_reports(smollm2_dir, tmp_path) -> None:
     """Both trials complete their 3 steps with finite losses; every sampled prompt is the chat template's
     rendering of the sweep's system prompt and Countdown template; the evaluations before and after
-    distillation are in the ``evals`` table, and the student's weights moved (S_1e-6 < 1); ``report``
+    distillation are in the ``evals`` table (the pretrained OOD suite's prose and skill rows among them),
+    and the student's weights moved (S_1e-6 < 1); ``report``
     prints a row per policy."""
     sets = [f"storage_path={tmp_path}", f"models.cache_dir={smollm2_dir.parent}"]
     run = _cli("sweep", str(SMOL), "--no-dashboard", *[a for kv in sets for a in ("--set", kv)])
@@ -47,6 +48,16 @@ def test_smol_smoke_sweep_runs_and_reports(smollm2_dir, tmp_path) -> None:
     evals = res.evals.collect()
     acc = evals.filter((pl.col("task") == "countdown3") & (pl.col("metric") == "accuracy"))
     assert sorted(acc["stage"].to_list()) == ["distill", "distill", "pre", "pre"] and set(acc["n"]) == {2}
+    # the pretrained OOD suite: the prose rows (one document, 64 tokens in chunks of 32: 62 scored) and the
+    # skills at both stages; ood_mean over the next-token accuracy and the 4 skills, not the loss (nats)
+    ood = evals.filter(pl.col("task").str.starts_with("ood"))
+    for stage in ("pre", "distill"):
+        got = {(r["task"], r["metric"]): r for r in ood.filter(pl.col("stage") == stage).iter_rows(named=True)}
+        assert sorted(got) == sorted([("ood/prose", "loss"), ("ood/prose", "next_token_accuracy"), ("ood", "ood_mean")]
+                                     + [(f"ood/{s}", "accuracy") for s in ("add", "mul", "reverse", "sort")])
+        loss = [r for r in ood.filter(pl.col("stage") == stage).iter_rows(named=True) if r["metric"] == "loss"]
+        assert all(r["n"] == 62 and 2.0 < r["value"] < 20.0 for r in loss)  # finite, in nats
+        assert got[("ood", "ood_mean")]["n"] == 5
     sparsity = evals.filter((pl.col("task") == "params") & (pl.col("metric") == "sparsity@1e-06"))
     assert sorted(sparsity.filter(pl.col("stage") == "pre")["value"]) == [1.0, 1.0]  # nothing moved yet
     assert all(0 < v < 1 for v in sparsity.filter(pl.col("stage") == "distill")["value"])
