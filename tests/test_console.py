@@ -201,7 +201,8 @@ def test_an_interrupted_sweep_offers_one_way_to_resume(tmp_path: Path) -> None:
     import signal
 
     cmd = [sys.executable, "-m", "distillab.driver.cli", "sweep", str(SMOKE), "--no-dashboard",
-           "--set", f"storage_path={tmp_path}", "--set", f"models.cache_dir={REPO / '.cache' / 'models'}"]
+           "--set", f"storage_path={tmp_path}", "--set", f"models.cache_dir={REPO / '.cache' / 'models'}",
+           "--set", "resources.local_mode=true"]  # one process per trial: lean for CI (the driver is what is tested)
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     for line in proc.stdout:  # until the first trial has evaluated its untrained student

@@ -413,7 +413,8 @@ def test_ray_job_submit(tmp_path: Path) -> None:
                 time.sleep(1)
         entry = [sys.executable, "-m", "distillab.driver.cli", "sweep", "search_spaces/smoke.yaml",
                  "--set", f"storage_path={tmp_path}", "--set", f"models.cache_dir={CACHE / 'models'}",
-                 "--set", "search.grid={rollout.policy: [onpd]}"]  # one trial: it samples, so every gauge is set
+                 "--set", "search.grid={rollout.policy: [onpd]}",  # one trial: it samples, so every gauge is set
+                 "--set", "resources.local_mode=true"]  # in its Tune trial actor: lean for CI
         deadline = time.time() + 180
         while True:  # the dashboard answers before its job agent is up (measured on a loaded 2-core machine):
             sub = subprocess.run(  # Ray's own message asks to try again later
