@@ -31,7 +31,8 @@ def test_smol_smoke_sweep_runs_and_reports(smollm2_dir, tmp_path) -> None:
     distillation are in the ``evals`` table (the pretrained OOD suite's prose and skill rows among them),
     and the student's weights moved (S_1e-6 < 1); ``report``
     prints a row per policy."""
-    sets = [f"storage_path={tmp_path}", f"models.cache_dir={smollm2_dir.parent}"]
+    sets = [f"storage_path={tmp_path}", f"models.cache_dir={smollm2_dir.parent}",
+            "resources.local_mode=true"]  # each trial in its Tune trial actor: lean for CI (worker groups: test_sweep, test_faults)
     run = _cli("sweep", str(SMOL), "--no-dashboard", *[a for kv in sets for a in ("--set", kv)])
     assert run.returncode == 0, run.stdout[-4000:]
     assert f"[prepare] teacher: cached at {smollm2_dir}" in run.stdout
