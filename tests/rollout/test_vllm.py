@@ -27,14 +27,6 @@ from distillab.rollout.types import SamplingParams  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def ray_local():
-    """A local Ray for one test, shut down after it (the sweep test starts its own)."""
-    import ray
-
-    init_local_ray(2)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +41,30 @@ def tiny(tmp_path_factory):
     return path, tok, model
 
 
+@pytest.fixture(scope="class")
+def engine(tiny):
+    """One vLLM `RolloutActor` of ``tiny`` on a local Ray, shared by `TestOneEngine`'s tests (one Ray
+    start and one engine start instead of one each per test): each test first syncs ``tiny``'s own
+    weights into it (`sync_tiny`), so it starts from the checkpoint's state. Ended with its Ray
+    after the class, before the sweep test starts its own Ray."""
+    import ray
+
+    path, tok, _ = tiny
+    init_local_ray(2)
+    actor = start_rollout_actor("vllm", path, tok.eos_token_id, tok.pad_token_id, threads=1, seed=0,
+                                max_model_len=512, kv_cache_gib=1)
+    yield actor
+    ray.kill(actor)
+    ray.shutdown()
+
+
+def sync_tiny(actor, model) -> None:
+    """Put ``model``'s weights (``tiny``'s, unchanged) back into the shared engine (and empty its prefix cache)."""
+    import ray
+
+    ray.get(actor.update_weights.remote([(k, v.detach()) for k, v in model.state_dict().items()]))
+
+
 def _trainer_logprobs(model, ids: list[int], tau: float = 1.0) -> torch.Tensor:
     """log softmax(z/τ) of ids[1:] given their prefixes, float64 (len(ids) - 1,)."""
     with torch.no_grad():
@@ -56,13 +72,15 @@ def _trainer_logprobs(model, ids: list[int], tau: float = 1.0) -> torch.Tensor:
     return torch.log_softmax(z, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
 
 
-def test_engine_samples_match_trainer_and_sync_tracks_an_optimizer_step(ray_local, tiny) -> None:
-    import ray
+class TestOneEngine:
+    """The tests that share one engine (`engine`)."""
 
-    path, tok, model = tiny
-    actor = start_rollout_actor("vllm", path, tok.eos_token_id, tok.pad_token_id, threads=1, seed=0,
-                                max_model_len=512, kv_cache_gib=1)
-    try:
+    def test_engine_samples_match_trainer_and_sync_tracks_an_optimizer_step(self, engine, tiny) -> None:
+        import ray
+
+        path, tok, model = tiny
+        actor = engine
+        sync_tiny(actor, model)
         # 1. rollouts: prompt-major, eos-terminated or max length, logprobs = trainer's at τ
         prompts = [tok("10 7 3 -> 21", add_special_tokens=False)["input_ids"], tok("ab", add_special_tokens=False)["input_ids"]]
         sp = SamplingParams(temperature=0.7, top_p=1.0, max_tokens=24, n=3, seed=5)
@@ -102,50 +120,41 @@ def test_engine_samples_match_trainer_and_sync_tracks_an_optimizer_step(ray_loca
         ray.get(actor.update_weights.remote([(k, v.detach()) for k, v in trainer.state_dict().items()]))
         synced = torch.tensor(ray.get(actor.prompt_logprobs.remote(seq)), dtype=torch.float64)
         assert (synced - after).abs().max() <= 1e-3, float((synced - after).abs().max())
-    finally:
-        ray.kill(actor)
 
+    @pytest.mark.parametrize("lora", [False, True])
+    def test_rlvr_samples_from_the_vllm_engine_synced_every_step(self, engine, tiny, lora) -> None:
+        """GRPO steps (`rlvr.run_rlvr`) sampling from a vLLM `RolloutActor` through
+        `rollout.actor.ActorSampler`: after each step's sync (merged LoRA weights with ``lora``) the
+        engine's sampling logprobs equal the trainer's (``rlvr/sampler_logp_gap`` at top-p 1,
+        ≤ 1e-3) while the weights move (a stale engine shows a gap > 1e-3 from the second step
+        on: tests/test_rlvr.py)."""
+        from distillab.config import LoRAConfig, RLVRConfig, TasksConfig
+        from distillab.recipe.optim import TorchStepper, rlvr_schedule
+        from distillab.recipe.rlvr import apply_lora, run_rlvr
+        from distillab.rollout.actor import ActorSampler
+        from distillab.tasks.countdown import CountdownProblem
 
-@pytest.mark.parametrize("lora", [False, True])
-def test_rlvr_samples_from_the_vllm_engine_synced_every_step(ray_local, tiny, lora) -> None:
-    """GRPO steps (`rlvr.run_rlvr`) sampling from a vLLM `RolloutActor` through
-    `rollout.actor.ActorSampler`: after each step's sync (merged LoRA weights with ``lora``) the
-    engine's sampling logprobs equal the trainer's (``rlvr/sampler_logp_gap`` at top-p 1,
-    ≤ 1e-3) while the weights move (a stale engine shows a gap > 1e-3 from the second step
-    on: tests/test_rlvr.py)."""
-    from distillab.config import LoRAConfig, RLVRConfig, TasksConfig
-    from distillab.recipe.optim import TorchStepper, rlvr_schedule
-    from distillab.recipe.rlvr import apply_lora, run_rlvr
-    from distillab.rollout.actor import ActorSampler
-    from distillab.tasks.countdown import CountdownProblem
-
-    path, tok, model = tiny
-    trainer = LlamaForCausalLM(model.config)
-    trainer.load_state_dict(model.state_dict())
-    before = {k: v.clone() for k, v in trainer.state_dict().items()}
-    cfg = RLVRConfig(task="countdown3", steps=3, prompts_per_step=2, samples_per_prompt=4, lr=3e-2, top_p=1.0,
-                     max_tokens=8, warmup_ratio=0.0,
-                     lora=LoRAConfig(r=4, alpha=8.0, target_modules=("q_proj", "v_proj")) if lora else None)
-    module = trainer if cfg.lora is None else apply_lora(trainer, cfg.lora)
-    actor = start_rollout_actor("vllm", path, tok.eos_token_id, tok.pad_token_id, threads=1, seed=0,
-                                max_model_len=512, kv_cache_gib=1)
-    try:
-        sampler = ActorSampler(actor)
+        path, tok, model = tiny
+        trainer = LlamaForCausalLM(model.config)
+        trainer.load_state_dict(model.state_dict())
+        before = {k: v.clone() for k, v in trainer.state_dict().items()}
+        cfg = RLVRConfig(task="countdown3", steps=3, prompts_per_step=2, samples_per_prompt=4, lr=3e-2, top_p=1.0,
+                         max_tokens=8, warmup_ratio=0.0,
+                         lora=LoRAConfig(r=4, alpha=8.0, target_modules=("q_proj", "v_proj")) if lora else None)
+        module = trainer if cfg.lora is None else apply_lora(trainer, cfg.lora)
+        sync_tiny(engine, model)
+        sampler = ActorSampler(engine)
         history = run_rlvr(cfg, TorchStepper(module, cfg.lr, rlvr_schedule(cfg)), tok, TasksConfig(),
                            [CountdownProblem((1, 2, 3), 6), CountdownProblem((2, 5, 4), 40)], 0,
                            lambda step, m: None, reward_fn=lambda text, problem: float(sum(map(ord, text)) % 2),
                            sampler=sampler)
-    finally:
-        import ray
-
-        ray.kill(actor)
-    gaps = [h["rlvr/sampler_logp_gap"] for h in history]
-    assert all(abs(g) <= 1e-3 for g in gaps), gaps
-    assert all(h["rlvr/grad_norm"] > 0 for h in history) and sampler.sync_s > 0
-    if lora:
-        module = module.merge_and_unload()
-    moved = max(float((v - before[k]).abs().max()) for k, v in module.state_dict().items())
-    assert moved > 1e-3  # the engine tracked weights that changed
+        gaps = [h["rlvr/sampler_logp_gap"] for h in history]
+        assert all(abs(g) <= 1e-3 for g in gaps), gaps
+        assert all(h["rlvr/grad_norm"] > 0 for h in history) and sampler.sync_s > 0
+        if lora:
+            module = module.merge_and_unload()
+        moved = max(float((v - before[k]).abs().max()) for k, v in module.state_dict().items())
+        assert moved > 1e-3  # the engine tracked weights that changed
 
 
 def test_smoke_sweep_with_vllm_rollouts(run_locally, tmp_path) -> None:
