@@ -133,4 +133,5 @@ def prose_rows(model: Any, tokenizer: Any, texts: list[str], cfg: ProseConfig) -
             {"task": PROSE_TASK, "metric": "next_token_accuracy", "value": correct / n, "n": n}]
 
 
-__all__ = ["PROSE_TASK", "next_token_scores", "prose_chunks", "prose_documents", "prose_rows", "prose_split", "topic_rank"]
+__all__ = ["PROSE_TASK", "next_token_scores", "prose_chunks", "prose_documents", "prose_rows", "prose_split",
+           "topic_rank"]

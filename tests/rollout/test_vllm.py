@@ -82,7 +82,8 @@ class TestOneEngine:
         actor = engine
         sync_tiny(actor, model)
         # 1. rollouts: prompt-major, eos-terminated or max length, logprobs = trainer's at τ
-        prompts = [tok("10 7 3 -> 21", add_special_tokens=False)["input_ids"], tok("ab", add_special_tokens=False)["input_ids"]]
+        prompts = [tok("10 7 3 -> 21", add_special_tokens=False)["input_ids"],
+                   tok("ab", add_special_tokens=False)["input_ids"]]
         sp = SamplingParams(temperature=0.7, top_p=1.0, max_tokens=24, n=3, seed=5)
         ro = ray.get(actor.generate.remote(prompts, sp))
         assert ro.prompt_ids == [prompts[0]] * 3 + [prompts[1]] * 3
