@@ -40,7 +40,8 @@ from distillab.models import load_model
 log = logging.getLogger(__name__)
 
 __all__ = ["lr_lambda", "rlvr_schedule", "deepspeed_bf16", "load_shm_comm_op", "setup_engine",
-           "gathered_for_generation", "TorchStepper", "clip_grad_norm", "optimizer_step", "TouchedParameters", "TRAINING_STATE", "engine_state",
+           "gathered_for_generation", "TorchStepper", "clip_grad_norm", "optimizer_step", "TouchedParameters",
+           "TRAINING_STATE", "engine_state",
            "load_engine_state", "rng_state", "set_rng_state", "save_checkpoint", "Resume", "load_checkpoint"]
 
 
