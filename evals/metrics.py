@@ -103,6 +103,22 @@ def mean_pass_at_k(correct_counts: Sequence[int], n: int, k: int) -> float:
     return total / len(correct_counts)
 
 
+def parameter_state(module: torch.nn.Module) -> dict[str, Tensor]:
+    """The weights S_τ compares (`update_sparsity`): a detached float32 copy of each
+    parameter of ``module``, once, under the name ``named_parameters`` gives it.
+
+    A parameter tied under two names (an lm_head tied to the input embeddings, as in
+    SmolLM2 and Qwen2.5-1.5B) is one entry, since it is one set of weights: a
+    ``state_dict`` lists it under both names, which counted it twice in the overall S_τ and,
+    as its gradient hook (`optim.TouchedParameters`) records it under the first name only,
+    as never touched under the second. Buffers are not parameters and are left out.
+
+    Returns:
+        name → float32 CPU-or-device tensor of the parameter's shape (a copy).
+    """
+    return {n: p.detach().float().clone() for n, p in module.named_parameters()}
+
+
 def update_sparsity(
     initial: Mapping[str, Tensor],
     final: Mapping[str, Tensor],

@@ -41,7 +41,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from distillab.config import EvaluationConfig, SeedsConfig, TasksConfig, TrialConfig, cache_key, checkpoint_identity
-from distillab.evals.metrics import mean_pass_at_k, update_sparsity
+from distillab.evals.metrics import mean_pass_at_k, parameter_state, update_sparsity
 from distillab.evals.ood import ood_backend
 from distillab.evals.sampling import Request, sample_batched
 from distillab.evals.style import style_share
@@ -208,7 +208,7 @@ def evaluate_stage(evaluator: Evaluator, model, trial: TrialConfig, trial_id: st
         if cache is not None:
             atomic_write_bytes(cache, json.dumps({"rows": rows, "samples": samples}).encode())
     if init_state is not None:
-        final = {k: v.detach().float() for k, v in model.state_dict().items()}
+        final = parameter_state(model)
         rows += sparsity_rows(init_state, final, trial.evaluation.sparsity_taus,
                               DTYPES[trial.evaluation.sparsity_dtype], touched)
     for r in rows + samples:

@@ -13,6 +13,7 @@ import torch
 from distillab.config import EvaluationConfig, RuntimeContext, TrialConfig
 from distillab.recipe.distill import run_worker
 from distillab.recipe.session import LocalSession
+from distillab.evals.metrics import parameter_state
 from distillab.evals.suite import sparsity_rows
 from distillab.recipe.optim import TouchedParameters
 from distillab.registry import check_report_metric, eval_key
@@ -93,6 +94,41 @@ def test_sparsity_rows_with_touched_masks() -> None:
     nothing = {k: torch.zeros(4, dtype=torch.bool) for k in init}  # no entry touched: no sparsity_touched row
     rows = {(r["task"], r["metric"]): r["value"] for r in sparsity_rows(init, fin, (1e-6,), None, nothing)}
     assert rows[("params", "touched_share")] == 0.0 and ("params", "sparsity_touched@1e-06") not in rows
+
+
+class _Tied(torch.nn.Module):
+    """An embedding of 3 rows × 2 whose weight is also the output layer's (a tied lm_head), and a bias of 3."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(3, 2)
+        self.head = torch.nn.Linear(2, 3)
+        self.head.weight = self.emb.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.emb(ids)).logsumexp(-1).sum()
+
+
+def test_a_tied_weight_counts_once() -> None:
+    """A tied weight is one set of 6 entries: `parameter_state` lists it once (``state_dict`` twice),
+    so after one backward that touches every entry (the output layer's gradient reaches all 3 rows)
+    the touched share is 9/9, not the (6 + 3)/15 a state_dict would give, and after moving only
+    the tied weight S_τ is 3/9 (the bias), not 3/15."""
+    torch.manual_seed(0)
+    m = _Tied()
+    assert list(m.state_dict()) == ["emb.weight", "head.weight", "head.bias"]
+    init = parameter_state(m)
+    assert list(init) == ["emb.weight", "head.bias"]
+    t = TouchedParameters(m)
+    m(torch.tensor([0, 1, 2])).backward()
+    with torch.no_grad():
+        m.emb.weight += 1.0
+    rows = {(r["task"], r["metric"]): r["value"]
+            for r in sparsity_rows(init, parameter_state(m), (1e-6,), None, t.gathered())}
+    t.remove()
+    assert rows[("params", "touched_share")] == 1.0
+    assert rows[("params", "sparsity@1e-06")] == 3 / 9
+    assert init["emb.weight"].data_ptr() != m.emb.weight.data_ptr()  # a copy, not the live weight
 
 
 def test_touched_metric_names_are_registered() -> None:

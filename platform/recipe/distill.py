@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import torch
 
 from distillab.config import RuntimeContext, TrialConfig, TrialLaunch
+from distillab.evals.metrics import parameter_state
 from distillab.evals.suite import Evaluator, evaluate_stage, pre_eval_path
 from distillab.models import (
     DTYPES,
@@ -153,7 +154,7 @@ def setup_trial(trial: TrialConfig, ctx: RuntimeContext, trial_id: str, session:
     scorer = LocalTeacher(teacher) if trial.teacher.serve == "worker" else shared_teacher(trial, ctx, trial_id)
     check_lm_heads(scorer.vocab_size, student.config.vocab_size, len(tok), trial.loss.pad_vocab,
                    spectrum=trial.rollout.policy == SPECTRUM)
-    init_state = {k: v.detach().float().clone() for k, v in student.state_dict().items()}
+    init_state = parameter_state(student)
     resume: Resume | None = session.restore(
         lambda d: load_checkpoint(d, rank, DTYPES[trial.precision], trial.attn_implementation))
     start_step = 0 if resume is None else resume.step
