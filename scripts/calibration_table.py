@@ -10,6 +10,7 @@ after distillation.
     python scripts/calibration_table.py --rlvr runs/calib_rlvr
     python scripts/calibration_table.py --models search_spaces/micro_findings.yaml search_spaces/calibration/student_a.yaml
     python scripts/calibration_table.py --task math runs/calib_math_lr runs/calib_math_lr_400
+    python scripts/calibration_table.py --tensors runs/calib_smol_masters
 
 Prints a Markdown table (one row per trial, sorted by policy, KL, master weights, LR).
 ``--rlvr``: one row per trial with an RLVR stage instead: its λ, KL, distillation and RLVR
@@ -21,6 +22,8 @@ scores `distillab prepare` evaluated it with (its ``prepare.json``: float32, all
 the machine it was prepared on) and its SFT seconds; a model not prepared yet is left out.
 ``--task math``: the long-reasoning ablation's table instead (`MATH_COLUMNS`: the math task's
 accuracy and pass@10 and the OOD mean before and after distillation, ΔOOD, S_1e-6, steps).
+``--tensors``: S_1e-6 per tensor kind (`tensor_table`) instead, one column per trial. The prose
+loss columns (nats/token) appear for a sweep with ``evaluation.ood_backend: pretrained``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pathlib import Path
 
 import polars as pl
 
-from distillab.analysis.results import load, rlvr_reward_summary, trial_metrics
+from distillab.analysis.results import final_evals, load, rlvr_reward_summary, trial_metrics
 from distillab.driver.cli import parse_overrides
 from distillab.config import load_sweep
 from distillab.recipe.prepare import prepare_key
@@ -48,6 +51,8 @@ COLUMNS = {
     "eval/distill/countdown4e/pass@10": "4E pass@10",
     "eval/distill/ood/ood_mean": "OOD mean",
     "eval/forgetting": "ΔOOD",
+    "eval/pre/ood/prose/loss": "prose loss (pre)",
+    "eval/distill/ood/prose/loss": "prose loss",
     "eval/distill/params/sparsity@1e-06": "S_1e-6",
     "eval/distill/params/touched_share": "touched share",
     "eval/distill/params/sparsity_touched@1e-06": "S_1e-6 (touched)",
@@ -125,6 +130,40 @@ def models_table(configs: list[str], overrides: dict | None = None) -> pl.DataFr
     return pl.DataFrame(rows)
 
 
+def _trial_label(row: dict) -> str:
+    """``policy KL masters LR seed`` of a trial's row (its config columns)."""
+    return " ".join(str(row.get(c)) for c in ("rollout.policy", "loss.kind", "master_weights", "optimizer.lr", "seed"))
+
+
+def tensor_table(paths: list[str], tau: str = "1e-06") -> pl.DataFrame:
+    """S_τ after distillation per tensor kind (a parameter name with its layer index as ``*``)
+    for each completed trial of the sweeps at ``paths``: the kind's per-tensor values
+    (evals task ``params/<name>``, metric ``sparsity@<tau>``) weighted by their element counts
+    ``n``, so a row is the share of the kind's entries unchanged; the first row (``all``) is
+    the trial's overall S_τ (task ``params``). One column per trial (`_trial_label`), floats
+    rounded to 3 places; columns sorted by label."""
+    metric = f"sparsity@{tau}"
+    frames = []
+    for p in paths:
+        fe = final_evals(load(p)).filter((pl.col("stage") == "distill") & (pl.col("metric") == metric)
+                                         & pl.col("task").str.starts_with("params")).collect()
+        labels = pl.Series("trial", [_trial_label(r) for r in fe.iter_rows(named=True)], dtype=pl.String)
+        frames.append(fe.with_columns(labels).select("trial", "task", "value", "n"))
+    df = pl.concat(frames)
+    kinds = df.filter(pl.col("task") != "params").with_columns(
+        pl.col("task").str.strip_prefix("params/").str.replace_all(r"\.\d+\.", ".*.").alias("tensor"))
+    per_kind = kinds.group_by("trial", "tensor").agg(((pl.col("value") * pl.col("n")).sum() / pl.col("n").sum())
+                                                     .alias("value"), pl.col("n").sum().alias("entries"))
+    overall = df.filter(pl.col("task") == "params").select("trial", pl.lit("all").alias("tensor"), "value")
+    entries = per_kind.group_by("tensor").agg(pl.col("entries").first())
+    entries = pl.concat([entries, pl.DataFrame({"tensor": ["all"], "entries": [entries["entries"].sum()]})],
+                        how="vertical_relaxed")
+    wide = pl.concat([overall, per_kind.select("trial", "tensor", "value")]).pivot(
+        on="trial", index="tensor", values="value", sort_columns=True)
+    wide = wide.join(entries, on="tensor", how="left").sort(pl.col("tensor") != "all", "tensor")
+    return wide.select("tensor", "entries", pl.exclude("tensor", "entries").round(3))
+
+
 def table(paths: list[str], columns: dict[str, str] = COLUMNS) -> pl.DataFrame:
     """One row per completed trial of the sweeps at ``paths``: the ``columns`` (`COLUMNS`, or
     `MATH_COLUMNS`; renamed), floats rounded to 3 places."""
@@ -140,6 +179,7 @@ def main() -> None:
     ap.add_argument("paths", nargs="+", help="sweep directories (<storage_path>/<name>)")
     ap.add_argument("--rlvr", action="store_true", help="the RLVR table (trials with an RLVR stage)")
     ap.add_argument("--models", action="store_true", help="PATHS are sweep YAMLs: their prepared models' scores")
+    ap.add_argument("--tensors", action="store_true", help="S_1e-6 per tensor kind, one column per trial")
     ap.add_argument("--window", type=int, default=30, help="--rlvr: steps averaged for the first/last reward")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="--models: a config override, as distillab prepare's --set")
@@ -147,9 +187,11 @@ def main() -> None:
                     help="math: the long-reasoning ablation's columns (MATH_COLUMNS)")
     args = ap.parse_args()
     with pl.Config(tbl_formatting="MARKDOWN", tbl_hide_column_data_types=True, tbl_hide_dataframe_shape=True,
-                   tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=40, tbl_width_chars=400):
+                   tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=60, tbl_width_chars=400):
         if args.models:
             print(models_table(args.paths, parse_overrides(args.set)))
+        elif args.tensors:
+            print(tensor_table(args.paths))
         else:
             print(rlvr_table(args.paths, args.window) if args.rlvr
                   else table(args.paths, MATH_COLUMNS if args.task == "math" else COLUMNS))
