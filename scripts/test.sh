@@ -29,7 +29,8 @@ done
 [ "$failed" = 0 ]
 # The suite runs on two pytest-xdist workers (DISTILLAB_TEST_WORKERS, default 2; 0 = one process), a work unit at
 # a time (tests/conftest.py: a file, the smoke sweep's users, the multi-node cluster tests). Measured on a clean
-# clone of 6254dc2 (2 cores, `DISTILLAB_TEST_WORKERS=2 CI=true bash .ci/run`): 1254 passed, tests 1,350 s, 1,584 s
-# in all with the install (at 6535c27, before the real-checkpoint, fault and chaos tests: 1050 passed, tests 951 s).
+# clone of 723664a (2 cores, AMX, `CI=true bash .ci/run`): 1277 passed, tests 2,601 s, 2,768 s in all with the
+# install; the slowest: the chaos, fault, compile and vLLM tests. (6254dc2 on another 2-core machine: 1254 passed,
+# tests 1,350 s, 1,584 s in all; 6535c27, before the real-checkpoint, fault and chaos tests: 1050 passed, 951 s.)
 exec .venv/bin/python -m pytest -q -m "slow or not slow" -p no:cacheprovider --durations=25 \
     -n "${DISTILLAB_TEST_WORKERS:-2}" --dist loadgroup "$@"
