@@ -34,6 +34,7 @@ from pathlib import Path
 
 import polars as pl
 
+from distillab.analysis.plots import tensor_kind
 from distillab.analysis.results import final_evals, load, rlvr_reward_summary, trial_metrics
 from distillab.driver.cli import parse_overrides
 from distillab.config import load_sweep
@@ -136,7 +137,7 @@ def _trial_label(row: dict) -> str:
 
 
 def tensor_table(paths: list[str], tau: str = "1e-06") -> pl.DataFrame:
-    """S_τ after distillation per tensor kind (a parameter name with its layer index as ``*``)
+    """S_τ after distillation per tensor kind (`analysis.plots.tensor_kind`: the layer index as ``*``)
     for each completed trial of the sweeps at ``paths``: the kind's per-tensor values
     (evals task ``params/<name>``, metric ``sparsity@<tau>``) weighted by their element counts
     ``n``, so a row is the share of the kind's entries unchanged; the first row (``all``) is
@@ -151,7 +152,7 @@ def tensor_table(paths: list[str], tau: str = "1e-06") -> pl.DataFrame:
         frames.append(fe.with_columns(labels).select("trial", "task", "value", "n"))
     df = pl.concat(frames)
     kinds = df.filter(pl.col("task") != "params").with_columns(
-        pl.col("task").str.strip_prefix("params/").str.replace_all(r"\.\d+\.", ".*.").alias("tensor"))
+        pl.col("task").str.strip_prefix("params/").map_elements(tensor_kind, return_dtype=pl.String).alias("tensor"))
     per_kind = kinds.group_by("trial", "tensor").agg(((pl.col("value") * pl.col("n")).sum() / pl.col("n").sum())
                                                      .alias("value"), pl.col("n").sum().alias("entries"))
     overall = df.filter(pl.col("task") == "params").select("trial", pl.lit("all").alias("tensor"), "value")

@@ -62,7 +62,7 @@ __all__ = [
     "REWARD", "STUDENT_LOGLIK", "TEACHER_LOGLIK",
     "FIGURES",
     "fig_policy_kl", "fig_lr", "fig_lambda", "fig_pass_at_k", "fig_rlvr", "fig_loglik", "fig_tensor_sparsity",
-    "fig_estimator", "ESTIMATOR_BIAS", "ESTIMATOR_GRAD_COS",
+    "tensor_kind", "fig_estimator", "ESTIMATOR_BIAS", "ESTIMATOR_GRAD_COS",
     "fig_accuracy_lr", "fig_coverage_gap", "fig_hard_pass_lambda",
     "figure_notes", "save_figure", "swept_columns", "summary_table", "summary_markdown",
     "write_report",
@@ -471,7 +471,7 @@ def fig_loglik(res: Results) -> Figure:
     return fig
 
 
-def _tensor_kind(name: str) -> str:
+def tensor_kind(name: str) -> str:
     """A parameter name with its layer index as ``*`` (``model.layers.*.mlp.up_proj.weight``)."""
     return re.sub(r"\.\d+\.", ".*.", name)
 
@@ -502,7 +502,7 @@ def fig_tensor_sparsity(res: Results) -> Figure:
     cfg = swept_columns(res)
     keys = [k for k in ("sweep", "trial_id") if k in df.columns]
     df = df.join(_config_labels(res, cfg), on=keys, how="left").with_columns(
-        pl.col("task").str.strip_prefix("params/").map_elements(_tensor_kind, return_dtype=pl.String).alias("tensor"))
+        pl.col("task").str.strip_prefix("params/").map_elements(tensor_kind, return_dtype=pl.String).alias("tensor"))
     per_trial = df.group_by([*keys, "config", "tensor"]).agg(pl.col("value").mean())
     agg = aggregate(per_trial, ["tensor", "config"])
     _bars(axes[0], agg, ["tensor"], "config" if cfg else None, f"update {metric}", title)
